@@ -1,0 +1,93 @@
+# granary build. `make` builds libgranary (static + shared) and build/granary.
+# `make test` runs every test; `make SANITIZER=address|thread` builds into its own folder.
+# Parts are discovered: every src/<part>/*.c goes into libgranary, except src/cli.
+
+CC      ?= cc
+SANITIZER ?=
+OPT     ?= -O3
+BUILD   := build$(if $(SANITIZER),/$(SANITIZER))
+
+CPPFLAGS := -Iinclude -Isrc -I. -D_GNU_SOURCE -DGR_BUILDING
+CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -fPIC -fvisibility=hidden -pthread \
+           -fno-strict-aliasing -MMD -MP
+LDLIBS  := -lcjson -lxxhash -lopenblas -lzstd -lcrypto -lm -lpthread
+TESTLIBS := -lcmocka
+
+ifeq ($(SANITIZER),address)
+  CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+else ifeq ($(SANITIZER),thread)
+  CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+  LDFLAGS += -fsanitize=thread
+else ifneq ($(SANITIZER),)
+  $(error SANITIZER must be address or thread)
+endif
+
+LIB_SRC  := $(filter-out src/cli/%,$(wildcard src/*/*.c))
+CLI_SRC  := $(wildcard src/cli/*.c)
+BENCH_SRC := $(wildcard bench/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o) $(BENCH_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_SRC := $(wildcard tests/unit/*/test_*.c)
+INTEG_SRC := $(wildcard tests/integration/test_*.c)
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(UNIT_SRC) $(INTEG_SRC))
+TEST_HELPERS := $(wildcard tests/support/*.c)
+TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+
+STATIC := $(BUILD)/libgranary.a
+SHARED := $(BUILD)/libgranary.so
+PROG   := $(BUILD)/granary
+
+.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests
+all: $(STATIC) $(SHARED) $(PROG) tests
+
+lib: $(STATIC) $(SHARED)
+tests: $(TEST_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(PROG): $(CLI_OBJ) $(STATIC)
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(STATIC) $(TEST_HELPER_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
+
+# The two README commands install what they need first.
+setup:
+	@bash scripts/setup
+
+# Unit + integration tests; prints a final "N passed, N failed" line.
+test: setup
+	@$(MAKE) --no-print-directory all
+	@bash scripts/run-tests $(BUILD) $(TEST_BIN)
+
+demo: setup
+	@$(MAKE) --no-print-directory all
+	@bash scripts/demo $(BUILD)
+
+# libFuzzer targets (clang). `make fuzz` builds them; `make fuzz-replay` replays each corpus.
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+FUZZ_LIB_SRC := $(LIB_SRC)
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fvisibility=hidden \
+	  -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
+fuzz: $(FUZZ_BIN)
+fuzz-replay: fuzz
+	@bash scripts/fuzz-replay $(FUZZ_BIN)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

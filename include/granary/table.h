@@ -1,0 +1,187 @@
+/* granary table: the in-memory embedding store every other part stands on.
+ *
+ * A table maps uint64 keys to rows without collisions. A row holds `dim` weights, the
+ * optimizer's state for them and 8 bytes of metadata. Tables are partitioned: each partition
+ * has its own lock, hash index and row arena, so lookups and applies from many threads run in
+ * parallel and growth rehashes one partition at a time (never the whole table).
+ *
+ * All functions are thread-safe unless noted; gr_table_destroy must not race with anything.
+ * Errors: functions return 0 or a negative gr_err and set gr_errmsg(). */
+#ifndef GRANARY_TABLE_H
+#define GRANARY_TABLE_H
+
+#include "granary/core.h"
+
+#define GR_TABLE_NAME_MAX 64
+#define GR_TABLE_DIM_MAX 1024
+#define GR_TABLE_TRACKERS 4 /* independent dirty-row trackers per table */
+
+typedef enum { GR_DTYPE_F32 = 0, GR_DTYPE_F16 = 1 } gr_dtype;
+
+typedef enum {
+    GR_INIT_ZEROS = 0,
+    GR_INIT_CONSTANT = 1,
+    GR_INIT_UNIFORM = 2,      /* uniform in [low, high) */
+    GR_INIT_TRUNC_NORMAL = 3, /* normal(mean, stddev) redrawn outside mean +- 2 stddev */
+} gr_init_kind;
+
+typedef enum {
+    GR_OPT_SGD = 0,             /* w -= lr * g */
+    GR_OPT_ADAGRAD = 1,         /* a += g*g; w -= lr * g / (sqrt(a) + eps), per element */
+    GR_OPT_ROWWISE_ADAGRAD = 2, /* a += mean(g*g) over the row; w -= lr * g / (sqrt(a) + eps) */
+    GR_OPT_ADAM = 3,            /* per-row step count t; bias-corrected m and v */
+    GR_OPT_FTRL = 4,            /* FTRL-proximal (McMahan et al. 2013), per element z and n */
+} gr_opt_kind;
+
+typedef struct gr_init_spec {
+    gr_init_kind kind;
+    float value;        /* constant */
+    float low, high;    /* uniform */
+    float mean, stddev; /* truncated normal */
+} gr_init_spec;
+
+typedef struct gr_opt_spec {
+    gr_opt_kind kind;
+    float lr;                  /* all; FTRL's alpha */
+    float eps;                 /* adagrad, rowwise adagrad, adam */
+    float initial_accumulator; /* adagrad, rowwise adagrad */
+    float beta1, beta2;        /* adam */
+    float l1, l2, beta;        /* ftrl (beta is FTRL's smoothing term) */
+} gr_opt_spec;
+
+typedef struct gr_table_spec {
+    char name[GR_TABLE_NAME_MAX]; /* [A-Za-z0-9_.-]+, NUL-terminated */
+    uint32_t id;                  /* numeric id used on the wire */
+    uint32_t dim;                 /* 1..GR_TABLE_DIM_MAX */
+    gr_dtype dtype;               /* storage type of weights; state is always f32 */
+    uint64_t seed;                /* initializer seed */
+    gr_init_spec init;
+    gr_opt_spec opt;
+    /* Admission: a missing key gets storage only once it has been looked up at least
+     * min_count times (counted in a count-min sketch; 0 or 1 admits at once), and then
+     * with probability `probability` (1 = always; decided per key, deterministically). Keys not
+     * admitted read the default row (zeros) and their gradients are dropped and counted. */
+    uint32_t admit_min_count;
+    float admit_probability;
+    /* Eviction: rows not updated for ttl_s seconds go at gr_table_evict_expired(); with
+     * capacity > 0, inserting into a full table evicts a cold row (sampled LRU). 0 = off. */
+    uint64_t ttl_s;
+    uint64_t capacity;
+    uint64_t mem_limit; /* bytes for rows + index; 0 = unlimited */
+    uint32_t partitions; /* power of two; 0 = default (256) */
+} gr_table_spec;
+
+/* Row metadata, as the table keeps it. */
+typedef struct gr_row_meta {
+    uint32_t last_update; /* table clock (seconds) of the last apply or insert */
+    uint32_t hits;        /* lookups + applies, saturating */
+} gr_row_meta;
+
+typedef struct gr_table_stats {
+    uint64_t rows;
+    uint64_t bytes;           /* rows + index + trackers, as allocated */
+    uint64_t row_bytes;       /* bytes of one row: weights + state + metadata */
+    uint64_t payload_bytes;   /* per row: weights + optimizer state only */
+    double bytes_per_row;     /* bytes / rows */
+    uint64_t hits, misses;    /* lookups of present / missing keys */
+    uint64_t admits, rejects; /* missing keys given storage / refused by admission */
+    uint64_t evictions;       /* capacity evictions */
+    uint64_t expirations;     /* TTL evictions */
+    uint64_t applies;         /* gradient rows applied */
+    uint64_t mem_limit;
+} gr_table_stats;
+
+typedef struct gr_table gr_table;
+
+/* Fills spec with defaults for a table (f32, zeros init, SGD lr 0.01, admit all, no
+ * eviction, no cap). */
+GR_API void gr_table_spec_default(gr_table_spec *spec, const char *name, uint32_t dim);
+/* Checks every field; GR_EINVAL with a message naming the field. */
+GR_API int gr_table_spec_validate(const gr_table_spec *spec);
+/* Floats of optimizer state per row for this spec (adagrad: dim, adam: 2*dim+1, ...). */
+GR_API uint32_t gr_table_state_floats(const gr_table_spec *spec);
+/* True when two specs describe the same table (every field equal). */
+GR_API bool gr_table_spec_equal(const gr_table_spec *a, const gr_table_spec *b);
+
+/* JSON form of one table spec, e.g.
+ *   {"name":"user","id":1,"dim":16,"dtype":"f32","seed":7,
+ *    "init":{"kind":"uniform","low":-0.05,"high":0.05},
+ *    "optimizer":{"kind":"adagrad","lr":0.05,"eps":1e-8,"initial_accumulator":0.0},
+ *    "admit":{"min_count":2,"probability":1.0},
+ *    "evict":{"ttl_s":86400,"capacity":1000000},"mem_limit":"4G","partitions":256}
+ * Missing fields take the defaults above. Unknown fields are errors. */
+GR_API int gr_table_spec_from_json(const char *json, gr_table_spec *spec);
+/* A document {"tables":[spec, ...]} (or a bare array): allocates *specs (free() it). */
+GR_API int gr_table_specs_from_json(const char *json, gr_table_spec **specs, size_t *n);
+/* Serialises a spec; returns a malloc'd string the caller frees, or NULL on out of memory. */
+GR_API char *gr_table_spec_to_json(const gr_table_spec *spec);
+
+/* Creates an empty table from a validated copy of spec. */
+GR_API int gr_table_create(const gr_table_spec *spec, gr_table **out);
+/* Frees the table and all rows. NULL is a no-op. */
+GR_API void gr_table_destroy(gr_table *t);
+/* The table's spec; valid for the table's lifetime. */
+GR_API const gr_table_spec *gr_table_get_spec(const gr_table *t);
+
+#define GR_LOOKUP_READONLY 1u /* missing keys read the default row; nothing is created */
+
+/* Gathers the rows of n keys into out (n * dim floats, row i at out + i*dim). Missing keys
+ * are created by the initializer (subject to admission) unless GR_LOOKUP_READONLY; keys not
+ * stored read zeros. Duplicated keys are fine. GR_ENOMEM when the memory cap stops a row
+ * from being created (rows before it in the batch are filled and stay created). */
+GR_API int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *out,
+                           unsigned flags);
+
+/* Applies n gradient rows (grads: n * dim floats) with the table's optimizer. Each row is one
+ * optimizer step for its key; a key repeated in the batch gets one step per occurrence (sum
+ * duplicates first, with gr_dedup, for the usual semantics). Missing keys are created by the
+ * initializer first, subject to admission; gradients for keys not admitted are dropped and
+ * counted as rejects. Non-finite gradients are GR_EINVAL and nothing in the batch is applied. */
+GR_API int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads);
+
+/* Removes keys; *deleted (may be NULL) gets how many were present. */
+GR_API int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted);
+
+/* Writes whole rows (for restore and resharding): weights (n * dim), optimizer state
+ * (n * gr_table_state_floats, or NULL for the initial state) and metadata (n, or NULL for
+ * "now, 0 hits"). Replaces existing rows. Bypasses admission; honours the memory cap. */
+GR_API int gr_table_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
+                           const float *state, const gr_row_meta *meta);
+
+/* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
+ * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present
+ * (absent rows read zeros). */
+GR_API int gr_table_get(gr_table *t, const uint64_t *keys, size_t n, float *weights,
+                        float *state, gr_row_meta *meta, bool *found);
+
+/* Scan callback: called once per row with pointers valid only during the call (weights are
+ * f32 even for f16 storage). It runs under a partition lock and must not call into the same
+ * table. Return 0 to continue, anything else to stop the scan (gr_table_scan returns it). */
+typedef int (*gr_table_scan_fn)(void *ctx, uint64_t key, const float *weights,
+                                const float *state, const gr_row_meta *meta);
+
+/* Visits every row, one partition at a time (each partition locked only while it is read). */
+GR_API int gr_table_scan(gr_table *t, gr_table_scan_fn fn, void *ctx);
+
+/* Dirty tracking. Each tracker (0..GR_TABLE_TRACKERS-1, e.g. 0 = checkpoints, 1 = serving)
+ * remembers which rows were applied to or inserted since that tracker's last dirty scan.
+ * gr_table_scan_dirty visits those rows and clears their marks atomically with the read
+ * (under the partition lock), so no update is lost between scans. A row deleted or evicted
+ * after being marked is not visited. */
+GR_API int gr_table_scan_dirty(gr_table *t, unsigned tracker, gr_table_scan_fn fn, void *ctx);
+/* Rows currently marked dirty for a tracker. */
+GR_API uint64_t gr_table_dirty_count(gr_table *t, unsigned tracker);
+
+/* The table clock (seconds) used for last_update and TTL. By default seconds since the table
+ * was created; gr_table_set_clock pins it to a value (tests, step-driven TTL); 0 unpins it. */
+GR_API uint32_t gr_table_clock(const gr_table *t);
+GR_API void gr_table_set_clock(gr_table *t, uint32_t now);
+
+/* Removes rows whose last update is more than ttl_s before the table clock; works one
+ * partition at a time, holding each lock for a bounded slice of slots (well under 1 ms).
+ * *evicted (may be NULL) gets the count. No-op when ttl_s is 0. */
+GR_API int gr_table_evict_expired(gr_table *t, uint64_t *evicted);
+
+GR_API void gr_table_get_stats(gr_table *t, gr_table_stats *st);
+
+#endif

@@ -1,0 +1,23 @@
+/* Hashing and checksums over libxxhash (XXH3). The key hash and the slot function are part of
+ * the wire and checkpoint contract: changing them moves every row to another shard. */
+#include "granary/core.h"
+
+#include <xxhash.h>
+
+uint64_t gr_hash64(const void *data, size_t len, uint64_t seed)
+{
+    return XXH3_64bits_withSeed(data, len, seed);
+}
+
+uint64_t gr_hash_key(uint64_t key, uint64_t seed)
+{
+    return XXH3_64bits_withSeed(&key, sizeof key, seed);
+}
+
+uint64_t gr_checksum(const void *data, size_t len) { return XXH3_64bits(data, len); }
+
+uint32_t gr_slot_of(uint64_t key)
+{
+    /* Seed chosen once; never change it. */
+    return (uint32_t)(gr_hash_key(key, 0x736c6f74u) & (GR_SLOTS - 1));
+}

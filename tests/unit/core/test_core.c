@@ -1,0 +1,152 @@
+/* Unit tests for core: errors, hashing, slots, random numbers, Zipf, dedup, files, sizes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "granary/core.h"
+
+static void test_errors(void **state)
+{
+    (void)state;
+    assert_string_equal(gr_strerror(GR_OK), "success");
+    assert_string_equal(gr_strerror(GR_EDIM), "dimension mismatch");
+    assert_string_equal(gr_strerror(12345), "unknown error");
+    assert_int_equal(gr_seterr(GR_EINVAL, "bad %s %d", "dim", 7), GR_EINVAL);
+    assert_string_equal(gr_errmsg(), "bad dim 7");
+    gr_clearerr();
+    assert_string_equal(gr_errmsg(), "");
+}
+
+static void test_slots_fixed(void **state)
+{
+    (void)state;
+    /* The slot function is an on-disk and on-wire contract: pin a few values. */
+    uint32_t s0 = gr_slot_of(0), s1 = gr_slot_of(1), s2 = gr_slot_of(0xdeadbeefull);
+    assert_true(s0 < GR_SLOTS && s1 < GR_SLOTS && s2 < GR_SLOTS);
+    assert_int_equal(gr_slot_of(1), s1);
+    /* Keys spread over slots. */
+    unsigned counts[16] = {0};
+    for (uint64_t k = 0; k < 160000; k++) counts[gr_slot_of(k) >> 10]++;
+    for (int i = 0; i < 16; i++) assert_in_range(counts[i], 9000, 11000);
+}
+
+static void test_rng_deterministic(void **state)
+{
+    (void)state;
+    gr_rng a, b;
+    gr_rng_seed(&a, 42);
+    gr_rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++) assert_true(gr_rng_next(&a) == gr_rng_next(&b));
+    double sum = 0, sq = 0;
+    for (int i = 0; i < 100000; i++) {
+        double x = gr_rng_normal(&a);
+        sum += x;
+        sq += x * x;
+    }
+    assert_true(sum / 100000 < 0.02 && sum / 100000 > -0.02);
+    assert_true(sq / 100000 > 0.97 && sq / 100000 < 1.03);
+}
+
+static void test_zipf(void **state)
+{
+    (void)state;
+    gr_zipf z;
+    assert_int_equal(gr_zipf_init(&z, 0, 1.0), GR_EINVAL);
+    assert_int_equal(gr_zipf_init(&z, 1000, 1.05), GR_OK);
+    gr_rng r;
+    gr_rng_seed(&r, 1);
+    unsigned c1 = 0, c2 = 0, n = 200000;
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t k = gr_zipf_draw(&z, &r);
+        assert_true(k >= 1 && k <= 1000);
+        c1 += k == 1;
+        c2 += k == 2;
+    }
+    /* P(1)/P(2) = 2^1.05 ~ 2.07 */
+    double ratio = (double)c1 / c2;
+    assert_true(ratio > 1.9 && ratio < 2.25);
+}
+
+static void test_dedup(void **state)
+{
+    (void)state;
+    uint64_t keys[] = {5, 7, 5, 9, 7, 7, 0, UINT64_MAX, 0};
+    size_t n = sizeof keys / sizeof keys[0];
+    uint64_t uniq[9];
+    uint32_t inv[9];
+    long nu = gr_dedup(keys, n, uniq, inv, NULL);
+    assert_int_equal(nu, 5);
+    uint64_t want[] = {5, 7, 9, 0, UINT64_MAX};
+    for (int i = 0; i < 5; i++) assert_true(uniq[i] == want[i]);
+    for (size_t i = 0; i < n; i++) assert_true(uniq[inv[i]] == keys[i]);
+    /* Large random input with a reused scratch. */
+    gr_dedup_scratch sc = {0};
+    size_t m = 100000;
+    uint64_t *k2 = malloc(m * 8), *u2 = malloc(m * 8);
+    uint32_t *i2 = malloc(m * 4);
+    gr_rng r;
+    gr_rng_seed(&r, 3);
+    for (size_t i = 0; i < m; i++) k2[i] = gr_rng_next(&r) % 5000;
+    for (int rep = 0; rep < 2; rep++) {
+        nu = gr_dedup(k2, m, u2, i2, &sc);
+        assert_int_equal(nu, 5000);
+        for (size_t i = 0; i < m; i++) assert_true(u2[i2[i]] == k2[i]);
+    }
+    gr_dedup_scratch_fini(&sc);
+    free(k2);
+    free(u2);
+    free(i2);
+}
+
+static void test_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gr_core_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/f.txt", dir);
+    assert_int_equal(gr_write_file_atomic(path, "hello", 5), GR_OK);
+    char *buf;
+    size_t len;
+    assert_int_equal(gr_read_file(path, &buf, &len), GR_OK);
+    assert_int_equal(len, 5);
+    assert_string_equal(buf, "hello");
+    free(buf);
+    unlink(path);
+    assert_int_equal(gr_read_file(path, &buf, &len), GR_ENOENT);
+    assert_non_null(strstr(gr_errmsg(), "f.txt"));
+    rmdir(dir);
+}
+
+static void test_sizes(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(gr_parse_size("64", &v), GR_OK);
+    assert_true(v == 64);
+    assert_int_equal(gr_parse_size("4k", &v), GR_OK);
+    assert_true(v == 4096);
+    assert_int_equal(gr_parse_size("2GB", &v), GR_OK);
+    assert_true(v == 2ull << 30);
+    assert_int_equal(gr_parse_size("2X", &v), GR_EINVAL);
+    assert_int_equal(gr_parse_size("", &v), GR_EINVAL);
+    assert_int_equal(gr_parse_size("99999999999999999999T", &v), GR_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),   cmocka_unit_test(test_slots_fixed),
+        cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_zipf),
+        cmocka_unit_test(test_dedup),    cmocka_unit_test(test_files),
+        cmocka_unit_test(test_sizes),
+    };
+    return cmocka_run_group_tests_name("core", tests, NULL, NULL);
+}
