@@ -1,0 +1,370 @@
+/* Step synchronisation on one shard (see stepsync.h and docs/sync.md). One mutex guards the
+ * state; the apply callback runs under it, so an aggregated step is applied atomically with
+ * respect to other pushes on this shard. */
+#include "server/stepsync.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct staged_part {
+    uint32_t id, dim;
+    size_t n;
+    uint64_t *keys;
+    float *grads;
+} staged_part;
+
+typedef struct contribution {
+    uint32_t worker;
+    uint64_t step;
+    size_t n_parts;
+    staged_part *parts;
+} contribution;
+
+struct gr_stepsync {
+    gr_sync_config cfg;
+    gr_sync_apply_fn apply;
+    void *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool shutdown;
+    uint64_t g;              /* applied steps */
+    uint64_t *last_step;     /* per worker: last step tag seen + 1 (0 = none) */
+    uint64_t *clock;         /* per worker: pushes applied (ssp) */
+    contribution *staged;    /* admitted pushes for step g */
+    size_t n_staged, cap_staged;
+    gr_sync_stats st;
+};
+
+static void free_contribution(contribution *c)
+{
+    for (size_t i = 0; i < c->n_parts; i++) {
+        free(c->parts[i].keys);
+        free(c->parts[i].grads);
+    }
+    free(c->parts);
+    c->parts = NULL;
+    c->n_parts = 0;
+}
+
+int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
+                       gr_stepsync **out)
+{
+    if (!cfg || !apply || !out) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (cfg->mode > GR_SYNC_SSP) return gr_seterr(GR_EINVAL, "stepsync: unknown mode %d", (int)cfg->mode);
+    if (cfg->workers == 0 || cfg->workers > 65536)
+        return gr_seterr(GR_EINVAL, "stepsync: workers must be 1..65536, got %u", cfg->workers);
+    gr_sync_config c = *cfg;
+    if (c.mode == GR_SYNC_SYNC) {
+        c.aggregate = c.workers;
+        c.staleness = 0;
+    }
+    if (c.mode == GR_SYNC_SEMISYNC && (c.aggregate == 0 || c.aggregate > c.workers))
+        return gr_seterr(GR_EINVAL, "stepsync: semisync needs 1 <= K <= N, got K=%u N=%u",
+                         c.aggregate, c.workers);
+    gr_stepsync *ss = calloc(1, sizeof *ss);
+    if (!ss) return gr_seterr(GR_ENOMEM, "stepsync: out of memory");
+    ss->cfg = c;
+    ss->apply = apply;
+    ss->ctx = ctx;
+    ss->last_step = calloc(c.workers, sizeof *ss->last_step);
+    ss->clock = calloc(c.workers, sizeof *ss->clock);
+    if (!ss->last_step || !ss->clock) {
+        gr_stepsync_destroy(ss);
+        return gr_seterr(GR_ENOMEM, "stepsync: out of memory");
+    }
+    pthread_mutex_init(&ss->mu, NULL);
+    pthread_cond_init(&ss->cv, NULL);
+    *out = ss;
+    return GR_OK;
+}
+
+void gr_stepsync_destroy(gr_stepsync *ss)
+{
+    if (!ss) return;
+    for (size_t i = 0; i < ss->n_staged; i++) free_contribution(&ss->staged[i]);
+    free(ss->staged);
+    free(ss->last_step);
+    free(ss->clock);
+    pthread_mutex_destroy(&ss->mu);
+    pthread_cond_destroy(&ss->cv);
+    free(ss);
+}
+
+const gr_sync_config *gr_stepsync_config(const gr_stepsync *ss) { return &ss->cfg; }
+
+static int apply_direct(gr_stepsync *ss, const gr_sync_part *parts, size_t n_parts)
+{
+    for (size_t i = 0; i < n_parts; i++) {
+        if (parts[i].n == 0) continue;
+        int rc = ss->apply(ss->ctx, parts[i].id, parts[i].dim, parts[i].keys, parts[i].n,
+                           parts[i].grads);
+        if (rc) return rc;
+    }
+    return GR_OK;
+}
+
+static int stage(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+                 size_t n_parts)
+{
+    if (ss->n_staged == ss->cap_staged) {
+        size_t cap = ss->cap_staged ? ss->cap_staged * 2 : 8;
+        contribution *s = realloc(ss->staged, cap * sizeof *s);
+        if (!s) return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+        ss->staged = s;
+        ss->cap_staged = cap;
+    }
+    contribution c = {.worker = worker, .step = step, .n_parts = 0};
+    c.parts = calloc(n_parts ? n_parts : 1, sizeof *c.parts);
+    if (!c.parts) return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+    for (size_t i = 0; i < n_parts; i++) {
+        staged_part *p = &c.parts[c.n_parts++];
+        p->id = parts[i].id;
+        p->dim = parts[i].dim;
+        p->n = parts[i].n;
+        p->keys = malloc((p->n ? p->n : 1) * sizeof *p->keys);
+        p->grads = malloc((p->n ? p->n * p->dim : 1) * sizeof *p->grads);
+        if (!p->keys || !p->grads) {
+            free_contribution(&c);
+            return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+        }
+        if (p->n) {
+            memcpy(p->keys, parts[i].keys, p->n * sizeof *p->keys);
+            memcpy(p->grads, parts[i].grads, p->n * p->dim * sizeof *p->grads);
+        }
+    }
+    ss->staged[ss->n_staged++] = c;
+    return GR_OK;
+}
+
+static int cmp_contribution(const void *a, const void *b)
+{
+    const contribution *x = a, *y = b;
+    if (x->worker != y->worker) return x->worker < y->worker ? -1 : 1;
+    return x->step < y->step ? -1 : x->step > y->step;
+}
+
+/* Sums the staged pushes per id in (worker, step) order, divides by K and applies. */
+static int apply_staged(gr_stepsync *ss)
+{
+    qsort(ss->staged, ss->n_staged, sizeof *ss->staged, cmp_contribution);
+    int rc = GR_OK;
+    float scale = 1.0f / (float)ss->cfg.aggregate;
+    /* Every distinct id, in order of first appearance. */
+    for (size_t ci = 0; ci < ss->n_staged && rc == GR_OK; ci++) {
+        for (size_t pi = 0; pi < ss->staged[ci].n_parts && rc == GR_OK; pi++) {
+            staged_part *first = &ss->staged[ci].parts[pi];
+            if (first->dim == 0) continue; /* already merged */
+            uint32_t id = first->id, dim = first->dim;
+            size_t total = 0;
+            for (size_t cj = ci; cj < ss->n_staged; cj++)
+                for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++)
+                    if (ss->staged[cj].parts[pj].id == id && ss->staged[cj].parts[pj].dim)
+                        total += ss->staged[cj].parts[pj].n;
+            uint64_t *keys = malloc((total ? total : 1) * sizeof *keys);
+            uint64_t *uniq = malloc((total ? total : 1) * sizeof *uniq);
+            uint32_t *inv = malloc((total ? total : 1) * sizeof *inv);
+            float *sum = calloc(total ? total * dim : 1, sizeof *sum);
+            if (!keys || !uniq || !inv || !sum) {
+                rc = gr_seterr(GR_ENOMEM, "stepsync: out of memory applying a step");
+            } else {
+                size_t at = 0;
+                for (size_t cj = ci; cj < ss->n_staged; cj++)
+                    for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
+                        staged_part *p = &ss->staged[cj].parts[pj];
+                        if (p->id != id || p->dim == 0) continue;
+                        if (p->dim != dim) {
+                            rc = gr_seterr(GR_EDIM, "stepsync: id %u pushed with dim %u and %u",
+                                           id, dim, p->dim);
+                        }
+                        memcpy(keys + at, p->keys, p->n * sizeof *keys);
+                        at += p->n;
+                    }
+                long nu = rc ? 0 : gr_dedup(keys, total, uniq, inv, NULL);
+                if (nu < 0) rc = (int)nu;
+                at = 0;
+                for (size_t cj = ci; cj < ss->n_staged && rc == GR_OK; cj++)
+                    for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
+                        staged_part *p = &ss->staged[cj].parts[pj];
+                        if (p->id != id || p->dim == 0) continue;
+                        for (size_t r = 0; r < p->n; r++, at++) {
+                            float *dst = sum + (size_t)inv[at] * dim;
+                            const float *src = p->grads + r * dim;
+                            for (uint32_t d = 0; d < dim; d++) dst[d] += src[d];
+                        }
+                        p->dim = 0; /* merged */
+                    }
+                if (rc == GR_OK && nu > 0) {
+                    for (size_t i = 0; i < (size_t)nu * dim; i++) sum[i] *= scale;
+                    rc = ss->apply(ss->ctx, id, dim, uniq, (size_t)nu, sum);
+                }
+            }
+            free(keys);
+            free(uniq);
+            free(inv);
+            free(sum);
+        }
+    }
+    for (size_t i = 0; i < ss->n_staged; i++) free_contribution(&ss->staged[i]);
+    ss->n_staged = 0;
+    return rc;
+}
+
+static void count_staleness(gr_sync_stats *st, uint64_t lag)
+{
+    int b = lag < 4 ? (int)lag : lag < 8 ? 4 : lag < 16 ? 5 : lag < 32 ? 6 : 7;
+    st->staleness_hist[b]++;
+}
+
+int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+                     size_t n_parts, gr_sync_outcome *outcome)
+{
+    if (!ss || (n_parts && !parts))
+        return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (worker >= ss->cfg.workers)
+        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+                         worker, ss->cfg.workers);
+    gr_sync_outcome out = GR_SYNC_APPLIED;
+    int rc = GR_OK;
+    pthread_mutex_lock(&ss->mu);
+    ss->st.pushes++;
+    if (ss->last_step[worker] > step) {
+        /* Already saw a later or equal step from this worker: a retry. */
+        out = GR_SYNC_DUPLICATE;
+        ss->st.duplicates++;
+        goto done;
+    }
+    switch (ss->cfg.mode) {
+    case GR_SYNC_ASYNC:
+        rc = apply_direct(ss, parts, n_parts);
+        break;
+    case GR_SYNC_SSP:
+        rc = apply_direct(ss, parts, n_parts);
+        if (rc == GR_OK) {
+            ss->clock[worker] = step + 1;
+            count_staleness(&ss->st, 0);
+            pthread_cond_broadcast(&ss->cv);
+        }
+        break;
+    case GR_SYNC_SYNC:
+    case GR_SYNC_SEMISYNC:
+        if (step > ss->g) {
+            rc = gr_seterr(GR_ESTALE,
+                           "stepsync: worker %u pushed step %llu but the shard is at step %llu "
+                           "(acquire the step first)",
+                           worker, (unsigned long long)step, (unsigned long long)ss->g);
+            break;
+        }
+        if (ss->g - step > ss->cfg.staleness) {
+            out = GR_SYNC_DROPPED;
+            ss->st.dropped++;
+            break;
+        }
+        rc = stage(ss, worker, step, parts, n_parts);
+        if (rc) break;
+        count_staleness(&ss->st, ss->g - step);
+        out = GR_SYNC_STAGED;
+        if (ss->n_staged >= ss->cfg.aggregate) {
+            rc = apply_staged(ss);
+            ss->g++;
+            ss->st.applied_steps++;
+            out = GR_SYNC_APPLIED;
+            pthread_cond_broadcast(&ss->cv);
+        }
+        break;
+    }
+    if (rc == GR_OK) ss->last_step[worker] = step + 1;
+done:
+    ss->st.step = ss->g;
+    pthread_mutex_unlock(&ss->mu);
+    if (outcome) *outcome = out;
+    return rc;
+}
+
+static uint64_t slowest_clock(const gr_stepsync *ss, uint32_t *who)
+{
+    uint64_t m = UINT64_MAX;
+    for (uint32_t w = 0; w < ss->cfg.workers; w++)
+        if (ss->clock[w] < m) {
+            m = ss->clock[w];
+            if (who) *who = w;
+        }
+    return m;
+}
+
+static bool may_start(const gr_stepsync *ss, uint64_t step)
+{
+    switch (ss->cfg.mode) {
+    case GR_SYNC_ASYNC: return true;
+    case GR_SYNC_SSP: {
+        uint64_t need = step > ss->cfg.staleness ? step - ss->cfg.staleness : 0;
+        return slowest_clock(ss, NULL) >= need;
+    }
+    default: return ss->g >= step;
+    }
+}
+
+int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
+                        uint64_t *current)
+{
+    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (worker >= ss->cfg.workers)
+        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+                         worker, ss->cfg.workers);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    int rc = GR_OK;
+    pthread_mutex_lock(&ss->mu);
+    if (!may_start(ss, step)) ss->st.waits++;
+    while (!ss->shutdown && !may_start(ss, step)) {
+        int e = pthread_cond_timedwait(&ss->cv, &ss->mu, &deadline);
+        if (e == ETIMEDOUT && !may_start(ss, step)) {
+            uint32_t who = 0;
+            uint64_t slow = slowest_clock(ss, &who);
+            if (ss->cfg.mode == GR_SYNC_SSP)
+                rc = gr_seterr(GR_ETIMEDOUT,
+                               "timed out after %u ms waiting for step %llu: worker %u is at "
+                               "step %llu (staleness bound %u)",
+                               timeout_ms, (unsigned long long)step, who,
+                               (unsigned long long)slow, ss->cfg.staleness);
+            else
+                rc = gr_seterr(GR_ETIMEDOUT,
+                               "timed out after %u ms waiting for step %llu: shard is at step "
+                               "%llu with %zu of %u gradients",
+                               timeout_ms, (unsigned long long)step, (unsigned long long)ss->g,
+                               ss->n_staged, ss->cfg.aggregate);
+            break;
+        }
+    }
+    if (rc == GR_OK && ss->shutdown)
+        rc = gr_seterr(GR_ESHUTDOWN, "shard is shutting down");
+    if (current)
+        *current = ss->cfg.mode == GR_SYNC_SSP ? slowest_clock(ss, NULL) : ss->g;
+    pthread_mutex_unlock(&ss->mu);
+    return rc;
+}
+
+void gr_stepsync_shutdown(gr_stepsync *ss)
+{
+    if (!ss) return;
+    pthread_mutex_lock(&ss->mu);
+    ss->shutdown = true;
+    pthread_cond_broadcast(&ss->cv);
+    pthread_mutex_unlock(&ss->mu);
+}
+
+void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st)
+{
+    pthread_mutex_lock(&ss->mu);
+    *st = ss->st;
+    st->step = ss->g;
+    pthread_mutex_unlock(&ss->mu);
+}

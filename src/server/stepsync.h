@@ -1,0 +1,92 @@
+/* Step synchronisation on one shard: the state machine behind the sync modes (async, sync,
+ * semisync with backup workers and a staleness bound, ssp). It does no I/O and knows nothing
+ * of tables: admitted gradients reach the caller through an apply callback. The server's
+ * dispatch calls it for pushes and pulls that carry a worker id and a step tag.
+ *
+ * Semantics (docs/sync.md): every worker pushes to every shard once per step, tagged with the
+ * step it computed against (an empty push where it has no keys on a shard).
+ *  - async: every push is applied on arrival.
+ *  - sync / semisync: the shard aggregates the pushes tagged with steps >= G - staleness; when
+ *    `aggregate` (K) have arrived it applies their sum divided by K (each worker sends the mean
+ *    over its own batch, so this is the mean over the fixed global batch), in worker order so
+ *    the result does not depend on arrival order, bumps G and wakes the waiters. Pushes older
+ *    than the bound are dropped and counted. sync is semisync with K = N and staleness 0.
+ *  - ssp: pushes apply on arrival; a worker may start step t only when every worker has pushed
+ *    at least t - staleness steps.
+ * A push repeating a (worker, step) already seen is acknowledged and ignored, so a client that
+ * retries after a reconnect never applies a gradient twice. */
+#ifndef GRANARY_SERVER_STEPSYNC_H
+#define GRANARY_SERVER_STEPSYNC_H
+
+#include "granary/core.h"
+
+typedef enum {
+    GR_SYNC_ASYNC = 0,
+    GR_SYNC_SYNC = 1,
+    GR_SYNC_SEMISYNC = 2,
+    GR_SYNC_SSP = 3,
+} gr_sync_mode;
+
+typedef struct gr_sync_config {
+    gr_sync_mode mode;
+    uint32_t workers;   /* N */
+    uint32_t aggregate; /* K: pushes per applied step (semisync; sync forces N) */
+    uint32_t staleness; /* s: semisync drops older pushes; ssp lets a worker run s steps ahead */
+} gr_sync_config;
+
+/* One table's (or dense tensor's) part of a push. */
+typedef struct gr_sync_part {
+    uint32_t id;
+    uint32_t dim;
+    size_t n;
+    const uint64_t *keys;
+    const float *grads; /* n * dim */
+} gr_sync_part;
+
+/* Applies one aggregated gradient: called with keys unique within the call. */
+typedef int (*gr_sync_apply_fn)(void *ctx, uint32_t id, uint32_t dim, const uint64_t *keys,
+                                size_t n, const float *grads);
+
+typedef enum {
+    GR_SYNC_APPLIED = 0,   /* applied now (async, ssp, or it completed a step) */
+    GR_SYNC_STAGED = 1,    /* admitted, waiting for the rest of the step */
+    GR_SYNC_DROPPED = 2,   /* older than the staleness bound: dropped and counted */
+    GR_SYNC_DUPLICATE = 3, /* this (worker, step) was seen before: ignored */
+} gr_sync_outcome;
+
+typedef struct gr_sync_stats {
+    uint64_t step;          /* G: applied steps (sync modes) */
+    uint64_t pushes;
+    uint64_t applied_steps;
+    uint64_t dropped;       /* stale gradients dropped */
+    uint64_t duplicates;
+    uint64_t waits;         /* acquires that had to block */
+    uint64_t staleness_hist[8]; /* admitted pushes by G - tag: 0,1,2,3,4-7,8-15,16-31,32+ */
+} gr_sync_stats;
+
+typedef struct gr_stepsync gr_stepsync;
+
+int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
+                       gr_stepsync **out);
+void gr_stepsync_destroy(gr_stepsync *ss);
+
+/* Handles worker `worker`'s gradient for step `step`. The parts are copied when staged.
+ * GR_EINVAL for a worker id >= N, GR_ESTALE for a step from the future (> G in sync modes),
+ * or the apply callback's error. */
+int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+                     size_t n_parts, gr_sync_outcome *outcome);
+
+/* Blocks until worker may start step `step` (sync/semisync: G >= step; ssp: every worker has
+ * pushed >= step - staleness steps; async: at once), or timeout_ms passes (GR_ETIMEDOUT, with
+ * a message naming the slowest worker), or the stepsync is shut down (GR_ESHUTDOWN).
+ * *current (may be NULL) gets G (sync modes) or the slowest worker's clock (ssp). */
+int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
+                        uint64_t *current);
+
+/* Wakes every waiter with GR_ESHUTDOWN; later acquires fail at once. */
+void gr_stepsync_shutdown(gr_stepsync *ss);
+
+void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st);
+const gr_sync_config *gr_stepsync_config(const gr_stepsync *ss);
+
+#endif
