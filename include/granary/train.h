@@ -1,0 +1,285 @@
+/* granary train: the training runtime that needs no network. Criteo TSV reader, synthetic
+ * data generator, metrics (AUC, logloss), the reference models (logistic regression, DLRM),
+ * the backend interface that says where embedding rows and dense parameters live, a local
+ * backend over gr_table, and the worker loop with its pipeline.
+ *
+ * Errors: functions return 0 or a negative gr_err and set gr_errmsg(). Nothing here aborts. */
+#ifndef GRANARY_TRAIN_H
+#define GRANARY_TRAIN_H
+
+#include "granary/core.h"
+#include "granary/table.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Criteo TSV layout                                                                           */
+
+#define GR_CRITEO_DENSE 13  /* I1..I13 */
+#define GR_CRITEO_SPARSE 26 /* C1..C26 */
+#define GR_CRITEO_FIELDS (1 + GR_CRITEO_DENSE + GR_CRITEO_SPARSE)
+
+/* The feature id of categorical value `value` (the 32-bit number its hex spells) in slot
+ * 0..25: a fixed 64-bit hash of (slot, value). Two slots never share an id (up to 2^-64). */
+GR_API uint64_t gr_criteo_feature_id(unsigned slot, uint32_t value);
+/* The id a missing (empty) categorical field of that slot maps to: one fixed id per slot,
+ * different from every value's id. */
+GR_API uint64_t gr_criteo_missing_id(unsigned slot);
+
+/* Parses one line (without its '\n'; a trailing '\r' is ignored) into label, 13 dense
+ * features already transformed log(1 + max(x, 0)) (missing -> 0) and 26 feature ids.
+ * GR_ECORRUPT when the line is malformed, with a message naming the field ("field 5 (I4):
+ * not an integer: 'x1'"); outputs are then unspecified. */
+GR_API int gr_criteo_parse_line(const char *line, size_t len, float *label, float *dense,
+                                uint64_t *ids);
+
+/* A batch of examples, row-major: labels[n], dense[n * 13], ids[n * 26]. */
+typedef struct gr_batch {
+    size_t n, cap;
+    float *labels;
+    float *dense;
+    uint64_t *ids;
+} gr_batch;
+
+GR_API int gr_batch_init(gr_batch *b, size_t cap);
+GR_API void gr_batch_fini(gr_batch *b);
+
+typedef struct gr_criteo_opts {
+    size_t batch;        /* examples per batch (> 0) */
+    unsigned threads;    /* parser threads; 0 = parse in the caller's thread */
+    bool strict;         /* a bad line is an error (GR_ECORRUPT) instead of skipped + counted */
+    uint64_t start, end; /* byte range [start, end) of the file; end 0 = to the end of file.
+                          * start must be 0 or the first byte of a line (see gr_criteo_split) */
+    uint64_t first_line; /* line number of the line at `start` (1 for start 0; 0 = 1) */
+    size_t block_bytes;  /* read size; 0 = 1 MiB */
+    unsigned log_bad;    /* bad lines logged as warnings before going quiet; 0 = 5 */
+} gr_criteo_opts;
+
+GR_API void gr_criteo_opts_default(gr_criteo_opts *o);
+
+typedef struct gr_criteo_stats {
+    uint64_t lines;          /* lines read, including bad and empty ones */
+    uint64_t examples;       /* examples returned */
+    uint64_t bad_lines;      /* skipped as malformed */
+    uint64_t empty_lines;    /* empty lines (ignored, not bad) */
+    uint64_t first_bad_line; /* line number of the first bad line (0 = none) */
+    char first_bad_msg[256]; /* its message */
+} gr_criteo_stats;
+
+typedef struct gr_criteo_reader gr_criteo_reader;
+
+/* Opens a streaming reader over path (or its byte range): it reads blocks of block_bytes, cut
+ * at line ends, and parses them on `threads` threads; batches come out in file order whatever
+ * the thread count. */
+GR_API int gr_criteo_open(const char *path, const gr_criteo_opts *opts, gr_criteo_reader **out);
+/* Fills b with the next examples (at most min(opts.batch, b->cap)). b->n == 0 means end of
+ * data. In strict mode a bad line returns GR_ECORRUPT with "PATH:LINE: ..." as the message;
+ * the reader is then finished. */
+GR_API int gr_criteo_next(gr_criteo_reader *r, gr_batch *b);
+GR_API void gr_criteo_get_stats(const gr_criteo_reader *r, gr_criteo_stats *st);
+/* Stops the parser threads and frees everything. NULL is a no-op. */
+GR_API void gr_criteo_close(gr_criteo_reader *r);
+
+/* Splits a file into `parts` byte ranges that start at line starts: offsets[0..parts] (parts +
+ * 1 entries; offsets[parts] = file size) and, if first_lines is not NULL, the line number of
+ * each range's first line (found by counting newlines, one pass over the file). Ranges may
+ * be empty when the file has fewer lines than parts. */
+GR_API int gr_criteo_split(const char *path, unsigned parts, uint64_t *offsets,
+                           uint64_t *first_lines);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Synthetic data with a planted teacher                                                       */
+
+typedef struct gr_datagen_opts {
+    uint64_t train_rows, test_rows;
+    uint64_t seed;
+    unsigned threads; /* 0 = 2 */
+} gr_datagen_opts;
+
+typedef struct gr_datagen_result {
+    uint64_t train_rows, test_rows;
+    double train_positive_rate, test_positive_rate;
+    double teacher_auc, teacher_logloss; /* of the teacher's probabilities on the test set */
+    double base_logloss;                 /* predicting the test positive rate for every row */
+    double seconds;
+} gr_datagen_result;
+
+/* Writes DIR/train.tsv, DIR/test.tsv and DIR/oracle.json (creating DIR if needed). The
+ * output depends only on (seed, rows), not on the thread count. */
+GR_API int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Metrics                                                                                     */
+
+/* Exact ROC AUC: rank-based, tied scores get their average rank, O(n log n). labels are
+ * 0/1 (anything > 0.5 is positive). When all examples are of one class (or n == 0) the AUC
+ * is undefined and the result is NaN. *out gets the value; GR_ENOMEM if the sort buffer
+ * cannot be allocated. */
+GR_API int gr_auc(const float *scores, const float *labels, size_t n, double *out);
+/* Mean binary log loss, -[y log p + (1-y) log(1-p)], p clipped to [1e-7, 1 - 1e-7]. 0 for
+ * n == 0. */
+GR_API double gr_logloss(const float *probs, const float *labels, size_t n);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Models                                                                                      */
+
+typedef enum { GR_MODEL_LR = 0, GR_MODEL_DLRM = 1 } gr_model_kind;
+
+#define GR_MODEL_MAX_LAYERS 8
+
+typedef struct gr_model_config {
+    gr_model_kind kind;
+    uint32_t dim;                              /* DLRM embedding dim (LR: always 1) */
+    uint32_t bottom[GR_MODEL_MAX_LAYERS];      /* DLRM bottom hidden sizes; output is dim */
+    uint32_t n_bottom;
+    uint32_t top[GR_MODEL_MAX_LAYERS];         /* DLRM top hidden sizes; output is 1 */
+    uint32_t n_top;
+    uint64_t seed;                             /* dense parameter init */
+} gr_model_config;
+
+/* DLRM, dim 16, bottom 64,32 (13-64-32-16), top 128,64 (..-128-64-1), seed 1. */
+GR_API void gr_model_config_default(gr_model_config *c, gr_model_kind kind);
+/* Parses "512,256,64" into sizes (at most GR_MODEL_MAX_LAYERS, each 1..65536). */
+GR_API int gr_model_parse_layers(const char *s, uint32_t *sizes, uint32_t *n);
+
+typedef struct gr_model gr_model;
+typedef struct gr_model_ws gr_model_ws; /* per-thread scratch for forward/backward */
+
+GR_API int gr_model_create(const gr_model_config *c, gr_model **out);
+GR_API void gr_model_destroy(gr_model *m);
+GR_API const gr_model_config *gr_model_get_config(const gr_model *m);
+/* Floats in the flat dense parameter array. */
+GR_API size_t gr_model_dense_size(const gr_model *m);
+/* Embedding row width: dim for DLRM, 1 for LR. */
+GR_API uint32_t gr_model_emb_dim(const gr_model *m);
+/* The dense parameters' name on a backend ("dlrm.dense" / "lr.dense"). */
+GR_API const char *gr_model_dense_name(const gr_model *m);
+/* Deterministic initial dense parameters from config.seed (Xavier-normal weights, small
+ * normal biases as in DLRM; LR: zeros). */
+GR_API void gr_model_init_dense(const gr_model *m, float *params);
+/* Describes the layout of the dense array, e.g. "bottom0.w 64x13 @0, bottom0.b 64 @832, ..."
+ * into buf (truncated to len). */
+GR_API void gr_model_describe(const gr_model *m, char *buf, size_t len);
+
+GR_API int gr_model_ws_create(const gr_model *m, gr_model_ws **out);
+GR_API void gr_model_ws_destroy(gr_model_ws *ws);
+
+/* One forward + backward pass over n examples. emb holds every occurrence's embedding row:
+ * n * 26 * emb_dim floats (example i, slot s at (i*26 + s) * emb_dim). Writes *loss (mean log
+ * loss over the batch), probs[n] (may be NULL), grad_dense (dense_size floats, overwritten)
+ * and grad_emb (same layout as emb, one row per occurrence, overwritten; the caller sums the
+ * rows of duplicate ids). Gradients are of the mean loss. */
+GR_API int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params,
+                               size_t n, const float *dense, const float *emb,
+                               const float *labels, double *loss, float *probs,
+                               float *grad_dense, float *grad_emb);
+/* Forward only: probs[n]. */
+GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
+                            const float *dense, const float *emb, float *probs);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Backends: where embedding rows and dense parameters live                                    */
+
+#define GR_PULL_READONLY 1u /* do not create missing rows (evaluation); they read zeros */
+
+/* The trainer calls these from several threads at once; a backend must be thread-safe.
+ * Keys passed to pull/push are unique within a call (the trainer dedups with gr_dedup and
+ * sums the gradients of duplicates). Every function returns 0 or a negative gr_err. */
+typedef struct gr_train_backend {
+    void *ctx;
+    /* Declares an embedding table (idempotent: an existing table with the same spec is
+     * fine, a different one is GR_EEXIST). */
+    int (*table_init)(void *ctx, const gr_table_spec *spec);
+    /* Rows of n keys into rows (n * dim). */
+    int (*pull)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                unsigned flags);
+    /* Gradient rows of n keys, applied by the table's optimizer. */
+    int (*push)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, const float *grads);
+    /* Declares a dense parameter with its initial value; the first caller's init wins. */
+    int (*dense_init)(void *ctx, const char *name, const float *init, size_t n);
+    int (*dense_pull)(void *ctx, const char *name, float *out, size_t n);
+    int (*dense_push)(void *ctx, const char *name, const float *grad, size_t n);
+    /* Step tokens for sync/semisync/ssp (NULL in async mode: every push applies on arrival).
+     * A worker's step is: step_begin (acquire a token) -> pull -> compute -> push ->
+     * step_commit. A commit refused as too stale returns GR_ESTALE and counts as dropped. */
+    int (*step_begin)(void *ctx, uint32_t worker, uint64_t *token);
+    int (*step_commit)(void *ctx, uint32_t worker, uint64_t token);
+    /* Frees ctx. */
+    void (*destroy)(void *ctx);
+} gr_train_backend;
+
+typedef enum { GR_DENSE_OPT_ADAM = 0, GR_DENSE_OPT_ADAGRAD = 1, GR_DENSE_OPT_SGD = 2 } gr_dense_opt;
+
+typedef struct gr_local_backend_opts {
+    gr_dense_opt dense_opt;
+    float dense_lr;
+    float beta1, beta2, eps; /* Adam; eps also Adagrad */
+} gr_local_backend_opts;
+
+/* A backend in this process over gr_table (tables created by table_init) and dense
+ * parameters held in memory with their optimizer (Adam by default, lr 1e-3). Free it with
+ * gr_train_backend_destroy. */
+GR_API int gr_local_backend_create(const gr_local_backend_opts *opts, gr_train_backend *out);
+/* Calls b->destroy(b->ctx) if set and clears *b. */
+GR_API void gr_train_backend_destroy(gr_train_backend *b);
+/* The local backend's table with that id (NULL if none): for tests and stats. */
+GR_API gr_table *gr_local_backend_table(gr_train_backend *b, uint32_t table);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The trainer                                                                                 */
+
+typedef enum {
+    GR_MODE_ASYNC = 0,
+    GR_MODE_SYNC = 1,
+    GR_MODE_SEMISYNC = 2,
+    GR_MODE_SSP = 3,
+} gr_train_mode;
+
+GR_API const char *gr_train_mode_name(gr_train_mode m);
+GR_API int gr_train_mode_parse(const char *s, gr_train_mode *out);
+
+/* The table every categorical slot's ids live in: one shared table, ids already salted by
+ * their slot (gr_criteo_feature_id). */
+#define GR_TRAIN_EMB_TABLE 1u
+
+typedef struct gr_train_opts {
+    gr_model_config model;
+    const char *train_path, *test_path; /* test_path may be NULL: no evaluation */
+    size_t batch;                       /* per worker */
+    unsigned epochs, workers;
+    gr_train_mode mode;
+    bool pipeline;       /* false: each worker does read, pull, compute, push in turn */
+    unsigned queue_depth; /* batches between pipeline stages; 0 = 2 */
+    unsigned parse_threads; /* per worker reader; 0 = parse in the reader stage's thread */
+    bool strict;         /* refuse bad lines instead of skipping them */
+    gr_table_spec emb;   /* embedding table (name, dim, init, optimizer); see defaults */
+    double progress_s;   /* progress line on stderr every so often; 0 = never */
+    uint64_t max_examples; /* stop after this many training examples; 0 = no limit */
+} gr_train_opts;
+
+/* Defaults for a model kind: batch 1024, 1 epoch, 2 workers, async, pipeline on, progress
+ * every 5 s; the embedding table: DLRM -> Adagrad lr 0.05, init uniform +-0.05, dim 16;
+ * LR -> FTRL (alpha 0.05, beta 1, l1 0.1, l2 1), zeros, dim 1. */
+GR_API void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind);
+
+typedef struct gr_train_result {
+    uint64_t examples;        /* training examples processed (all epochs, all workers) */
+    uint64_t steps;           /* batches */
+    double train_seconds;
+    double examples_per_sec;
+    double last_loss;         /* mean training loss over the last progress window */
+    double test_auc, test_logloss; /* NaN when there is no test set */
+    uint64_t test_examples;
+    uint64_t dropped_gradients; /* commits refused as stale (semisync); 0 otherwise */
+    uint64_t bad_lines;
+} gr_train_result;
+
+/* Trains with W worker threads against the backend, then evaluates on the test file.
+ * Creates the embedding table and dense parameters through the backend. */
+GR_API int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *res);
+
+/* Scores a file with the model's current parameters on the backend (rows read with
+ * GR_PULL_READONLY): AUC and logloss. */
+GR_API int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table,
+                             const char *path, size_t batch, unsigned threads, double *auc,
+                             double *logloss, uint64_t *examples);
+
+#endif

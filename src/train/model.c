@@ -1,0 +1,464 @@
+/* The reference models: logistic regression and DLRM (bottom MLP, 27-vector pairwise dot
+ * interaction, top MLP), forward and backward over a batch with OpenBLAS. Dense parameters
+ * are one flat float array so they can live on a parameter server as one dense tensor;
+ * embedding rows come in and their gradients go out per occurrence. */
+#include "granary/train.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NVEC (GR_CRITEO_SPARSE + 1)          /* bottom output + one vector per slot */
+#define NPAIRS (NVEC * (NVEC - 1) / 2)        /* 351 dot products */
+#define MAX_LAYERS (GR_MODEL_MAX_LAYERS + 1) /* hidden layers + the output layer */
+
+typedef struct layer {
+    uint32_t in, out;
+    size_t w, b; /* offsets into the dense array: W is out x in, row-major */
+    bool relu;
+} layer;
+
+struct gr_model {
+    gr_model_config c;
+    layer bot[MAX_LAYERS], top[MAX_LAYERS];
+    uint32_t nbot, ntop;
+    uint32_t top_in;
+    size_t dense_size;
+    uint32_t max_width;
+};
+
+struct gr_model_ws {
+    size_t cap;
+    float *bot_out[MAX_LAYERS], *top_out[MAX_LAYERS];
+    float *z;          /* top input: n x top_in */
+    float *dz;         /* its gradient */
+    float *da, *db;    /* ping-pong gradient buffers, n x max_width */
+    float *dbot;       /* gradient of the bottom output, n x dim */
+};
+
+void gr_model_config_default(gr_model_config *c, gr_model_kind kind)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->dim = kind == GR_MODEL_LR ? 1 : 16;
+    c->bottom[0] = 64;
+    c->bottom[1] = 32;
+    c->n_bottom = 2;
+    c->top[0] = 128;
+    c->top[1] = 64;
+    c->n_top = 2;
+    c->seed = 1;
+}
+
+int gr_model_parse_layers(const char *s, uint32_t *sizes, uint32_t *n)
+{
+    uint32_t k = 0;
+    const char *p = s;
+    if (!s) return gr_seterr(GR_EINVAL, "layer list missing");
+    if (!*p) {
+        *n = 0;
+        return GR_OK;
+    }
+    for (;;) {
+        char *end;
+        unsigned long v = strtoul(p, &end, 10);
+        if (end == p || v < 1 || v > 65536 || (*end && *end != ','))
+            return gr_seterr(GR_EINVAL, "bad layer list '%s': want sizes like 512,256,64", s);
+        if (k == GR_MODEL_MAX_LAYERS)
+            return gr_seterr(GR_EINVAL, "layer list '%s' has more than %d layers", s,
+                             GR_MODEL_MAX_LAYERS);
+        sizes[k++] = (uint32_t)v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    *n = k;
+    return GR_OK;
+}
+
+static size_t add_layer(layer *l, uint32_t in, uint32_t out, bool relu, size_t at)
+{
+    l->in = in;
+    l->out = out;
+    l->w = at;
+    l->b = at + (size_t)in * out;
+    l->relu = relu;
+    return l->b + out;
+}
+
+int gr_model_create(const gr_model_config *c, gr_model **out)
+{
+    *out = NULL;
+    if (c->kind != GR_MODEL_LR && c->kind != GR_MODEL_DLRM)
+        return gr_seterr(GR_EINVAL, "unknown model kind %d", (int)c->kind);
+    if (c->kind == GR_MODEL_DLRM && (c->dim < 1 || c->dim > GR_TABLE_DIM_MAX))
+        return gr_seterr(GR_EINVAL, "dlrm: dim %u is out of range 1..%d", c->dim,
+                         GR_TABLE_DIM_MAX);
+    if (c->n_bottom > GR_MODEL_MAX_LAYERS || c->n_top > GR_MODEL_MAX_LAYERS)
+        return gr_seterr(GR_EINVAL, "at most %d hidden layers", GR_MODEL_MAX_LAYERS);
+    for (uint32_t i = 0; i < c->n_bottom; i++)
+        if (c->bottom[i] < 1 || c->bottom[i] > 65536)
+            return gr_seterr(GR_EINVAL, "bottom layer %u has size %u", i, c->bottom[i]);
+    for (uint32_t i = 0; i < c->n_top; i++)
+        if (c->top[i] < 1 || c->top[i] > 65536)
+            return gr_seterr(GR_EINVAL, "top layer %u has size %u", i, c->top[i]);
+    gr_model *m = calloc(1, sizeof *m);
+    if (!m) return gr_seterr(GR_ENOMEM, "cannot allocate a model");
+    m->c = *c;
+    if (c->kind == GR_MODEL_LR) {
+        m->c.dim = 1;
+        m->dense_size = GR_CRITEO_DENSE + 1;
+        m->max_width = 1; /* the workspace then holds the n logits */
+        m->top_in = 1;
+        *out = m;
+        return GR_OK;
+    }
+    size_t at = 0;
+    uint32_t in = GR_CRITEO_DENSE, w = GR_CRITEO_DENSE;
+    for (uint32_t i = 0; i <= c->n_bottom; i++) {
+        uint32_t o = i < c->n_bottom ? c->bottom[i] : c->dim;
+        at = add_layer(&m->bot[i], in, o, true, at); /* DLRM: ReLU on every bottom layer */
+        in = o;
+        if (o > w) w = o;
+    }
+    m->nbot = c->n_bottom + 1;
+    m->top_in = c->dim + NPAIRS;
+    in = m->top_in;
+    if (in > w) w = in;
+    for (uint32_t i = 0; i <= c->n_top; i++) {
+        bool last = i == c->n_top;
+        uint32_t o = last ? 1 : c->top[i];
+        at = add_layer(&m->top[i], in, o, !last, at);
+        in = o;
+        if (o > w) w = o;
+    }
+    m->ntop = c->n_top + 1;
+    m->dense_size = at;
+    m->max_width = w;
+    *out = m;
+    return GR_OK;
+}
+
+void gr_model_destroy(gr_model *m) { free(m); }
+const gr_model_config *gr_model_get_config(const gr_model *m) { return &m->c; }
+size_t gr_model_dense_size(const gr_model *m) { return m->dense_size; }
+uint32_t gr_model_emb_dim(const gr_model *m) { return m->c.dim; }
+
+const char *gr_model_dense_name(const gr_model *m)
+{
+    return m->c.kind == GR_MODEL_LR ? "lr.dense" : "dlrm.dense";
+}
+
+void gr_model_init_dense(const gr_model *m, float *p)
+{
+    memset(p, 0, m->dense_size * sizeof *p);
+    if (m->c.kind == GR_MODEL_LR) return;
+    gr_rng r;
+    gr_rng_seed(&r, m->c.seed ^ 0x646c726d64656e73ull);
+    for (int part = 0; part < 2; part++) {
+        const layer *ls = part ? m->top : m->bot;
+        uint32_t nl = part ? m->ntop : m->nbot;
+        for (uint32_t i = 0; i < nl; i++) {
+            const layer *l = &ls[i];
+            /* As DLRM: W ~ N(0, sqrt(2 / (in + out))), b ~ N(0, sqrt(1 / out)). */
+            double sw = sqrt(2.0 / (l->in + l->out)), sb = sqrt(1.0 / l->out);
+            for (size_t k = 0; k < (size_t)l->in * l->out; k++)
+                p[l->w + k] = (float)(sw * gr_rng_normal(&r));
+            for (uint32_t k = 0; k < l->out; k++) p[l->b + k] = (float)(sb * gr_rng_normal(&r));
+        }
+    }
+}
+
+void gr_model_describe(const gr_model *m, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    if (m->c.kind == GR_MODEL_LR) {
+        snprintf(buf, len, "lr: dense.w %d @0, bias 1 @%d; embedding dim 1", GR_CRITEO_DENSE,
+                 GR_CRITEO_DENSE);
+        return;
+    }
+    for (int part = 0; part < 2; part++) {
+        const layer *ls = part ? m->top : m->bot;
+        uint32_t nl = part ? m->ntop : m->nbot;
+        for (uint32_t i = 0; i < nl && at < len; i++) {
+            const layer *l = &ls[i];
+            int w = snprintf(buf + at, len - at, "%s%s%u.w %ux%u @%zu, %s%u.b %u @%zu",
+                             at ? ", " : "", part ? "top" : "bottom", i, l->out, l->in, l->w,
+                             part ? "top" : "bottom", i, l->out, l->b);
+            if (w < 0) return;
+            at += (size_t)w;
+        }
+    }
+}
+
+/* ---- workspace ---------------------------------------------------------------------------- */
+
+static void ws_free_buffers(gr_model_ws *ws)
+{
+    for (int i = 0; i < MAX_LAYERS; i++) {
+        free(ws->bot_out[i]);
+        free(ws->top_out[i]);
+        ws->bot_out[i] = ws->top_out[i] = NULL;
+    }
+    free(ws->z);
+    free(ws->dz);
+    free(ws->da);
+    free(ws->db);
+    free(ws->dbot);
+    ws->z = ws->dz = ws->da = ws->db = ws->dbot = NULL;
+    ws->cap = 0;
+}
+
+int gr_model_ws_create(const gr_model *m, gr_model_ws **out)
+{
+    (void)m;
+    *out = calloc(1, sizeof **out);
+    return *out ? GR_OK : gr_seterr(GR_ENOMEM, "cannot allocate a model workspace");
+}
+
+void gr_model_ws_destroy(gr_model_ws *ws)
+{
+    if (!ws) return;
+    ws_free_buffers(ws);
+    free(ws);
+}
+
+static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
+{
+    if (ws->cap >= n) return GR_OK;
+    ws_free_buffers(ws);
+    bool ok = true;
+    for (uint32_t i = 0; i < m->nbot; i++)
+        ok &= (ws->bot_out[i] = malloc(n * m->bot[i].out * sizeof(float))) != NULL;
+    for (uint32_t i = 0; i < m->ntop; i++)
+        ok &= (ws->top_out[i] = malloc(n * m->top[i].out * sizeof(float))) != NULL;
+    ok &= (ws->z = malloc(n * m->top_in * sizeof(float))) != NULL;
+    ok &= (ws->dz = malloc(n * m->top_in * sizeof(float))) != NULL;
+    ok &= (ws->da = malloc(n * m->max_width * sizeof(float))) != NULL;
+    ok &= (ws->db = malloc(n * m->max_width * sizeof(float))) != NULL;
+    ok &= (ws->dbot = malloc(n * m->c.dim * sizeof(float))) != NULL;
+    if (!ok) {
+        ws_free_buffers(ws);
+        return gr_seterr(GR_ENOMEM, "cannot allocate a workspace for %zu examples", n);
+    }
+    ws->cap = n;
+    return GR_OK;
+}
+
+/* ---- shared pieces ------------------------------------------------------------------------ */
+
+/* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. */
+static void layer_forward(const layer *l, const float *p, size_t n, const float *x, float *y)
+{
+    for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in, 1.0f,
+                x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
+    if (l->relu)
+        for (size_t i = 0; i < n * l->out; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+/* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
+ * is not NULL, dX = dY W masked by the ReLU of the layer below (x > 0) when mask_x. */
+static void layer_backward(const layer *l, const float *p, size_t n, const float *x,
+                           const float *dy, float *g, float *dx, bool mask_x)
+{
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)n, 1.0f,
+                dy, (int)l->out, x, (int)l->in, 0.0f, g + l->w, (int)l->in);
+    float *gb = g + l->b;
+    memset(gb, 0, l->out * sizeof *gb);
+    for (size_t i = 0; i < n; i++) {
+        const float *row = dy + i * l->out;
+        for (uint32_t k = 0; k < l->out; k++) gb[k] += row[k];
+    }
+    if (!dx) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)l->in, (int)l->out, 1.0f,
+                dy, (int)l->out, p + l->w, (int)l->in, 0.0f, dx, (int)l->in);
+    if (mask_x)
+        for (size_t i = 0; i < n * l->in; i++)
+            if (!(x[i] > 0.0f)) dx[i] = 0.0f;
+}
+
+/* Numerically stable log loss from a logit: softplus(z) - y z. */
+static double logloss_logit(float z, float y)
+{
+    double zz = z;
+    return (zz > 0 ? zz : 0) + log1p(exp(-fabs(zz))) - y * zz;
+}
+
+static float sigmoidf(float z) { return (float)(1.0 / (1.0 + exp(-(double)z))); }
+
+static int check_args(const gr_model *m, const float *params, size_t n, const float *dense,
+                      const float *emb)
+{
+    (void)m;
+    if (n == 0) return GR_OK;
+    if (!params || !dense || !emb)
+        return gr_seterr(GR_EINVAL, "model: params, dense features and embeddings needed");
+    return GR_OK;
+}
+
+/* ---- logistic regression ------------------------------------------------------------------ */
+
+static void lr_logits(const float *p, size_t n, const float *dense, const float *emb, float *z)
+{
+    for (size_t i = 0; i < n; i++) {
+        double s = p[GR_CRITEO_DENSE];
+        for (int j = 0; j < GR_CRITEO_DENSE; j++) s += (double)p[j] * dense[i * GR_CRITEO_DENSE + j];
+        for (int k = 0; k < GR_CRITEO_SPARSE; k++) s += emb[i * GR_CRITEO_SPARSE + k];
+        z[i] = (float)s;
+    }
+}
+
+/* ---- DLRM ---------------------------------------------------------------------------------- */
+
+static inline const float *vec_of(const float *bot, const float *emb, size_t i, int v, uint32_t d)
+{
+    return v == 0 ? bot + i * d : emb + (i * GR_CRITEO_SPARSE + (size_t)(v - 1)) * d;
+}
+
+/* Forward to the logits (ws->top_out[ntop-1], n x 1). */
+static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
+                         const float *dense, const float *emb)
+{
+    const uint32_t d = m->c.dim;
+    const float *x = dense;
+    for (uint32_t l = 0; l < m->nbot; l++) {
+        layer_forward(&m->bot[l], p, n, x, ws->bot_out[l]);
+        x = ws->bot_out[l];
+    }
+    const float *bot = x;
+    for (size_t i = 0; i < n; i++) {
+        float *z = ws->z + i * m->top_in;
+        memcpy(z, bot + i * d, d * sizeof *z);
+        float *dots = z + d;
+        int k = 0;
+        for (int a = 1; a < NVEC; a++) {
+            const float *va = vec_of(bot, emb, i, a, d);
+            for (int b = 0; b < a; b++) {
+                const float *vb = vec_of(bot, emb, i, b, d);
+                float s = 0;
+                for (uint32_t t = 0; t < d; t++) s += va[t] * vb[t];
+                dots[k++] = s;
+            }
+        }
+    }
+    x = ws->z;
+    for (uint32_t l = 0; l < m->ntop; l++) {
+        layer_forward(&m->top[l], p, n, x, ws->top_out[l]);
+        x = ws->top_out[l];
+    }
+}
+
+static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
+                          const float *dense, const float *emb, float *g, float *gemb)
+{
+    const uint32_t d = m->c.dim;
+    /* ws->da holds dlogit (n x 1) on entry. Top MLP, last layer first. */
+    float *dy = ws->da, *dx = ws->db;
+    for (int l = (int)m->ntop - 1; l >= 0; l--) {
+        const float *x = l ? ws->top_out[l - 1] : ws->z;
+        float *target = l ? dx : ws->dz;
+        layer_backward(&m->top[l], p, n, x, dy, g, target, l > 0);
+        if (l) {
+            float *t = dy;
+            dy = dx;
+            dx = t;
+        }
+    }
+    /* Interaction: z = [bot, dots(a > b)]. */
+    const float *bot = ws->bot_out[m->nbot - 1];
+    memset(gemb, 0, n * GR_CRITEO_SPARSE * d * sizeof *gemb);
+    for (size_t i = 0; i < n; i++) {
+        const float *dz = ws->dz + i * m->top_in;
+        float *dbot = ws->dbot + i * d;
+        memcpy(dbot, dz, d * sizeof *dbot);
+        const float *ddots = dz + d;
+        int k = 0;
+        for (int a = 1; a < NVEC; a++) {
+            const float *va = vec_of(bot, emb, i, a, d);
+            float *ga = gemb + (i * GR_CRITEO_SPARSE + (size_t)(a - 1)) * d;
+            for (int b = 0; b < a; b++) {
+                float gk = ddots[k++];
+                if (gk == 0.0f) continue;
+                const float *vb = vec_of(bot, emb, i, b, d);
+                float *gb = b == 0 ? dbot : gemb + (i * GR_CRITEO_SPARSE + (size_t)(b - 1)) * d;
+                for (uint32_t t = 0; t < d; t++) {
+                    ga[t] += gk * vb[t];
+                    gb[t] += gk * va[t];
+                }
+            }
+        }
+    }
+    /* Bottom MLP: its output went through a ReLU. */
+    dy = ws->da;
+    dx = ws->db;
+    for (size_t i = 0; i < n * d; i++) dy[i] = bot[i] > 0.0f ? ws->dbot[i] : 0.0f;
+    for (int l = (int)m->nbot - 1; l >= 0; l--) {
+        const float *x = l ? ws->bot_out[l - 1] : dense;
+        layer_backward(&m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
+        float *t = dy;
+        dy = dx;
+        dx = t;
+    }
+}
+
+/* ---- entry points -------------------------------------------------------------------------- */
+
+int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
+                        const float *dense, const float *emb, const float *labels, double *loss,
+                        float *probs, float *grad_dense, float *grad_emb)
+{
+    int rc = check_args(m, params, n, dense, emb);
+    if (rc) return rc;
+    *loss = 0;
+    memset(grad_dense, 0, m->dense_size * sizeof *grad_dense);
+    if (n == 0) return GR_OK;
+    if ((rc = ws_reserve(m, ws, n))) return rc;
+    const float inv_n = 1.0f / (float)n;
+    double sum = 0;
+    if (m->c.kind == GR_MODEL_LR) {
+        float *z = ws->da; /* n floats fit: max_width >= 1 */
+        lr_logits(params, n, dense, emb, z);
+        for (size_t i = 0; i < n; i++) {
+            float pr = sigmoidf(z[i]);
+            if (probs) probs[i] = pr;
+            sum += logloss_logit(z[i], labels[i]);
+            float dz = (pr - labels[i]) * inv_n;
+            for (int j = 0; j < GR_CRITEO_DENSE; j++)
+                grad_dense[j] += dz * dense[i * GR_CRITEO_DENSE + j];
+            grad_dense[GR_CRITEO_DENSE] += dz;
+            for (int k = 0; k < GR_CRITEO_SPARSE; k++) grad_emb[i * GR_CRITEO_SPARSE + k] = dz;
+        }
+        *loss = sum / (double)n;
+        return GR_OK;
+    }
+    dlrm_forward(m, ws, params, n, dense, emb);
+    const float *z = ws->top_out[m->ntop - 1];
+    for (size_t i = 0; i < n; i++) {
+        float pr = sigmoidf(z[i]);
+        if (probs) probs[i] = pr;
+        sum += logloss_logit(z[i], labels[i]);
+        ws->da[i] = (pr - labels[i]) * inv_n;
+    }
+    *loss = sum / (double)n;
+    dlrm_backward(m, ws, params, n, dense, emb, grad_dense, grad_emb);
+    return GR_OK;
+}
+
+int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
+                     const float *dense, const float *emb, float *probs)
+{
+    int rc = check_args(m, params, n, dense, emb);
+    if (rc || n == 0) return rc;
+    if ((rc = ws_reserve(m, ws, n))) return rc;
+    if (m->c.kind == GR_MODEL_LR) {
+        lr_logits(params, n, dense, emb, probs);
+    } else {
+        dlrm_forward(m, ws, params, n, dense, emb);
+        memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);
+    }
+    for (size_t i = 0; i < n; i++) probs[i] = sigmoidf(probs[i]);
+    return GR_OK;
+}
