@@ -1,0 +1,210 @@
+/* granary proto: the wire format between workers and parameter-server shards.
+ * Pure encode/decode: no I/O, no tables. Every length and count is checked against a
+ * gr_proto_limits before anything is allocated; docs/protocol.md describes every byte. */
+#ifndef GRANARY_PROTO_H
+#define GRANARY_PROTO_H
+
+#include "granary/core.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "granary's wire format is little-endian and the codec assumes a little-endian host"
+#endif
+
+#define GR_PROTO_VERSION 1
+#define GR_PROTO_HEADER_SIZE 24
+#define GR_PROTO_MAGIC0 'G'
+#define GR_PROTO_MAGIC1 'R'
+#define GR_PROTO_NONCE_SIZE 32 /* auth nonces */
+#define GR_PROTO_MAC_SIZE 32   /* HMAC-SHA256 */
+#define GR_PROTO_DIM_MAX 1024  /* equals GR_TABLE_DIM_MAX; proto does not include table.h */
+#define GR_PROTO_OP_LIMIT 64   /* opcodes are 1..63; counters are sized by this */
+
+/* Every opcode, declared once: X(NAME, number, "name", "summary"). The decoder, the server's
+ * dispatcher, its stats counters and docs/protocol.md all come from this table. Numbers
+ * 16..63 are free for later operations (step tokens, barriers, checkpoint save/load). */
+#define GR_PROTO_OPS(X)                                                                          \
+    X(HELLO, 1, "hello", "handshake: reply carries shard layout, limits and the auth nonce")     \
+    X(AUTH, 2, "auth", "answer the hello nonce with HMAC-SHA256(secret, nonce || client nonce)") \
+    X(CREATE_TABLE, 3, "create_table", "create a table from its JSON spec (idempotent)")         \
+    X(DESCRIBE_TABLE, 4, "describe_table", "JSON spec and row counts of one or all tables")      \
+    X(DROP_TABLE, 5, "drop_table", "drop a table and all its rows")                              \
+    X(PULL, 6, "pull", "rows of many keys over one or more tables")                              \
+    X(PUSH, 7, "push", "apply gradient rows with each table's optimizer")                        \
+    X(PUSH_PULL, 8, "push_pull", "push, then pull the same keys after the update (fused)")       \
+    X(DENSE_CREATE, 9, "dense_create", "create a dense parameter from its JSON spec")            \
+    X(DENSE_PULL, 10, "dense_pull", "the whole array of a dense parameter")                      \
+    X(DENSE_PUSH, 11, "dense_push", "apply a gradient to a dense parameter")                     \
+    X(DELETE, 12, "delete", "remove keys from tables")                                           \
+    X(EVICT, 13, "evict", "drop rows past their TTL in one or all tables")                       \
+    X(STATS, 14, "stats", "shard stats as JSON: tables, rows, memory, request counters")         \
+    X(SHUTDOWN, 15, "shutdown", "drain in-flight requests and stop the shard")
+
+typedef enum {
+#define GR_PROTO_OP_ENUM(name, num, lname, summary) GR_OP_##name = num,
+    GR_PROTO_OPS(GR_PROTO_OP_ENUM)
+#undef GR_PROTO_OP_ENUM
+} gr_proto_op;
+
+/* Lower-case name of an opcode ("pull"), or NULL for a number that is not an opcode. */
+GR_API const char *gr_proto_op_name(unsigned op);
+/* One-line summary of an opcode, or NULL. */
+GR_API const char *gr_proto_op_summary(unsigned op);
+
+enum { GR_PROTO_REQUEST = 0, GR_PROTO_RESPONSE = 1 };
+
+/* Request flags (header `flags`). */
+#define GR_PROTO_F_READONLY 0x0001u /* pull: missing keys read the default row, nothing created */
+
+/* The fixed 24-byte frame header. */
+typedef struct gr_proto_header {
+    uint8_t version;   /* GR_PROTO_VERSION */
+    uint8_t kind;      /* GR_PROTO_REQUEST or GR_PROTO_RESPONSE */
+    uint16_t op;       /* gr_proto_op */
+    uint16_t flags;    /* GR_PROTO_F_* */
+    int32_t status;    /* responses: 0 or a negative gr_err; requests: 0 */
+    uint32_t body_len; /* bytes after the header */
+    uint64_t id;       /* request id, echoed by the response */
+} gr_proto_header;
+
+/* Limits on every input. The server enforces its own; the client learns them from HELLO and
+ * splits its requests to fit. */
+typedef struct gr_proto_limits {
+    uint32_t max_body;   /* bytes of one frame body */
+    uint32_t max_keys;   /* keys in one request, summed over its tables */
+    uint32_t max_tables; /* table sections in one request */
+    uint32_t max_string; /* bytes of a string (JSON spec, name, message) */
+} gr_proto_limits;
+
+/* Defaults: 256 MiB bodies, 4 Mi keys, 256 tables per request, 1 MiB strings. */
+GR_API void gr_proto_limits_default(gr_proto_limits *lim);
+
+/* Parses a frame header from the first len bytes of buf and checks it against lim.
+ * Returns GR_OK when the whole frame (header + body) is present; GR_EAGAIN ("need more bytes",
+ * not an error) when it is not, with *need = the total bytes needed so far (the header size
+ * until the header is complete, then header + body); GR_EPROTO for a bad magic or kind,
+ * GR_EVERSION for another protocol version, GR_ETOOBIG for a body over lim->max_body. h is
+ * filled whenever the header itself is complete and well-formed (so an error reply can
+ * carry the request id). need may be NULL. */
+GR_API int gr_proto_header_decode(const void *buf, size_t len, const gr_proto_limits *lim,
+                                  gr_proto_header *h, size_t *need);
+/* Writes a 24-byte header. */
+GR_API void gr_proto_header_encode(void *buf, const gr_proto_header *h);
+
+/* ---- Growable output buffer for encoding frames. ---- */
+typedef struct gr_proto_buf {
+    uint8_t *data;
+    size_t len, cap;
+} gr_proto_buf;
+
+GR_API void gr_proto_buf_init(gr_proto_buf *b);
+GR_API void gr_proto_buf_fini(gr_proto_buf *b);
+/* Makes room for `extra` more bytes (pointers into data are invalidated when it grows). */
+GR_API int gr_proto_buf_reserve(gr_proto_buf *b, size_t extra);
+/* Starts a frame at the current end of b: writes a header with body_len 0. */
+GR_API int gr_proto_begin(gr_proto_buf *b, uint8_t kind, uint16_t op, uint16_t flags,
+                          int32_t status, uint64_t id);
+/* Finishes the frame started at byte offset `start`: fills in body_len. GR_ETOOBIG when the
+ * body does not fit in 32 bits. */
+GR_API int gr_proto_end(gr_proto_buf *b, size_t start);
+GR_API int gr_proto_put_u32(gr_proto_buf *b, uint32_t v);
+GR_API int gr_proto_put_u64(gr_proto_buf *b, uint64_t v);
+/* Raw bytes, then zero padding to the next multiple of 8. */
+GR_API int gr_proto_put_bytes(gr_proto_buf *b, const void *p, size_t n);
+/* A string: u32 length, bytes, zero padding to 8. */
+GR_API int gr_proto_put_str(gr_proto_buf *b, const char *s, size_t n);
+/* Reserves n bytes (plus zero padding to 8) and returns a pointer to them (valid until the
+ * buffer next grows), for callers that fill arrays in place. */
+GR_API void *gr_proto_put_space(gr_proto_buf *b, size_t n);
+
+/* ---- Batches: PULL, PUSH, PUSH_PULL, DELETE requests and PULL/PUSH_PULL responses. ----
+ * Body: u32 ntables, u32 reserved (0), then ntables sections, each:
+ *   u32 table, u32 dim, u32 n, u32 reserved (0), [u64 keys[n]], [f32 values[n*dim], pad to 8]
+ * Which arrays a section carries depends on the layout. */
+typedef enum {
+    GR_PROTO_KEYS = 1,        /* pull / delete requests */
+    GR_PROTO_KEYS_VALUES = 3, /* push / push_pull requests: keys then gradients */
+    GR_PROTO_VALUES = 2,      /* pull / push_pull responses: rows in request order */
+} gr_proto_layout;
+
+typedef struct gr_proto_section {
+    uint32_t table, dim, n;
+    const uint64_t *keys; /* points into the decoded body; NULL without keys */
+    const float *values;  /* n * dim floats into the body; NULL without values */
+} gr_proto_section;
+
+typedef struct gr_proto_batch {
+    uint32_t ntables;
+    uint64_t total_keys;
+    gr_proto_section *sections; /* ntables entries, malloc'd; gr_proto_batch_fini frees */
+} gr_proto_batch;
+
+/* Bytes a section of n keys at dim takes in the given layout (header included). */
+GR_API size_t gr_proto_section_size(gr_proto_layout layout, uint32_t n, uint32_t dim);
+/* Writes the batch prefix (u32 ntables, u32 0). */
+GR_API int gr_proto_put_batch_head(gr_proto_buf *b, uint32_t ntables);
+/* Appends a section header and reserves its arrays; *keys and *values (either may be NULL
+ * when the layout has no such array) point at the space to fill. Reserve the whole frame
+ * first (gr_proto_buf_reserve) so the pointers stay valid while filling several sections. */
+GR_API int gr_proto_put_section(gr_proto_buf *b, gr_proto_layout layout, uint32_t table,
+                                uint32_t dim, uint32_t n, uint64_t **keys, float **values);
+/* Decodes a batch body. body must be 8-byte aligned (frame bodies are malloc'd); the
+ * sections point into it. GR_EPROTO for truncated or trailing bytes or nonzero reserved
+ * fields, GR_ETOOBIG for counts over lim, GR_EINVAL for dim 0 or over GR_PROTO_DIM_MAX. On
+ * success free out with gr_proto_batch_fini; on failure nothing is allocated. */
+GR_API int gr_proto_decode_batch(const void *body, size_t len, gr_proto_layout layout,
+                                 const gr_proto_limits *lim, gr_proto_batch *out);
+GR_API void gr_proto_batch_fini(gr_proto_batch *b);
+
+/* ---- Simple bodies. ---- */
+/* A body that is exactly one string (u32 len, bytes, pad): *s points into body (not
+ * NUL-terminated). GR_ETOOBIG when longer than lim->max_string. */
+GR_API int gr_proto_decode_str(const void *body, size_t len, const gr_proto_limits *lim,
+                               const char **s, uint32_t *slen);
+
+typedef struct gr_proto_hello {
+    uint32_t shard, shards;
+    uint32_t auth_required; /* 1: AUTH must follow before anything else */
+    gr_proto_limits limits; /* the server's limits */
+    uint8_t nonce[GR_PROTO_NONCE_SIZE];
+    char server_version[32]; /* NUL-terminated */
+} gr_proto_hello;
+/* HELLO response body: u32 shard, u32 shards, u32 auth_required, u32 reserved,
+ * u32 max_body, u32 max_keys, u32 max_tables, u32 max_string, nonce[32], str version. */
+GR_API int gr_proto_put_hello(gr_proto_buf *b, const gr_proto_hello *h);
+GR_API int gr_proto_decode_hello(const void *body, size_t len, gr_proto_hello *out);
+
+/* AUTH request body: client nonce[32], mac[32]. AUTH response body: server proof mac[32]. */
+GR_API int gr_proto_decode_auth(const void *body, size_t len, uint8_t nonce[GR_PROTO_NONCE_SIZE],
+                                uint8_t mac[GR_PROTO_MAC_SIZE]);
+
+/* DENSE_PUSH request body: str name, u64 size, f32 grad[size], pad. DENSE_PULL response body:
+ * u64 size, f32 values[size], pad. */
+GR_API int gr_proto_decode_dense_push(const void *body, size_t len, const gr_proto_limits *lim,
+                                      const char **name, uint32_t *name_len, uint64_t *size,
+                                      const float **grad);
+GR_API int gr_proto_decode_dense_values(const void *body, size_t len, uint64_t *size,
+                                        const float **values);
+
+/* A body of n u64 values (DELETE response: rows deleted per table; EVICT: rows evicted). */
+GR_API int gr_proto_decode_u64s(const void *body, size_t len, uint32_t max, uint64_t *vals,
+                                uint32_t *n);
+
+/* The auth proof: HMAC-SHA256(secret, a || b) with OpenSSL. The client proves itself with
+ * a = server nonce, b = client nonce; the server answers with a = client nonce, b = server
+ * nonce, so each side checks the other holds the secret. */
+GR_API int gr_proto_auth_mac(const uint8_t *secret, size_t secret_len,
+                             const uint8_t a[GR_PROTO_NONCE_SIZE],
+                             const uint8_t b[GR_PROTO_NONCE_SIZE], uint8_t out[GR_PROTO_MAC_SIZE]);
+/* Fills buf with n cryptographically random bytes (OpenSSL RAND_bytes). */
+GR_API int gr_proto_random(uint8_t *buf, size_t n);
+
+/* Routing. The default slot map gives slot s to shard (s * shards) / GR_SLOTS (contiguous
+ * ranges). A dense parameter lives whole on the shard that owns the slot of its name's hash. */
+GR_API uint32_t gr_proto_default_shard(uint32_t slot, uint32_t shards);
+GR_API uint32_t gr_proto_dense_slot(const char *name, size_t len);
+
+/* Error response: header status < 0, body = str message. Encodes a whole frame. */
+GR_API int gr_proto_put_error(gr_proto_buf *b, uint16_t op, uint64_t id, int status,
+                              const char *msg);
+
+#endif
