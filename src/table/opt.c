@@ -1,0 +1,227 @@
+/* Row kernels of the table: initializers (deterministic per table seed and key), the five
+ * optimizers (one step on one row), half-float conversion and the spinlock's slow path.
+ * Kept apart from the index code so the arithmetic can be read against the formulas. */
+#include "table/table_internal.h"
+
+#include <math.h>
+#include <sched.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+void gr_spin_lock_slow(gr_spin *l)
+{
+    unsigned spins = 0;
+    for (;;) {
+        while (atomic_load_explicit(&l->v, memory_order_relaxed)) {
+            if (++spins < 128) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+            } else {
+                /* The holder may have been preempted (more threads than cores). */
+                sched_yield();
+            }
+        }
+        if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return;
+    }
+}
+
+/* ---- half floats ---- */
+
+uint16_t gr_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with its top payload bits */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal half */
+        if (ax < 0x33000000u) return sign;                     /* <= 2^-25 rounds to zero */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = ax - 0x38000000u; /* rebias the exponent from 127 to 15 */
+    uint32_t q = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+float gr_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 0) {
+        if (m == 0) {
+            x = sign;
+        } else {
+            e = 113;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                e--;
+            }
+            x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (m << 13);
+    } else {
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+/* ---- initializers ---- */
+
+void gr_table_init_row(const gr_table *t, uint64_t key, float *w)
+{
+    const gr_init_spec *in = &t->spec.init;
+    uint32_t dim = t->dim;
+    switch (in->kind) {
+    case GR_INIT_ZEROS: memset(w, 0, dim * sizeof *w); return;
+    case GR_INIT_CONSTANT:
+        for (uint32_t i = 0; i < dim; i++) w[i] = in->value;
+        return;
+    case GR_INIT_UNIFORM:
+    case GR_INIT_TRUNC_NORMAL: break;
+    }
+    /* The same key gets the same first row on any shard and after any restart. */
+    gr_rng r;
+    gr_rng_seed(&r, gr_hash_key(key, t->spec.seed));
+    if (in->kind == GR_INIT_UNIFORM) {
+        double span = (double)in->high - (double)in->low;
+        for (uint32_t i = 0; i < dim; i++) {
+            float v = (float)((double)in->low + span * gr_rng_uniform(&r));
+            if (v >= in->high) v = nextafterf(in->high, in->low);
+            w[i] = v;
+        }
+    } else {
+        for (uint32_t i = 0; i < dim; i++) {
+            double z;
+            do z = gr_rng_normal(&r);
+            while (z < -2.0 || z > 2.0);
+            w[i] = (float)((double)in->mean + (double)in->stddev * z);
+        }
+    }
+}
+
+void gr_table_init_state(const gr_table *t, float *state)
+{
+    uint32_t n = t->state_floats;
+    float a0 = t->spec.opt.initial_accumulator;
+    switch (t->spec.opt.kind) {
+    case GR_OPT_ADAGRAD:
+    case GR_OPT_ROWWISE_ADAGRAD:
+        for (uint32_t i = 0; i < n; i++) state[i] = a0;
+        break;
+    default: memset(state, 0, n * sizeof *state); break;
+    }
+}
+
+/* ---- optimizers: one step on one row ---- */
+
+static void step_sgd(const gr_opt_spec *o, uint32_t dim, float *restrict w,
+                     const float *restrict g)
+{
+    const float lr = o->lr;
+    for (uint32_t i = 0; i < dim; i++) w[i] -= lr * g[i];
+}
+
+static void step_adagrad(const gr_opt_spec *o, uint32_t dim, float *restrict w,
+                         float *restrict a, const float *restrict g)
+{
+    const float lr = o->lr, eps = o->eps;
+    uint32_t i = 0;
+#if defined(__SSE2__)
+    /* The compiler will not vectorize sqrtf without -fno-math-errno; SSE's add, mul, div and
+     * sqrt are IEEE correctly rounded, so this gives the scalar loop's results bit for bit. */
+    const __m128 vlr = _mm_set1_ps(lr), veps = _mm_set1_ps(eps);
+    for (; i + 4 <= dim; i += 4) {
+        __m128 gi = _mm_loadu_ps(g + i);
+        __m128 ai = _mm_add_ps(_mm_loadu_ps(a + i), _mm_mul_ps(gi, gi));
+        _mm_storeu_ps(a + i, ai);
+        __m128 d = _mm_div_ps(_mm_mul_ps(vlr, gi), _mm_add_ps(_mm_sqrt_ps(ai), veps));
+        _mm_storeu_ps(w + i, _mm_sub_ps(_mm_loadu_ps(w + i), d));
+    }
+#endif
+    for (; i < dim; i++) {
+        float gi = g[i];
+        float ai = a[i] + gi * gi;
+        a[i] = ai;
+        w[i] -= lr * gi / (sqrtf(ai) + eps);
+    }
+}
+
+static void step_rowwise(const gr_opt_spec *o, uint32_t dim, float *restrict w,
+                         float *restrict a, const float *restrict g)
+{
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < dim; i++) sum += g[i] * g[i];
+    float acc = a[0] + sum / (float)dim;
+    a[0] = acc;
+    const float r = o->lr / (sqrtf(acc) + o->eps);
+    for (uint32_t i = 0; i < dim; i++) w[i] -= r * g[i];
+}
+
+static void step_adam(const gr_opt_spec *o, uint32_t dim, float *restrict w,
+                      float *restrict st, const float *restrict g)
+{
+    float *restrict m = st, *restrict v = st + dim;
+    float t = st[2 * dim];
+    /* The step count is a float: exact up to 2^24 steps per row; past that the bias
+     * corrections are 1 to float precision anyway, so it simply stops counting. */
+    if (t < 16777216.0f) t += 1.0f;
+    st[2 * dim] = t;
+    const float b1 = o->beta1, b2 = o->beta2, lr = o->lr, eps = o->eps;
+    const float bc1 = 1.0f - powf(b1, t), bc2 = 1.0f - powf(b2, t);
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    for (uint32_t i = 0; i < dim; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + c1 * gi;
+        float vi = b2 * v[i] + c2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+static void step_ftrl(const gr_opt_spec *o, uint32_t dim, float *restrict w,
+                      float *restrict st, const float *restrict g)
+{
+    float *restrict z = st, *restrict n = st + dim;
+    const float alpha = o->lr, l1 = o->l1, l2 = o->l2, beta = o->beta;
+    for (uint32_t i = 0; i < dim; i++) {
+        float gi = g[i], ni = n[i];
+        float nn = ni + gi * gi;
+        float sigma = (sqrtf(nn) - sqrtf(ni)) / alpha;
+        float zi = z[i] + (gi - sigma * w[i]);
+        z[i] = zi;
+        n[i] = nn;
+        if (fabsf(zi) <= l1) {
+            w[i] = 0.0f;
+        } else {
+            float sgn = zi < 0.0f ? -1.0f : 1.0f;
+            w[i] = -(zi - sgn * l1) / ((beta + sqrtf(nn)) / alpha + l2);
+        }
+    }
+}
+
+void gr_table_opt_step(const gr_table_spec *spec, uint32_t dim, float *w, float *state,
+                       const float *g)
+{
+    const gr_opt_spec *o = &spec->opt;
+    switch (o->kind) {
+    case GR_OPT_SGD: step_sgd(o, dim, w, g); break;
+    case GR_OPT_ADAGRAD: step_adagrad(o, dim, w, state, g); break;
+    case GR_OPT_ROWWISE_ADAGRAD: step_rowwise(o, dim, w, state, g); break;
+    case GR_OPT_ADAM: step_adam(o, dim, w, state, g); break;
+    case GR_OPT_FTRL: step_ftrl(o, dim, w, state, g); break;
+    }
+}

@@ -1,0 +1,182 @@
+/* Whole-table passes: scans (checkpoints), dirty scans (incremental checkpoints, serving
+ * sync), TTL expiry and stats. Every pass walks row slots in order, one partition at a time,
+ * and holds a partition lock for a bounded slice of slots, so lookups never wait long. */
+#include "table/table_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SCAN_SLICE 1024u        /* slots per lock hold in scans */
+#define EXPIRE_SLICE 1024u      /* slots per lock hold in TTL expiry */
+#define EXPIRE_SLICE_NS 200000u /* and at most this long (checked every 64 slots) */
+
+typedef struct scan_buf {
+    float w[GR_TABLE_DIM_MAX];
+} scan_buf;
+
+static int visit(gr_table *t, gr_part *p, uint32_t s, gr_table_scan_fn fn, void *ctx,
+                 scan_buf *b)
+{
+    uint8_t *row = gr_row_ptr(t, p, s);
+    const gr_row_hdr *hd = gr_row_hdr_of(row);
+    const float *w;
+    if (t->spec.dtype == GR_DTYPE_F32) {
+        w = gr_row_weights(row);
+    } else {
+        const uint16_t *hw = gr_row_weights(row);
+        for (uint32_t i = 0; i < t->dim; i++) b->w[i] = gr_f16_to_f32(hw[i]);
+        w = b->w;
+    }
+    gr_row_meta meta = hd->meta;
+    return fn(ctx, hd->key, w, t->state_floats ? gr_row_state(t, row) : NULL, &meta);
+}
+
+int gr_table_scan(gr_table *t, gr_table_scan_fn fn, void *ctx)
+{
+    if (!t || !fn) return gr_seterr(GR_EINVAL, "gr_table_scan: table or callback is NULL");
+    scan_buf *b = t->spec.dtype == GR_DTYPE_F16 ? malloc(sizeof *b) : NULL;
+    if (t->spec.dtype == GR_DTYPE_F16 && !b)
+        return gr_seterr(GR_ENOMEM, "scan of table '%s': out of memory", t->spec.name);
+    int rc = 0;
+    for (uint32_t q = 0; q < t->nparts && !rc; q++) {
+        gr_part *p = &t->parts[q];
+        for (uint32_t base = 0; !rc; base += SCAN_SLICE) {
+            gr_spin_lock(&p->lock);
+            uint32_t hw = p->hw;
+            if (base >= hw) {
+                gr_spin_unlock(&p->lock);
+                break;
+            }
+            uint32_t end = hw - base > SCAN_SLICE ? base + SCAN_SLICE : hw;
+            for (uint32_t s = base; s < end && !rc; s++) {
+                if (!((p->live[s >> 6] >> (s & 63)) & 1u)) continue;
+                rc = visit(t, p, s, fn, ctx, b);
+            }
+            gr_spin_unlock(&p->lock);
+        }
+    }
+    free(b);
+    return rc;
+}
+
+int gr_table_scan_dirty(gr_table *t, unsigned tracker, gr_table_scan_fn fn, void *ctx)
+{
+    if (!t || !fn) return gr_seterr(GR_EINVAL, "gr_table_scan_dirty: table or callback is NULL");
+    if (tracker >= GR_TABLE_TRACKERS)
+        return gr_seterr(GR_EINVAL, "table '%s': dirty tracker %u is out of range 0..%d",
+                         t->spec.name, tracker, GR_TABLE_TRACKERS - 1);
+    scan_buf *b = t->spec.dtype == GR_DTYPE_F16 ? malloc(sizeof *b) : NULL;
+    if (t->spec.dtype == GR_DTYPE_F16 && !b)
+        return gr_seterr(GR_ENOMEM, "dirty scan of table '%s': out of memory", t->spec.name);
+    const uint64_t mask = 0x1111111111111111ull << tracker;
+    int rc = 0;
+    for (uint32_t q = 0; q < t->nparts && !rc; q++) {
+        gr_part *p = &t->parts[q];
+        for (uint32_t base = 0; !rc; base += SCAN_SLICE) {
+            gr_spin_lock(&p->lock);
+            if (p->dirty_n[tracker] == 0 || base >= p->hw) {
+                gr_spin_unlock(&p->lock);
+                break;
+            }
+            uint32_t end = p->hw - base > SCAN_SLICE ? base + SCAN_SLICE : p->hw;
+            for (uint32_t w = base / 16; w < (end + 15) / 16 && !rc; w++) {
+                uint64_t bits = p->dirty[w] & mask;
+                while (bits && !rc) {
+                    unsigned bit = (unsigned)__builtin_ctzll(bits);
+                    bits &= bits - 1;
+                    uint32_t s = w * 16 + bit / 4;
+                    rc = visit(t, p, s, fn, ctx, b);
+                    /* A row the callback refused stays marked for the next scan. */
+                    if (!rc) {
+                        p->dirty[w] &= ~(1ull << bit);
+                        p->dirty_n[tracker]--;
+                    }
+                }
+            }
+            gr_spin_unlock(&p->lock);
+        }
+    }
+    free(b);
+    return rc;
+}
+
+uint64_t gr_table_dirty_count(gr_table *t, unsigned tracker)
+{
+    if (!t || tracker >= GR_TABLE_TRACKERS) {
+        gr_seterr(GR_EINVAL, "gr_table_dirty_count: bad table or tracker %u", tracker);
+        return 0;
+    }
+    uint64_t n = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        gr_part *p = &t->parts[q];
+        gr_spin_lock(&p->lock);
+        n += p->dirty_n[tracker];
+        gr_spin_unlock(&p->lock);
+    }
+    return n;
+}
+
+int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
+{
+    if (evicted) *evicted = 0;
+    if (!t) return gr_seterr(GR_EINVAL, "gr_table_evict_expired: table is NULL");
+    uint64_t ttl = t->spec.ttl_s;
+    if (!ttl) return GR_OK;
+    uint32_t now = gr_table_clock(t);
+    if (ttl >= now) return GR_OK; /* nothing can be older than the clock */
+    uint32_t cutoff = now - (uint32_t)ttl; /* expired: last_update < cutoff */
+    uint64_t total = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        gr_part *p = &t->parts[q];
+        uint32_t s = 0;
+        for (;;) {
+            gr_spin_lock(&p->lock);
+            if (s >= p->hw) {
+                gr_spin_unlock(&p->lock);
+                break;
+            }
+            uint64_t t0 = gr_now_ns();
+            uint32_t end = p->hw - s > EXPIRE_SLICE ? s + EXPIRE_SLICE : p->hw;
+            for (uint32_t start = s; s < end; s++) {
+                if (s != start && (s & 63) == 0 && gr_now_ns() - t0 > EXPIRE_SLICE_NS) break;
+                if (!((p->live[s >> 6] >> (s & 63)) & 1u)) continue;
+                gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, p, s));
+                if (hd->meta.last_update >= cutoff) continue;
+                uint32_t pos;
+                uint64_t key = hd->key;
+                if (gr_part_find_locked(t, p, key, gr_table_hash(key), &pos) != s) continue;
+                gr_part_remove_locked(t, p, pos, s);
+                p->expirations++;
+                total++;
+            }
+            gr_spin_unlock(&p->lock);
+        }
+    }
+    if (evicted) *evicted = total;
+    return GR_OK;
+}
+
+void gr_table_get_stats(gr_table *t, gr_table_stats *st)
+{
+    if (!st) return;
+    memset(st, 0, sizeof *st);
+    if (!t) return;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        gr_part *p = &t->parts[q];
+        gr_spin_lock(&p->lock);
+        st->rows += p->rows;
+        st->hits += p->hits;
+        st->misses += p->misses;
+        st->admits += p->admits;
+        st->rejects += p->rejects;
+        st->evictions += p->evictions;
+        st->expirations += p->expirations;
+        st->applies += p->applies;
+        gr_spin_unlock(&p->lock);
+    }
+    st->bytes = t->base_bytes + atomic_load_explicit(&t->mem_used, memory_order_relaxed);
+    st->row_bytes = t->stride;
+    st->payload_bytes = (uint64_t)t->wbytes + 4ull * t->state_floats;
+    st->bytes_per_row = st->rows ? (double)st->bytes / (double)st->rows : 0.0;
+    st->mem_limit = t->spec.mem_limit;
+}
