@@ -1,0 +1,498 @@
+/* Client connections: one TCP connection per shard with its own reader thread, which
+ * completes requests as replies arrive (in any order, matched by request id). Connecting runs
+ * the hello/auth handshake synchronously; a lost connection fails its pending requests and
+ * is re-established with exponential backoff on the next send. */
+#include "client/client_int.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define SOCK_BUF_BYTES (4 << 20)
+
+int cl_conn_init(cl_conn *k, gr_client *cl, uint32_t shard, const char *addr)
+{
+    memset(k, 0, sizeof *k);
+    k->cl = cl;
+    k->shard = shard;
+    k->fd = -1;
+    size_t n = strlen(addr);
+    if (n == 0 || n >= sizeof k->addr) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+    snprintf(k->addr, sizeof k->addr, "%s", addr);
+    const char *colon;
+    if (addr[0] == '[') { /* [v6]:port */
+        const char *close = strchr(addr, ']');
+        if (!close || close[1] != ':')
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want [host]:port)", addr);
+        snprintf(k->host, sizeof k->host, "%.*s", (int)(close - addr - 1), addr + 1);
+        colon = close + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon || colon == addr)
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want host:port)", addr);
+        snprintf(k->host, sizeof k->host, "%.*s", (int)(colon - addr), addr);
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535)
+        return gr_seterr(GR_EINVAL, "bad port in server address '%s'", addr);
+    snprintf(k->port, sizeof k->port, "%ld", port);
+    pthread_mutex_init(&k->connect_mu, NULL);
+    pthread_mutex_init(&k->wlock, NULL);
+    pthread_mutex_init(&k->mu, NULL);
+    return GR_OK;
+}
+
+static void set_timeout(int fd, int opt, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof tv);
+}
+
+void cl_conn_fini(cl_conn *k)
+{
+    pthread_mutex_lock(&k->mu);
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&k->mu);
+    if (k->reader_live) pthread_join(k->reader, NULL);
+    if (k->fd >= 0) close(k->fd);
+    k->fd = -1;
+    free(k->rbuf);
+    pthread_mutex_destroy(&k->connect_mu);
+    pthread_mutex_destroy(&k->wlock);
+    pthread_mutex_destroy(&k->mu);
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = send(fd, (const char *)buf + done, n - done, MSG_NOSIGNAL);
+        if (w > 0) done += (size_t)w;
+        else if (w < 0 && errno == EINTR) continue;
+        else return -1;
+    }
+    return 0;
+}
+
+/* Returns n, 0 on a clean EOF before any byte, -1 on error or timeout. */
+static ssize_t read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
+        if (r > 0) got += (size_t)r;
+        else if (r == 0) return got ? -1 : 0;
+        else if (errno != EINTR) return -1;
+    }
+    return (ssize_t)n;
+}
+
+/* ---- connect and handshake ---- */
+
+static int connect_fd(cl_conn *k, uint64_t deadline, int *out)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    int gai = getaddrinfo(k->host, k->port, &hints, &res);
+    if (gai != 0) return gr_seterr(GR_ECONN, "cannot resolve %s: %s", k->host, gai_strerror(gai));
+    int err = ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            uint64_t now = gr_now_ns();
+            int left = now >= deadline ? 0 : (int)((deadline - now) / 1000000) + 1;
+            struct pollfd p = {fd, POLLOUT, 0};
+            int pr = poll(&p, 1, left);
+            if (pr == 1) {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+                rc = soerr ? -1 : 0;
+                errno = soerr;
+            } else {
+                rc = -1;
+                errno = ETIMEDOUT;
+            }
+        }
+        if (rc == 0) {
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+            int one = 1, buf = SOCK_BUF_BYTES;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+            freeaddrinfo(res);
+            *out = fd;
+            return GR_OK;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    /* "connection refused", as the rest of the message is lower case. */
+    char why[128];
+    snprintf(why, sizeof why, "%s", strerror(err));
+    why[0] = (char)tolower((unsigned char)why[0]);
+    return gr_seterr(err == ETIMEDOUT ? GR_ETIMEDOUT : GR_ECONN, "%s", why);
+}
+
+/* Reads one whole frame synchronously (handshake only). *body is malloc'd. */
+static int read_frame(cl_conn *k, int fd, gr_proto_header *h, uint8_t **body)
+{
+    uint8_t hb[GR_PROTO_HEADER_SIZE];
+    ssize_t r = read_full(fd, hb, sizeof hb);
+    if (r <= 0)
+        return gr_seterr(GR_ECONN, "%s", r == 0 ? "connection closed during the handshake"
+                                                : "no reply to the handshake (timed out or reset)");
+    gr_proto_limits lim;
+    gr_proto_limits_default(&lim);
+    lim.max_body = 1u << 20;
+    int rc = gr_proto_header_decode(hb, sizeof hb, &lim, h, NULL);
+    if (rc != GR_OK && rc != GR_EAGAIN) return rc;
+    if (h->kind != GR_PROTO_RESPONSE) return gr_seterr(GR_EPROTO, "server sent a request frame");
+    *body = malloc(h->body_len ? h->body_len : 8);
+    if (!*body) return gr_seterr(GR_ENOMEM, "out of memory");
+    if (h->body_len && read_full(fd, *body, h->body_len) != (ssize_t)h->body_len) {
+        free(*body);
+        *body = NULL;
+        return gr_seterr(GR_ECONN, "connection closed during the handshake");
+    }
+    (void)k;
+    return GR_OK;
+}
+
+/* The message of an error frame, or a placeholder. */
+static void error_text(const uint8_t *body, size_t len, char *out, size_t cap)
+{
+    gr_proto_limits lim;
+    gr_proto_limits_default(&lim);
+    const char *s = NULL;
+    uint32_t n = 0;
+    if (gr_proto_decode_str(body, len, &lim, &s, &n) == GR_OK)
+        snprintf(out, cap, "%.*s", (int)n, s);
+    else
+        snprintf(out, cap, "(unreadable error message)");
+}
+
+/* Sends a frame and reads its reply; a server error becomes this call's error. */
+static int roundtrip(cl_conn *k, int fd, gr_proto_buf *b, uint16_t op, gr_proto_header *h,
+                     uint8_t **body)
+{
+    if (write_full(fd, b->data, b->len) != 0)
+        return gr_seterr(GR_ECONN, "cannot send %s: %s", gr_proto_op_name(op), strerror(errno));
+    int rc = read_frame(k, fd, h, body);
+    if (rc) return rc;
+    if (h->status < 0) {
+        char msg[256];
+        error_text(*body, h->body_len, msg, sizeof msg);
+        free(*body);
+        *body = NULL;
+        return gr_seterr(h->status, "%s", msg);
+    }
+    if (h->op != op) {
+        free(*body);
+        *body = NULL;
+        return gr_seterr(GR_EPROTO, "expected a %s reply, got opcode %u", gr_proto_op_name(op), h->op);
+    }
+    return GR_OK;
+}
+
+static int handshake(cl_conn *k, int fd)
+{
+    gr_client *cl = k->cl;
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    uint64_t id = atomic_fetch_add(&cl->next_id, 1);
+    int rc = gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_HELLO, 0, 0, id);
+    if (!rc) rc = gr_proto_put_str(&b, "granary-client", 14);
+    if (!rc) rc = gr_proto_end(&b, 0);
+    gr_proto_header h;
+    uint8_t *body = NULL;
+    if (!rc) rc = roundtrip(k, fd, &b, GR_OP_HELLO, &h, &body);
+    gr_proto_hello hello;
+    if (!rc) rc = gr_proto_decode_hello(body, h.body_len, &hello);
+    free(body);
+    body = NULL;
+    if (rc) goto out;
+    if (!cl->cfg.any_shard && (hello.shard != k->shard || hello.shards != cl->nshards)) {
+        rc = gr_seterr(GR_EINVAL,
+                       "server says it is shard %u of %u, but the server list has it as shard %u "
+                       "of %u",
+                       hello.shard, hello.shards, k->shard, cl->nshards);
+        goto out;
+    }
+    k->limits = hello.limits;
+    if (hello.limits.max_body < 4096 || hello.limits.max_keys == 0 || hello.limits.max_tables == 0) {
+        rc = gr_seterr(GR_EPROTO, "server announced unusable limits");
+        goto out;
+    }
+    if (hello.auth_required) {
+        if (!cl->secret) {
+            rc = gr_seterr(GR_EAUTH, "the server requires authentication: give an auth file");
+            goto out;
+        }
+        uint8_t cnonce[GR_PROTO_NONCE_SIZE], mac[GR_PROTO_MAC_SIZE], want[GR_PROTO_MAC_SIZE];
+        rc = gr_proto_random(cnonce, sizeof cnonce);
+        if (!rc) rc = gr_proto_auth_mac(cl->secret, cl->secret_len, hello.nonce, cnonce, mac);
+        b.len = 0;
+        id = atomic_fetch_add(&cl->next_id, 1);
+        if (!rc) rc = gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_AUTH, 0, 0, id);
+        if (!rc) rc = gr_proto_put_bytes(&b, cnonce, sizeof cnonce);
+        if (!rc) rc = gr_proto_put_bytes(&b, mac, sizeof mac);
+        if (!rc) rc = gr_proto_end(&b, 0);
+        if (!rc) rc = roundtrip(k, fd, &b, GR_OP_AUTH, &h, &body);
+        if (rc) goto out;
+        /* The server proves it holds the secret too. */
+        rc = gr_proto_auth_mac(cl->secret, cl->secret_len, cnonce, hello.nonce, want);
+        if (!rc && (h.body_len != GR_PROTO_MAC_SIZE || CRYPTO_memcmp(body, want, sizeof want) != 0))
+            rc = gr_seterr(GR_EAUTH, "the server could not prove it holds the shared secret");
+        free(body);
+    }
+out:
+    gr_proto_buf_fini(&b);
+    return rc;
+}
+
+/* ---- the reader thread ---- */
+
+static void fail_pending(cl_conn *k, const char *why)
+{
+    pthread_mutex_lock(&k->mu);
+    k->broken = true;
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+    cl_req *list = k->pending;
+    k->pending = NULL;
+    pthread_mutex_unlock(&k->mu);
+    char msg[320];
+    snprintf(msg, sizeof msg, "connection lost: %s", why);
+    while (list) {
+        cl_req *next = list->next;
+        cl_req_complete(list, GR_ECONN, msg);
+        list = next;
+    }
+}
+
+static cl_req *take_pending(cl_conn *k, uint64_t id)
+{
+    pthread_mutex_lock(&k->mu);
+    cl_req **pp = &k->pending;
+    while (*pp && (*pp)->id != id) pp = &(*pp)->next;
+    cl_req *r = *pp;
+    if (r) *pp = r->next;
+    pthread_mutex_unlock(&k->mu);
+    return r;
+}
+
+static void *reader_main(void *arg)
+{
+    cl_conn *k = arg;
+    gr_client *cl = k->cl;
+    int fd = k->fd; /* stable while this reader lives: only a reconnect, after joining us,
+                       replaces it */
+    char why[300] = "closed by the server";
+    for (;;) {
+        uint8_t hb[GR_PROTO_HEADER_SIZE];
+        ssize_t r = read_full(fd, hb, sizeof hb);
+        if (r <= 0) {
+            if (r < 0) snprintf(why, sizeof why, "%s", strerror(errno ? errno : ECONNRESET));
+            break;
+        }
+        gr_proto_header h;
+        /* Replies other than rows (stats, describe) are not bounded by the server's request
+         * limit; accept up to 64 MiB or that limit, whichever is larger. */
+        gr_proto_limits rl = k->limits;
+        if (rl.max_body < (64u << 20)) rl.max_body = 64u << 20;
+        int rc = gr_proto_header_decode(hb, sizeof hb, &rl, &h, NULL);
+        if (rc != GR_OK && rc != GR_EAGAIN) {
+            snprintf(why, sizeof why, "bad reply frame: %s", gr_errmsg());
+            break;
+        }
+        if (h.kind != GR_PROTO_RESPONSE) {
+            snprintf(why, sizeof why, "server sent a request frame");
+            break;
+        }
+        if (h.body_len + (size_t)8 > k->rcap) {
+            size_t cap = h.body_len + (size_t)8;
+            free(k->rbuf);
+            k->rbuf = malloc(cap);
+            k->rcap = k->rbuf ? cap : 0;
+            if (!k->rbuf) {
+                snprintf(why, sizeof why, "out of memory for a %u-byte reply", h.body_len);
+                break;
+            }
+        }
+        if (h.body_len && read_full(fd, k->rbuf, h.body_len) != (ssize_t)h.body_len) {
+            snprintf(why, sizeof why, "connection closed in the middle of a reply");
+            break;
+        }
+        atomic_fetch_add(&cl->bytes_received, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
+        cl_req *req = h.id ? take_pending(k, h.id) : NULL;
+        if (!req) {
+            if (h.status < 0 && h.id == 0) {
+                /* A connection-level error (limit reached, bad frame): the close follows. */
+                char msg[256];
+                error_text(k->rbuf, h.body_len, msg, sizeof msg);
+                snprintf(why, sizeof why, "%s", msg);
+            }
+            continue; /* a reply to a request that timed out and was cancelled */
+        }
+        bool fatal = false;
+        rc = cl_req_handle_reply(req, &h, k->rbuf, &fatal);
+        cl_req_complete(req, rc, rc ? gr_errmsg() : NULL);
+        if (fatal) {
+            snprintf(why, sizeof why, "malformed reply");
+            break;
+        }
+    }
+    fail_pending(k, why);
+    return NULL;
+}
+
+/* ---- connect with backoff ---- */
+
+static void close_old_locked(cl_conn *k)
+{
+    if (k->reader_live) {
+        pthread_join(k->reader, NULL);
+        k->reader_live = false;
+    }
+    if (k->fd >= 0) {
+        pthread_mutex_lock(&k->wlock); /* no writer is mid-frame on the old socket */
+        pthread_mutex_lock(&k->mu);
+        close(k->fd);
+        k->fd = -1;
+        pthread_mutex_unlock(&k->mu);
+        pthread_mutex_unlock(&k->wlock);
+    }
+}
+
+static bool retryable(int rc) { return rc == GR_ECONN || rc == GR_ETIMEDOUT || rc == GR_EBUSY; }
+
+int cl_conn_ensure(cl_conn *k)
+{
+    gr_client *cl = k->cl;
+    pthread_mutex_lock(&k->connect_mu);
+    pthread_mutex_lock(&k->mu);
+    bool ok = k->fd >= 0 && !k->broken;
+    pthread_mutex_unlock(&k->mu);
+    if (ok) {
+        pthread_mutex_unlock(&k->connect_mu);
+        return GR_OK;
+    }
+    close_old_locked(k);
+    uint64_t start = gr_now_ns();
+    uint64_t deadline = start + (uint64_t)cl->cfg.connect_timeout_ms * 1000000u;
+    uint32_t backoff = cl->cfg.backoff_initial_ms;
+    int rc, attempts = 0, fd = -1;
+    for (;;) {
+        attempts++;
+        fd = -1;
+        rc = connect_fd(k, deadline, &fd);
+        if (!rc) {
+            uint64_t now = gr_now_ns();
+            set_timeout(fd, SO_RCVTIMEO, now < deadline ? (deadline - now) / 1000000 + 1 : 1);
+            set_timeout(fd, SO_SNDTIMEO, cl->cfg.request_timeout_ms);
+            rc = handshake(k, fd);
+            if (rc) {
+                close(fd);
+                fd = -1;
+            }
+        }
+        if (!rc || !retryable(rc)) break;
+        uint64_t now = gr_now_ns();
+        if (now + (uint64_t)backoff * 1000000u >= deadline) break;
+        gr_sleep_ms(backoff);
+        backoff = backoff * 2 > cl->cfg.backoff_max_ms ? cl->cfg.backoff_max_ms : backoff * 2;
+    }
+    if (rc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", gr_errmsg());
+        uint64_t ms = (gr_now_ns() - start) / 1000000u;
+        pthread_mutex_unlock(&k->connect_mu);
+        if (attempts > 1)
+            return gr_seterr(rc, "shard %u (%s): %s (gave up after %d attempts in %llu ms)",
+                             k->shard, k->addr, msg, attempts, (unsigned long long)ms);
+        return gr_seterr(rc, "shard %u (%s): %s", k->shard, k->addr, msg);
+    }
+    set_timeout(fd, SO_RCVTIMEO, 0); /* the reader waits as long as replies take */
+    pthread_mutex_lock(&k->mu);
+    k->fd = fd;
+    k->broken = false;
+    k->server_error[0] = '\0';
+    pthread_mutex_unlock(&k->mu);
+    if (pthread_create(&k->reader, NULL, reader_main, k) != 0) {
+        pthread_mutex_lock(&k->mu);
+        close(k->fd);
+        k->fd = -1;
+        pthread_mutex_unlock(&k->mu);
+        pthread_mutex_unlock(&k->connect_mu);
+        return gr_seterr(GR_EINTERNAL, "shard %u (%s): cannot start a reader thread", k->shard,
+                         k->addr);
+    }
+    k->reader_live = true;
+    if (k->ever_connected) atomic_fetch_add(&cl->reconnects, 1);
+    k->ever_connected = true;
+    pthread_mutex_unlock(&k->connect_mu);
+    return GR_OK;
+}
+
+bool cl_conn_claim(cl_conn *k, cl_req *r)
+{
+    pthread_mutex_lock(&k->mu);
+    cl_req **pp = &k->pending;
+    while (*pp && *pp != r) pp = &(*pp)->next;
+    bool found = *pp != NULL;
+    if (found) *pp = r->next;
+    pthread_mutex_unlock(&k->mu);
+    return found;
+}
+
+int cl_conn_send(cl_conn *k, cl_req *r)
+{
+    pthread_mutex_lock(&k->wlock);
+    pthread_mutex_lock(&k->mu);
+    if (k->fd < 0 || k->broken) {
+        pthread_mutex_unlock(&k->mu);
+        pthread_mutex_unlock(&k->wlock);
+        snprintf(r->msg, sizeof r->msg, "not connected");
+        return GR_ECONN;
+    }
+    int fd = k->fd;
+    r->next = k->pending;
+    k->pending = r;
+    pthread_mutex_unlock(&k->mu);
+    int w = write_full(fd, r->frame.data, r->frame.len);
+    int err = errno;
+    if (w != 0) {
+        /* A partial frame corrupts the stream: drop the connection; the reader fails the
+         * other pending requests. */
+        shutdown(fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&k->wlock);
+    if (w == 0) {
+        atomic_fetch_add(&k->cl->requests, 1);
+        atomic_fetch_add(&k->cl->bytes_sent, r->frame.len);
+        return GR_OK;
+    }
+    if (!cl_conn_claim(k, r)) return GR_OK; /* the reader already failed it */
+    snprintf(r->msg, sizeof r->msg, "cannot send: %s", strerror(err));
+    return GR_ECONN;
+}
