@@ -1,10 +1,129 @@
-/* Placeholder: stats lands with its issue. */
+/* `granary stats --server HOST:PORT [--json]`: asks one shard for its stats (tables, rows,
+ * memory, request counters) and prints them as a table or as the raw JSON. */
 #include "cli/cli.h"
+#include "granary/client.h"
+
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double num(const cJSON *o, const char *k)
+{
+    return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k));
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
+    return s ? s : "?";
+}
+
+static void human_bytes(double b, char *out, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void print_human(const cJSON *root)
+{
+    char mem[32];
+    human_bytes(num(root, "memory_bytes"), mem, sizeof mem);
+    printf("shard %.0f of %.0f  (%s, up %.0f s, %.0f worker threads)\n", num(root, "shard"),
+           num(root, "shards"),
+           str(root, "version"),
+           num(root, "uptime_s"), num(root, "threads"));
+    printf("connections %.0f now, %.0f total, %.0f refused; bad frames %.0f; auth failures %.0f\n",
+           num(root, "connections"), num(root, "connections_total"),
+           num(root, "connections_rejected"), num(root, "bad_frames"), num(root, "auth_failures"));
+    printf("rows %.0f, memory %s, requests in flight %.0f (queued %.0f)\n\n", num(root, "rows"), mem,
+           num(root, "inflight"), num(root, "queued"));
+    const cJSON *t;
+    printf("%-24s %6s %5s %14s %12s %14s %14s\n", "table", "id", "dim", "rows", "memory", "hits",
+           "applies");
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "tables"))
+    {
+        human_bytes(num(t, "bytes"), mem, sizeof mem);
+        printf("%-24s %6.0f %5.0f %14.0f %12s %14.0f %14.0f\n",
+               str(t, "name"), num(t, "id"),
+               num(t, "dim"), num(t, "rows"), mem, num(t, "hits"), num(t, "applies"));
+    }
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "dense"))
+    {
+        human_bytes(num(t, "bytes"), mem, sizeof mem);
+        printf("%-24s  dense %.0f floats, %s\n",
+               str(t, "name"),
+               num(t, "size"), mem);
+    }
+    printf("\n%-16s %12s %8s %14s %14s %14s\n", "request", "count", "errors", "keys", "bytes in",
+           "bytes out");
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "requests"))
+    {
+        if (num(t, "count") == 0 && num(t, "errors") == 0) continue;
+        printf("%-16s %12.0f %8.0f %14.0f %14.0f %14.0f\n", t->string, num(t, "count"),
+               num(t, "errors"), num(t, "keys"), num(t, "bytes_in"), num(t, "bytes_out"));
+    }
+}
+
 int gr_cli_stats(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "granary: 'stats' is not built yet\n");
-    return 1;
+    const char *server = NULL, *auth = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "--server") && i + 1 < argc) {
+            server = argv[++i];
+        } else if (!strcmp(argv[i], "--auth-file") && i + 1 < argc) {
+            auth = argv[++i];
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: granary stats --server HOST:PORT [--json] [--auth-file F]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "granary stats: unknown or incomplete option %s (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!server) {
+        fprintf(stderr, "granary stats: --server HOST:PORT is required\n");
+        return 2;
+    }
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = server;
+    cfg.auth_file = auth;
+    cfg.any_shard = true;
+    cfg.connect_timeout_ms = 3000;
+    cfg.request_timeout_ms = 10000;
+    gr_client *c;
+    if (gr_client_create(&cfg, &c)) {
+        fprintf(stderr, "granary stats: %s\n", gr_errmsg());
+        return 1;
+    }
+    char *txt = NULL;
+    int rc = gr_client_stats(c, 0, &txt);
+    gr_client_destroy(c);
+    if (rc) {
+        fprintf(stderr, "granary stats: %s\n", gr_errmsg());
+        return 1;
+    }
+    if (json) {
+        printf("%s\n", txt);
+    } else {
+        cJSON *root = cJSON_Parse(txt);
+        if (!root) {
+            fprintf(stderr, "granary stats: the server sent unreadable JSON\n");
+            free(txt);
+            return 1;
+        }
+        print_human(root);
+        cJSON_Delete(root);
+    }
+    free(txt);
+    return 0;
 }

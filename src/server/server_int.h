@@ -1,0 +1,105 @@
+/* Internal to the server part: the gr_server struct, connections, the table registry and the
+ * dispatcher's entry point. server.c owns threads and sockets, registry.c the tables,
+ * dispatch.c joins proto to table (the only file that does). */
+#ifndef GRANARY_SERVER_INT_H
+#define GRANARY_SERVER_INT_H
+
+#include "granary/server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* One table or dense parameter. Reference counted so DROP_TABLE never frees a table a worker
+ * is using: the registry holds one reference, every user takes one under the registry lock. */
+typedef struct srv_entry {
+    char name[GR_TABLE_NAME_MAX];
+    uint32_t id;
+    bool dense;
+    uint64_t dense_size; /* floats (dense only) */
+    uint32_t chunk;      /* floats per chunk row = the table's dim (dense only) */
+    gr_table *table;
+    atomic_int refs;
+} srv_entry;
+
+typedef struct srv_registry {
+    pthread_rwlock_t lock;
+    srv_entry **items;
+    size_t n, cap;
+    uint32_t max;
+} srv_registry;
+
+int srv_registry_init(srv_registry *r, uint32_t max);
+void srv_registry_fini(srv_registry *r);
+/* Finds a table (dense == false) by id, or by name (id ignored when name != NULL), and takes a
+ * reference. NULL when absent. */
+srv_entry *srv_registry_get(srv_registry *r, bool dense, const char *name, uint32_t id);
+void srv_entry_put(srv_entry *e);
+/* Adds a table or dense parameter built from spec; an equal existing one is *created = false. */
+int srv_registry_add(srv_registry *r, const gr_table_spec *spec, bool dense, uint64_t dense_size,
+                     bool *created);
+/* Removes by name; GR_ENOENT when absent. */
+int srv_registry_drop(srv_registry *r, bool dense, const char *name);
+/* A snapshot of every entry with a reference taken on each; free with srv_registry_release. */
+int srv_registry_snapshot(srv_registry *r, srv_entry ***out, size_t *n);
+void srv_registry_release(srv_entry **items, size_t n);
+
+/* Per-opcode request counters (atomic: workers and readers update them concurrently). */
+typedef struct srv_op_stats {
+    atomic_uint_fast64_t count, errors, keys, bytes_in, bytes_out;
+} srv_op_stats;
+
+struct srv_conn;
+
+struct gr_server {
+    gr_server_config cfg;
+    char host[256];
+    uint8_t *secret;
+    uint16_t port;
+    int listen_fd;
+    int stop_pipe[2];   /* gr_server_request_stop writes here; gr_server_wait reads */
+    int accept_pipe[2]; /* wakes the accept thread at stop */
+    bool owns[GR_SLOTS];
+    srv_registry reg;
+
+    pthread_mutex_t conn_mu; /* guards the connection list and nreaders */
+    pthread_cond_t conn_cv;
+    struct srv_conn *conns;
+    uint32_t nconns;
+
+    pthread_mutex_t q_mu; /* guards the work queue */
+    pthread_cond_t q_cv;
+    struct srv_job *q_head, *q_tail;
+    size_t q_len;
+    bool q_closed;
+
+    pthread_t acceptor;
+    pthread_t *workers;
+    uint32_t nworkers;
+    bool started, stopped;
+    atomic_bool stopping;
+
+    srv_op_stats ops[GR_PROTO_OP_LIMIT];
+    atomic_uint_fast64_t conns_total, conns_rejected, bad_frames, auth_failures;
+    atomic_uint_fast64_t inflight;
+    uint64_t start_ns;
+};
+
+/* What a connection's state means to the dispatcher. */
+typedef struct srv_conn_view {
+    const char *peer;
+} srv_conn_view;
+
+/* Runs one request that needs no connection state. Writes a complete response frame to out
+ * and returns 0, or returns a negative gr_err (message in gr_errmsg()) and the caller writes
+ * the error frame. *fatal is set when the body could not be decoded (the connection is then
+ * closed after the error reply). *stop is set by SHUTDOWN. */
+int srv_dispatch(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
+                 bool *fatal, bool *stop);
+
+/* The STATS body (JSON); malloc'd. */
+char *srv_stats_json(gr_server *s);
+
+/* Creates a dense parameter from its JSON spec. */
+int srv_dense_create_json(gr_server *s, const char *json, size_t len, bool *created);
+
+#endif

@@ -1,0 +1,489 @@
+/* Integration: every bad-input path of the server, over raw sockets and through the client:
+ * malformed, oversized, wrong-version and wrong-kind frames (error reply, then close),
+ * unknown opcodes (error reply, connection kept), wrong dim, unknown table, misrouted keys,
+ * non-finite gradients, the connection limit, request timeouts and reconnects. After each,
+ * the server still serves a good client. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "granary/client.h"
+#include "granary/proto.h"
+#include "tests/support/ps_harness.h"
+
+static const char *user_spec = "{\"name\":\"user\",\"id\":1,\"dim\":16,\"seed\":7,"
+                               "\"init\":{\"kind\":\"uniform\",\"low\":-0.05,\"high\":0.05},"
+                               "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05}}";
+
+static gr_client *client_for(const char *list)
+{
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = list;
+    cfg.connect_timeout_ms = 3000;
+    gr_client *c = NULL;
+    int rc = gr_client_create(&cfg, &c);
+    if (rc) fprintf(stderr, "client: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    return c;
+}
+
+/* A good client can still pull and push. */
+static void assert_serves(const char *list)
+{
+    gr_client *c = client_for(list);
+    uint64_t keys[64];
+    float rows[64 * 16], g[64 * 16];
+    for (int i = 0; i < 64; i++) keys[i] = (uint64_t)i * 31 + 5;
+    for (int i = 0; i < 64 * 16; i++) g[i] = 0.01f;
+    assert_int_equal(gr_client_pull(c, 1, 16, keys, 64, rows), 0);
+    assert_int_equal(gr_client_push(c, 1, 16, keys, 64, g), 0);
+    gr_client_destroy(c);
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void send_header(int fd, uint8_t version, uint8_t kind, uint16_t op, uint32_t body_len,
+                        uint64_t id)
+{
+    uint8_t hb[24];
+    gr_proto_header h = {version, kind, op, 0, 0, body_len, id};
+    gr_proto_header_encode(hb, &h);
+    send_all(fd, hb, 24);
+}
+
+static int recv_all(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(fd, (char *)p + got, n - got, 0);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Reads one reply; returns its status and copies its error text (if any) to msg. */
+static int read_reply(int fd, gr_proto_header *h, char *msg, size_t cap)
+{
+    uint8_t hb[24];
+    assert_int_equal(recv_all(fd, hb, 24), 0);
+    gr_proto_limits lim;
+    gr_proto_limits_default(&lim);
+    int rc = gr_proto_header_decode(hb, 24, &lim, h, NULL);
+    assert_true(rc == GR_OK || rc == GR_EAGAIN);
+    assert_int_equal(h->kind, GR_PROTO_RESPONSE);
+    uint8_t *body = malloc(h->body_len + 8);
+    assert_int_equal(recv_all(fd, body, h->body_len), 0);
+    if (msg && cap) msg[0] = '\0';
+    if (h->status < 0 && msg) {
+        const char *s;
+        uint32_t n;
+        assert_int_equal(gr_proto_decode_str(body, h->body_len, &lim, &s, &n), 0);
+        snprintf(msg, cap, "%.*s", (int)n, s);
+    }
+    free(body);
+    return h->status;
+}
+
+static void assert_eof(int fd)
+{
+    char c;
+    assert_int_equal(recv(fd, &c, 1, 0), 0);
+}
+
+static void test_bad_frames_close_connection(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    const char *extra[] = {"--max-body", "1M", "--max-keys", "1000", NULL};
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client *c = client_for(s.addr);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    gr_proto_header h;
+    char msg[512];
+
+    /* Bad magic. */
+    int fd = ps_test_connect(s.port);
+    send_all(fd, "XXXXXXXXXXXXXXXXXXXXXXXX", 24);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EPROTO);
+    assert_non_null(strstr(msg, "bad frame magic"));
+    assert_eof(fd);
+    close(fd);
+
+    /* Another protocol version: the error carries the request id. */
+    fd = ps_test_connect(s.port);
+    send_header(fd, 2, GR_PROTO_REQUEST, GR_OP_PULL, 0, 77);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EVERSION);
+    assert_true(h.id == 77);
+    assert_non_null(strstr(msg, "protocol version 2 is not supported"));
+    assert_eof(fd);
+    close(fd);
+
+    /* Oversized: refused from the header, before the server allocates anything. */
+    fd = ps_test_connect(s.port);
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_PUSH, 2u << 20, 78);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_ETOOBIG);
+    assert_non_null(strstr(msg, "exceeds the limit of 1048576 bytes"));
+    assert_eof(fd);
+    close(fd);
+
+    /* A response frame sent as a request. */
+    fd = ps_test_connect(s.port);
+    send_header(fd, 1, GR_PROTO_RESPONSE, GR_OP_PULL, 0, 79);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EPROTO);
+    assert_eof(fd);
+    close(fd);
+
+    /* A body that lies about its contents: 5 tables promised, one section present. */
+    fd = ps_test_connect(s.port);
+    uint32_t body[8] = {5, 0, 1, 16, 1, 0, 9, 0}; /* key 9 as two u32 */
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_PULL, sizeof body, 80);
+    send_all(fd, body, sizeof body);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EPROTO);
+    assert_true(h.id == 80);
+    assert_eof(fd);
+    close(fd);
+
+    /* More keys than the server's limit. */
+    fd = ps_test_connect(s.port);
+    size_t nk = 1001, blen = 8 + 16 + nk * 8;
+    uint8_t *big = calloc(1, blen);
+    uint32_t head[6] = {1, 0, 1, 16, (uint32_t)nk, 0};
+    memcpy(big, head, sizeof head);
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_PULL, (uint32_t)blen, 81);
+    send_all(fd, big, blen);
+    free(big);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_ETOOBIG);
+    assert_non_null(strstr(msg, "more than 1000 keys"));
+    assert_eof(fd);
+    close(fd);
+
+    /* A half header, then the client goes away. */
+    fd = ps_test_connect(s.port);
+    send_all(fd, "GR\x01", 3);
+    close(fd);
+
+    /* Unknown opcode: answered, and the connection keeps working. */
+    fd = ps_test_connect(s.port);
+    send_header(fd, 1, GR_PROTO_REQUEST, 40, 0, 82);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EPROTO);
+    assert_non_null(strstr(msg, "unknown opcode"));
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_STATS, 0, 83);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), 0);
+    assert_true(h.id == 83);
+    close(fd);
+
+    /* The server counted them and still serves everyone. */
+    char *json;
+    assert_int_equal(gr_client_stats(c, 0, &json), 0);
+    assert_non_null(strstr(json, "\"bad_frames\":6"));
+    free(json);
+    gr_client_destroy(c);
+    assert_serves(s.addr);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
+static void test_semantic_errors_keep_connection(void **state)
+{
+    (void)state;
+    ps_test_server s[2];
+    char list[256];
+    assert_int_equal(ps_test_cluster_start(s, 2, NULL, list, sizeof list), 0);
+    gr_client *c = client_for(list);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    uint64_t keys[3] = {1, 2, 3};
+    float rows[3 * 16], g[3 * 32];
+    /* Wrong dim: GR_EDIM with the table's name and both dims, naming the shard. */
+    assert_int_equal(gr_client_pull(c, 1, 8, keys, 3, rows), GR_EDIM);
+    assert_non_null(strstr(gr_errmsg(), "table 'user' has dim 16, pull carried dim 8"));
+    assert_non_null(strstr(gr_errmsg(), "shard "));
+    assert_int_equal(gr_client_push(c, 1, 32, keys, 3, g), GR_EDIM);
+    assert_non_null(strstr(gr_errmsg(), "push carried dim 32"));
+    /* Unknown table. */
+    assert_int_equal(gr_client_pull(c, 99, 16, keys, 3, rows), GR_ENOENT);
+    assert_non_null(strstr(gr_errmsg(), "no table with id 99"));
+    /* Non-finite gradient: refused, nothing applied. */
+    for (int i = 0; i < 3 * 16; i++) g[i] = 0.5f;
+    g[5] = NAN;
+    assert_int_equal(gr_client_push(c, 1, 16, keys, 3, g), GR_EINVAL);
+    /* Bad arguments never leave a handle behind. */
+    gr_client_op *op = (gr_client_op *)1;
+    gr_client_batch bad = {1, 0, 3, keys, rows, NULL};
+    assert_int_equal(gr_client_pull_start(c, &bad, 1, 0, &op), GR_EINVAL);
+    assert_null(op);
+    op = (gr_client_op *)1;
+    gr_client_batch nullrows = {1, 16, 3, keys, NULL, NULL};
+    assert_int_equal(gr_client_pull_start(c, &nullrows, 1, 0, &op), GR_EINVAL);
+    assert_null(op);
+
+    /* Misrouted key: a raw pull to shard 0 for a key whose slot is shard 1's. */
+    uint64_t key = 0;
+    while (gr_proto_default_shard(gr_slot_of(key), 2) != 1) key++;
+    int fd = ps_test_connect(s[0].port);
+    uint8_t body[8 + 16 + 8];
+    uint32_t head[6] = {1, 0, 1, 16, 1, 0};
+    memcpy(body, head, sizeof head);
+    memcpy(body + 24, &key, 8);
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_PULL, sizeof body, 5);
+    send_all(fd, body, sizeof body);
+    gr_proto_header h;
+    char msg[512];
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_ESTALE);
+    char want[128];
+    snprintf(want, sizeof want, "key %llu (slot %u) belongs to shard 1, not shard 0",
+             (unsigned long long)key, gr_slot_of(key));
+    assert_non_null(strstr(msg, want));
+    /* Same connection, properly routed: fine. */
+    uint64_t key0 = 0;
+    while (gr_proto_default_shard(gr_slot_of(key0), 2) != 0) key0++;
+    memcpy(body + 24, &key0, 8);
+    send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_PULL, sizeof body, 6);
+    send_all(fd, body, sizeof body);
+    assert_int_equal(read_reply(fd, &h, msg, sizeof msg), 0);
+    assert_true(h.id == 6);
+    close(fd);
+    gr_client_destroy(c);
+    assert_serves(list);
+    ps_test_cluster_stop(s, 2);
+}
+
+static void test_connection_limit(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    const char *extra[] = {"--max-connections", "2", NULL};
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    int a = ps_test_connect(s.port), b = ps_test_connect(s.port);
+    /* Make sure both are accepted before the third arrives. */
+    send_header(a, 1, GR_PROTO_REQUEST, GR_OP_STATS, 0, 1);
+    send_header(b, 1, GR_PROTO_REQUEST, GR_OP_STATS, 0, 2);
+    gr_proto_header h;
+    char msg[512];
+    assert_int_equal(read_reply(a, &h, NULL, 0), 0);
+    assert_int_equal(read_reply(b, &h, NULL, 0), 0);
+    int x = ps_test_connect(s.port);
+    assert_int_equal(read_reply(x, &h, msg, sizeof msg), GR_EBUSY);
+    assert_non_null(strstr(msg, "2 connections (the limit)"));
+    assert_eof(x);
+    close(x);
+    /* The client reports the refusal, naming the shard. */
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = s.addr;
+    cfg.connect_timeout_ms = 200;
+    gr_client *c = NULL;
+    assert_int_not_equal(gr_client_create(&cfg, &c), 0);
+    assert_null(c);
+    assert_non_null(strstr(gr_errmsg(), "shard 0 (127.0.0.1:"));
+    close(a);
+    close(b);
+    /* Slots free up once the server sees the closes. */
+    int rc = -1;
+    for (int i = 0; i < 100 && rc; i++) {
+        cfg.connect_timeout_ms = 2000;
+        rc = gr_client_create(&cfg, &c);
+    }
+    assert_int_equal(rc, 0);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
+/* A fake shard that completes the handshake and then never answers. */
+typedef struct fake {
+    int lfd;
+    uint16_t port;
+    pthread_t th;
+} fake;
+
+static void *fake_main(void *p)
+{
+    fake *f = p;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    uint8_t hb[24], body[4096];
+    gr_proto_limits lim;
+    gr_proto_limits_default(&lim);
+    gr_proto_header h;
+    bool hello_done = false;
+    while (recv_all(fd, hb, 24) == 0) {
+        gr_proto_header_decode(hb, 24, &lim, &h, NULL);
+        if (h.body_len > sizeof body) {
+            uint8_t *tmp = malloc(h.body_len);
+            recv_all(fd, tmp, h.body_len);
+            free(tmp);
+        } else if (recv_all(fd, body, h.body_len) != 0) {
+            break;
+        }
+        if (!hello_done && h.op == GR_OP_HELLO) {
+            gr_proto_buf b;
+            gr_proto_buf_init(&b);
+            gr_proto_hello hello;
+            memset(&hello, 0, sizeof hello);
+            hello.shards = 1;
+            hello.limits = lim;
+            snprintf(hello.server_version, sizeof hello.server_version, "fake");
+            gr_proto_begin(&b, GR_PROTO_RESPONSE, GR_OP_HELLO, 0, 0, h.id);
+            gr_proto_put_hello(&b, &hello);
+            gr_proto_end(&b, 0);
+            send(fd, b.data, b.len, MSG_NOSIGNAL);
+            gr_proto_buf_fini(&b);
+            hello_done = true;
+        }
+        /* everything else: silence */
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_request_timeout_names_shard(void **state)
+{
+    (void)state;
+    fake f;
+    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(f.lfd, 4), 0);
+    socklen_t sl = sizeof a;
+    getsockname(f.lfd, (struct sockaddr *)&a, &sl);
+    f.port = ntohs(a.sin_port);
+    pthread_create(&f.th, NULL, fake_main, &f);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", f.port);
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = addr;
+    cfg.request_timeout_ms = 300;
+    gr_client *c;
+    assert_int_equal(gr_client_create(&cfg, &c), 0);
+    uint64_t keys[2] = {1, 2};
+    float rows[2 * 4];
+    gr_client_op *op;
+    gr_client_batch b = {1, 4, 2, keys, rows, NULL};
+    assert_int_equal(gr_client_pull_start(c, &b, 1, 0, &op), 0);
+    assert_int_equal(gr_client_wait(op, 50), GR_EAGAIN); /* still running: handle kept */
+    uint64_t t0 = gr_now_ns();
+    int rc = gr_client_wait(op, -1);
+    double waited_ms = (double)(gr_now_ns() - t0) / 1e6;
+    assert_int_equal(rc, GR_ETIMEDOUT);
+    char want[160];
+    snprintf(want, sizeof want, "shard 0 (%s): no reply within 300 ms", addr);
+    assert_non_null(strstr(gr_errmsg(), want));
+    assert_true(waited_ms < 2000);
+    gr_client_destroy(c);
+    pthread_join(f.th, NULL);
+    close(f.lfd);
+}
+
+static void test_reconnect_with_backoff(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, NULL), 0);
+    uint16_t port = s.port;
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = s.addr;
+    cfg.connect_timeout_ms = 300;
+    gr_client *c;
+    assert_int_equal(gr_client_create(&cfg, &c), 0);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    uint64_t keys[4] = {1, 2, 3, 4};
+    float rows[4 * 16];
+    assert_int_equal(gr_client_pull(c, 1, 16, keys, 4, rows), 0);
+    /* The shard dies: the next call fails with a message naming it. */
+    assert_int_equal(ps_test_server_stop(&s, SIGKILL), 128 + SIGKILL);
+    int rc = gr_client_pull(c, 1, 16, keys, 4, rows);
+    assert_true(rc == GR_ECONN || rc == GR_ETIMEDOUT);
+    char want[64];
+    snprintf(want, sizeof want, "shard 0 (127.0.0.1:%u)", port);
+    assert_non_null(strstr(gr_errmsg(), want));
+    /* While it is down, each call retries with backoff until the connect timeout. */
+    uint64_t t0 = gr_now_ns();
+    rc = gr_client_pull(c, 1, 16, keys, 4, rows);
+    double ms = (double)(gr_now_ns() - t0) / 1e6;
+    assert_int_equal(rc, GR_ECONN);
+    assert_non_null(strstr(gr_errmsg(), "connection refused"));
+    assert_non_null(strstr(gr_errmsg(), "attempts"));
+    assert_true(ms >= 100 && ms < 3000);
+    /* It comes back on the same port (a fresh, empty shard): the client reconnects. */
+    assert_int_equal(ps_test_server_start(&s, 0, 1, port, NULL), 0);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    assert_int_equal(gr_client_pull(c, 1, 16, keys, 4, rows), 0);
+    gr_client_stats_t st;
+    gr_client_get_stats(c, &st);
+    assert_true(st.reconnects >= 1);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
+static void test_client_config_errors(void **state)
+{
+    (void)state;
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    gr_client *c = (gr_client *)1;
+    assert_int_equal(gr_client_create(&cfg, &c), GR_EINVAL);
+    assert_null(c);
+    cfg.servers = "localhost";
+    assert_int_equal(gr_client_create(&cfg, &c), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "want host:port"));
+    cfg.servers = "127.0.0.1:1";
+    cfg.connect_timeout_ms = 50;
+    assert_int_equal(gr_client_create(&cfg, &c), GR_ECONN);
+    assert_non_null(strstr(gr_errmsg(), "shard 0 (127.0.0.1:1): connection refused"));
+    /* A cluster file whose order disagrees with the shards' own view. */
+    ps_test_server s[2];
+    char list[256], dir[128], path[256];
+    assert_int_equal(ps_test_cluster_start(s, 2, NULL, list, sizeof list), 0);
+    assert_int_equal(ps_test_tmpdir(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/cluster.json", dir);
+    FILE *fp = fopen(path, "w");
+    fprintf(fp, "{\"shards\":[\"%s\",\"%s\"]}", s[1].addr, s[0].addr);
+    fclose(fp);
+    gr_client_config_default(&cfg);
+    cfg.cluster_file = path;
+    assert_int_equal(gr_client_create(&cfg, &c), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "server says it is shard 1 of 2, but the server list has "
+                                        "it as shard 0 of 2"));
+    fp = fopen(path, "w");
+    fprintf(fp, "{\"shards\":[\"%s\",\"%s\"]}", s[0].addr, s[1].addr);
+    fclose(fp);
+    assert_int_equal(gr_client_create(&cfg, &c), 0);
+    assert_string_equal(gr_client_shard_addr(c, 1), s[1].addr);
+    gr_client_destroy(c);
+    ps_test_cluster_stop(s, 2);
+    ps_test_rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_frames_close_connection),
+        cmocka_unit_test(test_semantic_errors_keep_connection),
+        cmocka_unit_test(test_connection_limit),
+        cmocka_unit_test(test_request_timeout_names_shard),
+        cmocka_unit_test(test_reconnect_with_backoff),
+        cmocka_unit_test(test_client_config_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
