@@ -277,6 +277,9 @@ int gr_proto_decode_batch(const void *body, size_t len, gr_proto_layout layout,
             return gr_seterr(GR_EPROTO, "section %u (%u keys, dim %u) needs %zu bytes, %zu left", i,
                              n, dim, sz, len - off);
         off += sz;
+        /* Padding must be zero: a frame has exactly one valid encoding. */
+        if ((layout & GR_PROTO_VALUES) && ((size_t)n * dim) % 2 && rd32(p + off - 4) != 0)
+            return gr_seterr(GR_EPROTO, "section %u has nonzero padding", i);
     }
     if (off != len)
         return gr_seterr(GR_EPROTO, "batch has %zu trailing bytes after its last section", len - off);
@@ -321,6 +324,8 @@ static int get_str(const uint8_t *p, size_t len, size_t *off, uint32_t max, cons
     if (padded > len - *off)
         return gr_seterr(GR_EPROTO, "string of %u bytes is truncated (%zu bytes left)", n,
                          len - *off - 4);
+    for (size_t i = 4 + (size_t)n; i < padded; i++)
+        if (p[*off + i] != 0) return gr_seterr(GR_EPROTO, "string padding is not zero");
     *s = (const char *)p + *off + 4;
     *slen = n;
     *off += padded;
@@ -399,6 +404,7 @@ static int get_floats(const uint8_t *p, size_t len, size_t *off, uint64_t *size,
     *vals = (const float *)(const void *)(p + *off);
     *off += pad8((size_t)n * 4);
     if (*off > len) return gr_seterr(GR_EPROTO, "dense array padding is truncated");
+    if (n % 2 && rd32(p + *off - 4) != 0) return gr_seterr(GR_EPROTO, "dense array padding is not zero");
     return GR_OK;
 }
 

@@ -182,6 +182,13 @@ static void test_batch_roundtrip_all_layouts(void **state)
         assert_int_equal(gr_proto_buf_reserve(&b, 8), 0);
         memset(b.data + b.len, 0, 8);
         assert_int_equal(gr_proto_decode_batch(b.data, b.len + 8, layouts[l], &lim, &x), GR_EPROTO);
+        /* Nonzero padding is refused: every frame has exactly one encoding. The last
+         * section (5 x dim 1 values) ends with 4 bytes of padding. */
+        if (layouts[l] & GR_PROTO_VALUES) {
+            b.data[b.len - 1] = 1;
+            assert_int_equal(gr_proto_decode_batch(b.data, b.len, layouts[l], &lim, &x), GR_EPROTO);
+            b.data[b.len - 1] = 0;
+        }
         /* The wrong layout for these bytes is refused too (sizes disagree). */
         int other = (l + 1) % 3;
         assert_int_not_equal(gr_proto_decode_batch(b.data, b.len, layouts[other], &lim, &x), 0);
@@ -262,6 +269,9 @@ static void test_strings_and_small_bodies(void **state)
         assert_int_equal(gr_proto_decode_str(b.data, len, &lim, &s, &n), GR_EPROTO);
     lim.max_string = 6;
     assert_int_equal(gr_proto_decode_str(b.data, b.len, &lim, &s, &n), GR_ETOOBIG);
+    lim = lim_default();
+    b.data[15] = 'x'; /* padding byte */
+    assert_int_equal(gr_proto_decode_str(b.data, b.len, &lim, &s, &n), GR_EPROTO);
     lim = lim_default();
     gr_proto_buf_fini(&b);
 
