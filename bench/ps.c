@@ -1,10 +1,689 @@
-/* Placeholder: bench ps lands with its issue. */
+/* `granary bench ps`: the parameter server end to end on loopback. Two shards run as child
+ * processes (`granary server`); a client pulls and pushes (Adagrad) batches of 4096 x 26 ids
+ * (26 tables, one per categorical column, Zipf(1.05) ids, dim 64). Baselines in the same run:
+ * Redis MGET/MSET of the same rows as 256-byte values with pipelining (redis-server started
+ * here, no persistence), and raw loopback TCP throughput between two processes.
+ * Rows/s count every id of a batch, duplicates included (before dedup). */
 #include "bench/bench.h"
+#include "granary/client.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIM 64
+#define EXAMPLES 4096
+#define COLS 26
+#define IDS (EXAMPLES * COLS)
+#define ZIPF_S 1.05
+#define SHARDS 2
+
+typedef struct opts {
+    bool json, full;
+    unsigned batches;  /* distinct batches generated */
+    unsigned rounds;   /* passes over them per measurement */
+    unsigned inflight; /* batches in flight at once */
+    unsigned threads;  /* worker threads per shard */
+    uint64_t vocab;    /* Zipf ranks per column */
+    unsigned redis_batches;
+    bool no_baselines;
+} opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: granary bench ps [--json] [--full] [--batches B] [--rounds R] [--inflight K]\n"
+            "                        [--threads T] [--vocab V]\n"
+            "  two local shards; batches of %d x %d ids (one table per column), dim %d, Adagrad\n"
+            "  --batches B   distinct batches (default 32; --full 128)\n"
+            "  --rounds R    passes over them per measurement (default 3)\n"
+            "  --inflight K  batches in flight (default 2)\n"
+            "  --threads T   worker threads per shard (default 1)\n"
+            "  --vocab V     Zipf ranks per column (default 1M; --full 10M)\n"
+            "  --no-baselines  skip Redis and raw TCP (for profiling)\n"
+            "  --json        print a final JSON line\n",
+            EXAMPLES, COLS, DIM);
+}
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double now_s(void) { return gr_now_s(); }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(double *v, size_t n, double p)
+{
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* ---- child processes ---- */
+
+typedef struct child {
+    pid_t pid;
+    uint16_t port;
+} child;
+
+static pid_t spawn_reading(char *const argv[], int *out_fd)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC)) return -1;
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        dup2(p[1], 1);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, 2);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    *out_fd = p[0];
+    return pid;
+}
+
+static void stop_child(child *c)
+{
+    if (c->pid <= 0) return;
+    kill(c->pid, SIGTERM);
+    for (int i = 0; i < 500; i++) {
+        if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
+            c->pid = 0;
+            return;
+        }
+        gr_sleep_ms(10);
+    }
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, NULL, 0);
+    c->pid = 0;
+}
+
+static int start_shard(child *c, unsigned shard, unsigned threads)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = '\0';
+    char sh[16], shs[16], th[16];
+    snprintf(sh, sizeof sh, "%u", shard);
+    snprintf(shs, sizeof shs, "%u", SHARDS);
+    snprintf(th, sizeof th, "%u", threads);
+    char *argv[] = {exe, "server", "--listen", "127.0.0.1:0", "--shard", sh, "--shards", shs,
+                    "--threads", th, NULL};
+    int fd;
+    setenv("GRANARY_LOG", "warn", 0);
+    c->pid = spawn_reading(argv, &fd);
+    if (c->pid < 0) return -1;
+    char line[256];
+    size_t len = 0;
+    while (len < sizeof line - 1) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 20000) <= 0) break;
+        ssize_t r = read(fd, line + len, sizeof line - 1 - len);
+        if (r <= 0) break;
+        len += (size_t)r;
+        line[len] = '\0';
+        if (strchr(line, '\n')) break;
+    }
+    close(fd);
+    line[len] = '\0';
+    const char *colon = strrchr(line, ':');
+    if (strncmp(line, "listening on ", 13) || !colon) {
+        stop_child(c);
+        return -1;
+    }
+    c->port = (uint16_t)atoi(colon + 1);
+    return 0;
+}
+
+/* ---- raw loopback TCP ---- */
+
+static int tcp_listen_any(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    socklen_t sl = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &sl);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int tcp_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+/* One stream from a child process to this one; bytes/s at the receiver. */
+static double loopback_bytes_per_sec(uint64_t total)
+{
+    uint16_t port;
+    int lfd = tcp_listen_any(&port);
+    if (lfd < 0) return NAN;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = tcp_connect(port);
+        size_t chunk = 1 << 20;
+        char *buf = calloc(1, chunk);
+        uint64_t sent = 0;
+        while (fd >= 0 && buf && sent < total) {
+            ssize_t w = send(fd, buf, chunk, MSG_NOSIGNAL);
+            if (w <= 0) break;
+            sent += (uint64_t)w;
+        }
+        _exit(0);
+    }
+    int fd = accept(lfd, NULL, NULL);
+    close(lfd);
+    size_t chunk = 1 << 20;
+    char *buf = malloc(chunk);
+    uint64_t got = 0;
+    double t0 = now_s();
+    while (fd >= 0 && got < total) {
+        ssize_t r = recv(fd, buf, chunk, 0);
+        if (r <= 0) break;
+        got += (uint64_t)r;
+    }
+    double dt = now_s() - t0;
+    free(buf);
+    if (fd >= 0) close(fd);
+    waitpid(pid, NULL, 0);
+    return got == total ? (double)got / dt : NAN;
+}
+
+/* ---- Redis over RESP, pipelined ---- */
+
+typedef struct rconn {
+    int fd;
+    char *buf;
+    size_t len, off, cap;
+} rconn;
+
+static int r_fill(rconn *r)
+{
+    if (r->off > 0) {
+        memmove(r->buf, r->buf + r->off, r->len - r->off);
+        r->len -= r->off;
+        r->off = 0;
+    }
+    if (r->len == r->cap) return -1;
+    ssize_t n = recv(r->fd, r->buf + r->len, r->cap - r->len, 0);
+    if (n <= 0) return -1;
+    r->len += (size_t)n;
+    return 0;
+}
+
+/* Reads a line ending in \r\n; returns a pointer to it (NUL-terminated in place). */
+static char *r_line(rconn *r)
+{
+    for (;;) {
+        char *nl = memchr(r->buf + r->off, '\n', r->len - r->off);
+        if (nl) {
+            char *line = r->buf + r->off;
+            *nl = '\0';
+            if (nl > line && nl[-1] == '\r') nl[-1] = '\0';
+            r->off = (size_t)(nl + 1 - r->buf);
+            return line;
+        }
+        if (r_fill(r)) return NULL;
+    }
+}
+
+static int r_skip(rconn *r, size_t n)
+{
+    while (r->len - r->off < n) {
+        n -= r->len - r->off;
+        r->off = r->len;
+        if (r_fill(r)) return -1;
+    }
+    r->off += n;
+    return 0;
+}
+
+/* Reads one MGET reply of n values of vlen bytes. */
+static int r_read_mget(rconn *r, size_t n, size_t vlen)
+{
+    char *l = r_line(r);
+    if (!l || l[0] != '*' || (size_t)atol(l + 1) != n) return -1;
+    for (size_t i = 0; i < n; i++) {
+        l = r_line(r);
+        if (!l || l[0] != '$') return -1;
+        long sz = atol(l + 1);
+        if (sz < 0) continue; /* missing key */
+        if ((size_t)sz != vlen || r_skip(r, vlen + 2)) return -1;
+    }
+    return 0;
+}
+
+static int r_send(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+typedef struct cmdbuf {
+    char *p;
+    size_t len, cap;
+} cmdbuf;
+
+static void cb_put(cmdbuf *c, const void *p, size_t n)
+{
+    if (c->len + n > c->cap) {
+        c->cap = (c->len + n) * 2;
+        c->p = realloc(c->p, c->cap);
+    }
+    memcpy(c->p + c->len, p, n);
+    c->len += n;
+}
+
+static void cb_fmt(cmdbuf *c, const char *s)
+{
+    cb_put(c, s, strlen(s));
+}
+
+static void cb_bulk(cmdbuf *c, const void *p, size_t n)
+{
+    char h[32];
+    snprintf(h, sizeof h, "$%zu\r\n", n);
+    cb_fmt(c, h);
+    cb_put(c, p, n);
+    cb_fmt(c, "\r\n");
+}
+
+#define REDIS_CMD_KEYS 1024 /* keys per MGET/MSET command */
+#define REDIS_PIPE 16       /* commands in flight */
+
+/* Runs MGET (set = false) or MSET (set = true) over every id of nb batches, 1024 keys per
+ * command, 16 commands in flight; returns rows/s (ids, duplicates included). */
+static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bool set)
+{
+    int fd = tcp_connect(port);
+    if (fd < 0) return NAN;
+    rconn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
+    cmdbuf cb = {NULL, 0, 0};
+    char value[DIM * 4];
+    memset(value, 0x3f, sizeof value);
+    size_t ncmd_total = 0;
+    double t0 = now_s();
+    bool ok = true;
+    for (unsigned b = 0; b < nb && ok; b++) {
+        const uint64_t *ids = batches[b];
+        size_t ncmd = (IDS + REDIS_CMD_KEYS - 1) / REDIS_CMD_KEYS, sent = 0, done = 0;
+        while (done < ncmd && ok) {
+            cb.len = 0;
+            while (sent < ncmd && sent - done < REDIS_PIPE) {
+                size_t lo = sent * REDIS_CMD_KEYS, hi = lo + REDIS_CMD_KEYS;
+                if (hi > IDS) hi = IDS;
+                char h[48];
+                snprintf(h, sizeof h, "*%zu\r\n", (hi - lo) * (set ? 2 : 1) + 1);
+                cb_fmt(&cb, h);
+                cb_bulk(&cb, set ? "MSET" : "MGET", 4);
+                for (size_t i = lo; i < hi; i++) {
+                    char key[24];
+                    int kn = snprintf(key, sizeof key, "%llx", (unsigned long long)ids[i]);
+                    cb_bulk(&cb, key, (size_t)kn);
+                    if (set) cb_bulk(&cb, value, sizeof value);
+                }
+                sent++;
+            }
+            if (cb.len && r_send(fd, cb.p, cb.len)) ok = false;
+            /* Read one reply, keeping the pipeline full. */
+            if (ok) {
+                size_t lo = done * REDIS_CMD_KEYS, hi = lo + REDIS_CMD_KEYS;
+                if (hi > IDS) hi = IDS;
+                if (set) {
+                    char *l = r_line(&r);
+                    ok = l && !strcmp(l, "+OK");
+                } else {
+                    ok = r_read_mget(&r, hi - lo, sizeof value) == 0;
+                }
+                done++;
+            }
+        }
+        ncmd_total += ncmd;
+    }
+    double dt = now_s() - t0;
+    (void)ncmd_total;
+    free(r.buf);
+    free(cb.p);
+    close(fd);
+    return ok ? (double)nb * IDS / dt : NAN;
+}
+
+static int start_redis(child *c)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        uint16_t port;
+        int lfd = tcp_listen_any(&port);
+        if (lfd < 0) return -1;
+        close(lfd);
+        char ps[16];
+        snprintf(ps, sizeof ps, "%u", port);
+        char *argv[] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--protected-mode", "no", NULL};
+        int fd;
+        c->pid = spawn_reading(argv, &fd);
+        if (c->pid < 0) return -1;
+        close(fd);
+        c->port = port;
+        for (int i = 0; i < 300; i++) {
+            int s = tcp_connect(port);
+            if (s >= 0) {
+                char pong[16] = {0};
+                bool up = r_send(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&
+                          !strncmp(pong, "+PONG", 5);
+                close(s);
+                if (up) return 0;
+            }
+            if (waitpid(c->pid, NULL, WNOHANG) == c->pid) break; /* exited: port taken? */
+            gr_sleep_ms(10);
+        }
+        stop_child(c);
+    }
+    return -1;
+}
+
+/* ---- the PS measurement ---- */
+
+typedef struct run_stats {
+    double rows_per_sec;
+    double p50_ms, p99_ms;
+    uint64_t wire_bytes, ids, unique;
+    unsigned nbatches;
+} run_stats;
+
+/* Runs `rounds` passes over the batches with `inflight` operations in flight. */
+static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned rounds,
+                  unsigned inflight, bool push, float *rows_pool, const float *grads,
+                  run_stats *st)
+{
+    unsigned total = nb * rounds;
+    double *lat = calloc(total, sizeof *lat);
+    gr_client_op **ops = calloc(inflight, sizeof *ops);
+    double *t_start = calloc(inflight, sizeof *t_start);
+    gr_client_batch *b = calloc((size_t)inflight * COLS, sizeof *b);
+    gr_client_stats_t s0, s1;
+    gr_client_get_stats(c, &s0);
+    int rc = 0;
+    double t0 = now_s();
+    unsigned started = 0, finished = 0;
+    while (finished < total && !rc) {
+        /* Keep `inflight` operations running; wait for the oldest. */
+        while (started < total && started - finished < inflight) {
+            unsigned slot = started % inflight;
+            const uint64_t *ids = batches[started % nb];
+            for (unsigned t = 0; t < COLS; t++) {
+                gr_client_batch *x = &b[slot * COLS + t];
+                x->table = t + 1;
+                x->dim = DIM;
+                x->n = EXAMPLES;
+                x->keys = ids + (size_t)t * EXAMPLES;
+                x->rows = push ? NULL : rows_pool + ((size_t)slot * IDS + (size_t)t * EXAMPLES) * DIM;
+                x->grads = push ? grads + (size_t)t * EXAMPLES * DIM : NULL;
+            }
+            t_start[slot] = now_s();
+            rc = push ? gr_client_push_start(c, &b[slot * COLS], COLS, &ops[slot])
+                      : gr_client_pull_start(c, &b[slot * COLS], COLS, 0, &ops[slot]);
+            if (rc) break;
+            started++;
+        }
+        if (rc) break;
+        unsigned slot = finished % inflight;
+        rc = gr_client_wait(ops[slot], -1);
+        lat[finished] = (now_s() - t_start[slot]) * 1e3;
+        finished++;
+    }
+    double dt = now_s() - t0;
+    /* Drain what is still running after an error. */
+    for (unsigned i = finished; i < started; i++) gr_client_wait(ops[i % inflight], -1);
+    gr_client_get_stats(c, &s1);
+    if (!rc) {
+        st->rows_per_sec = (double)total * IDS / dt;
+        st->p50_ms = percentile(lat, total, 0.50);
+        st->p99_ms = percentile(lat, total, 0.99);
+        st->wire_bytes = (s1.bytes_sent - s0.bytes_sent) + (s1.bytes_received - s0.bytes_received);
+        st->ids = s1.keys_in - s0.keys_in;
+        st->unique = s1.keys_sent - s0.keys_sent;
+        st->nbatches = total;
+    }
+    free(lat);
+    free(ops);
+    free(t_start);
+    free(b);
+    return rc;
+}
+
 int gr_bench_ps(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "granary: 'bench ps' is not built yet\n");
-    return 1;
+    opts o = {false, false, 0, 3, 2, 1, 0, 0, false};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) o.json = true;
+        else if (!strcmp(a, "--no-baselines")) o.no_baselines = true;
+        else if (!strcmp(a, "--full")) o.full = true;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (v && !strcmp(a, "--batches")) o.batches = (unsigned)atoi(argv[++i]);
+        else if (v && !strcmp(a, "--rounds")) o.rounds = (unsigned)atoi(argv[++i]);
+        else if (v && !strcmp(a, "--inflight")) o.inflight = (unsigned)atoi(argv[++i]);
+        else if (v && !strcmp(a, "--threads")) o.threads = (unsigned)atoi(argv[++i]);
+        else if (v && !strcmp(a, "--vocab")) {
+            if (gr_parse_size(argv[++i], &o.vocab)) o.vocab = 0;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.batches) o.batches = o.full ? 128 : 32;
+    if (!o.vocab) o.vocab = o.full ? 10000000 : 1000000;
+    if (!o.rounds) o.rounds = 1;
+    if (!o.inflight) o.inflight = 1;
+    if (!o.threads) o.threads = 1;
+    o.redis_batches = o.full ? 32 : 8;
+    signal(SIGPIPE, SIG_IGN);
+    /* As the server does: keep per-request frame buffers in the heap between batches. */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+
+    /* Batches: column t draws Zipf ranks, mapped to keys by a per-column bijection. */
+    fprintf(stderr, "bench ps: generating %u batches of %d x %d ids (Zipf %.2f over %llu per column)\n",
+            o.batches, EXAMPLES, COLS, ZIPF_S, (unsigned long long)o.vocab);
+    uint64_t **batches = calloc(o.batches, sizeof *batches);
+    gr_zipf z;
+    gr_zipf_init(&z, o.vocab, ZIPF_S);
+    gr_rng rng;
+    gr_rng_seed(&rng, 42);
+    for (unsigned b = 0; b < o.batches; b++) {
+        batches[b] = malloc(IDS * sizeof(uint64_t));
+        for (unsigned t = 0; t < COLS; t++)
+            for (unsigned i = 0; i < EXAMPLES; i++)
+                batches[b][(size_t)t * EXAMPLES + i] = mix(gr_zipf_draw(&z, &rng) * COLS + t);
+    }
+    float *rows = malloc((size_t)o.inflight * IDS * DIM * sizeof(float));
+    float *grads = malloc((size_t)IDS * DIM * sizeof(float));
+    for (size_t i = 0; i < (size_t)IDS * DIM; i++) grads[i] = (float)((i % 17) - 8) * 1e-4f;
+
+    int status = 1;
+    child shards[SHARDS] = {{0, 0}, {0, 0}}, redis = {0, 0};
+    gr_client *c = NULL;
+    run_stats pull = {0}, push = {0};
+    double mget = NAN, mset = NAN, loop = NAN;
+    for (unsigned i = 0; i < SHARDS; i++)
+        if (start_shard(&shards[i], i, o.threads)) {
+            fprintf(stderr, "bench ps: cannot start shard %u\n", i);
+            goto out;
+        }
+    char list[128];
+    snprintf(list, sizeof list, "127.0.0.1:%u,127.0.0.1:%u", shards[0].port, shards[1].port);
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = list;
+    cfg.request_timeout_ms = 120000;
+    if (gr_client_create(&cfg, &c)) {
+        fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+        goto out;
+    }
+    for (unsigned t = 0; t < COLS; t++) {
+        char spec[256];
+        snprintf(spec, sizeof spec,
+                 "{\"name\":\"c%u\",\"id\":%u,\"dim\":%d,\"seed\":%u,"
+                 "\"init\":{\"kind\":\"uniform\",\"low\":-0.01,\"high\":0.01},"
+                 "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05,\"eps\":1e-8}}",
+                 t, t + 1, DIM, t);
+        if (gr_client_create_table(c, spec)) {
+            fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+            goto out;
+        }
+    }
+    /* Warm-up pass creates the rows, so the timed passes read and update existing rows. */
+    fprintf(stderr, "bench ps: warm-up (creates the rows)\n");
+    run_stats warm;
+    if (ps_run(c, batches, o.batches, 1, o.inflight, false, rows, grads, &warm)) {
+        fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+        goto out;
+    }
+    fprintf(stderr, "bench ps: pull\n");
+    if (ps_run(c, batches, o.batches, o.rounds, o.inflight, false, rows, grads, &pull)) {
+        fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+        goto out;
+    }
+    fprintf(stderr, "bench ps: push\n");
+    if (ps_run(c, batches, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
+        fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+        goto out;
+    }
+    gr_client_destroy(c);
+    c = NULL;
+    for (unsigned i = 0; i < SHARDS; i++) stop_child(&shards[i]);
+
+    if (o.no_baselines) {
+        fprintf(stderr, "bench ps: baselines skipped (--no-baselines)\n");
+    } else if (start_redis(&redis) == 0) {
+        fprintf(stderr, "bench ps: redis MSET then MGET\n");
+        unsigned nb = o.redis_batches < o.batches ? o.redis_batches : o.batches;
+        mset = redis_run(redis.port, batches, nb, true);
+        mget = redis_run(redis.port, batches, nb, false);
+        stop_child(&redis);
+    } else {
+        fprintf(stderr, "bench ps: redis-server not available; Redis baselines skipped\n");
+    }
+    if (!o.no_baselines) {
+        fprintf(stderr, "bench ps: raw loopback TCP\n");
+        loop = loopback_bytes_per_sec(o.full ? (8ull << 30) : (2ull << 30));
+    }
+
+    double bpb_pull = (double)pull.wire_bytes / pull.nbatches;
+    double bpb_push = (double)push.wire_bytes / push.nbatches;
+    /* Without dedup every id would travel: 8 key bytes + 256 row bytes more per duplicate. */
+    double dup_per_batch = (double)(pull.ids - pull.unique) / pull.nbatches;
+    double bpb_pull_nodedup = bpb_pull + dup_per_batch * (8 + DIM * 4);
+    double bpb_push_nodedup = bpb_push + dup_per_batch * (8 + DIM * 4);
+    double pull_bytes = pull.rows_per_sec * DIM * 4;           /* rows delivered to the caller */
+    double pull_wire = bpb_pull * pull.rows_per_sec / IDS;     /* bytes on the wire */
+    printf("parameter server: %d shards (%u worker threads each), batches of %d x %d ids, dim %d, "
+           "Zipf %.2f over %llu ids per column, %u batches x %u rounds, %u in flight\n",
+           SHARDS, o.threads, EXAMPLES, COLS, DIM, ZIPF_S, (unsigned long long)o.vocab,
+           o.batches, o.rounds, o.inflight);
+    printf("  unique ids per batch        %.0f of %d (%.1f%%)\n", (double)pull.unique / pull.nbatches,
+           IDS, 100.0 * (double)pull.unique / (double)pull.ids);
+    printf("  pull                        %10.2f M rows/s   p50 %6.2f ms  p99 %6.2f ms per batch\n",
+           pull.rows_per_sec / 1e6, pull.p50_ms, pull.p99_ms);
+    printf("  push (Adagrad)              %10.2f M rows/s   p50 %6.2f ms  p99 %6.2f ms per batch\n",
+           push.rows_per_sec / 1e6, push.p50_ms, push.p99_ms);
+    printf("  wire bytes per pull batch   %10.2f MB (without dedup %.2f MB)\n", bpb_pull / 1e6,
+           bpb_pull_nodedup / 1e6);
+    printf("  wire bytes per push batch   %10.2f MB (without dedup %.2f MB)\n", bpb_push / 1e6,
+           bpb_push_nodedup / 1e6);
+    printf("  pull rows delivered         %10.2f GB/s   (on the wire %.2f GB/s)\n", pull_bytes / 1e9,
+           pull_wire / 1e9);
+    printf("baselines:\n");
+    printf("  redis MGET (256-byte values) %9.2f M rows/s   -> pull is %.1fx\n", mget / 1e6,
+           pull.rows_per_sec / mget);
+    printf("  redis MSET (256-byte values) %9.2f M rows/s   -> push is %.1fx\n", mset / 1e6,
+           push.rows_per_sec / mset);
+    printf("  raw loopback TCP             %9.2f GB/s       -> pull rows are %.2fx of it\n",
+           loop / 1e9, pull_bytes / loop);
+    if (o.json) {
+#define JNUM(x) (isfinite(x) ? (x) : -1)
+        printf("{\"bench\":\"ps\",\"shards\":%d,\"threads_per_shard\":%u,\"batch_examples\":%d,"
+               "\"columns\":%d,\"dim\":%d,\"zipf_s\":%.2f,\"vocab_per_column\":%llu,"
+               "\"batches\":%u,\"rounds\":%u,\"inflight\":%u,"
+               "\"pull_rows_per_sec\":%.0f,\"push_rows_per_sec\":%.0f,"
+               "\"pull_p50_ms\":%.3f,\"pull_p99_ms\":%.3f,\"push_p50_ms\":%.3f,\"push_p99_ms\":%.3f,"
+               "\"unique_fraction\":%.4f,"
+               "\"pull_wire_bytes_per_batch\":%.0f,\"pull_wire_bytes_per_batch_no_dedup\":%.0f,"
+               "\"push_wire_bytes_per_batch\":%.0f,\"push_wire_bytes_per_batch_no_dedup\":%.0f,"
+               "\"pull_bytes_per_sec\":%.0f,\"pull_wire_bytes_per_sec\":%.0f,",
+               SHARDS, o.threads, EXAMPLES, COLS, DIM, ZIPF_S, (unsigned long long)o.vocab,
+               o.batches, o.rounds, o.inflight, pull.rows_per_sec, push.rows_per_sec, pull.p50_ms,
+               pull.p99_ms, push.p50_ms, push.p99_ms, (double)pull.unique / (double)pull.ids,
+               bpb_pull, bpb_pull_nodedup, bpb_push, bpb_push_nodedup, pull_bytes, pull_wire);
+        if (isfinite(mget) && isfinite(mset))
+            printf("\"redis_mget_rows_per_sec\":%.0f,\"redis_mset_rows_per_sec\":%.0f,", mget, mset);
+        else
+            printf("\"redis_mget_rows_per_sec\":null,\"redis_mset_rows_per_sec\":null,");
+        printf("\"loopback_bytes_per_sec\":%.0f}\n", JNUM(loop));
+#undef JNUM
+    }
+    status = 0;
+out:
+    gr_client_destroy(c);
+    for (unsigned i = 0; i < SHARDS; i++) stop_child(&shards[i]);
+    stop_child(&redis);
+    for (unsigned b = 0; b < o.batches; b++) free(batches[b]);
+    free(batches);
+    free(rows);
+    free(grads);
+    return status;
 }

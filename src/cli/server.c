@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ static void usage(FILE *f)
             "usage: granary server --listen HOST:PORT [--shard I --shards N] [--threads T]\n"
             "                      [--auth-file F] [--insecure] [--config FILE]\n"
             "                      [--max-connections N] [--max-body SIZE] [--max-keys N]\n"
+            "                      [--max-tables N]\n"
             "  --listen HOST:PORT  address to serve (PORT 0 = any free port; printed on stdout)\n"
             "  --shard I --shards N  serve shard I of N (default 0 of 1)\n"
             "  --threads T         worker threads (default: CPUs)\n"
@@ -34,7 +36,10 @@ static void usage(FILE *f)
             "  --insecure          allow a non-loopback address without --auth-file\n"
             "  --config FILE       JSON {\"tables\":[spec...],\"dense\":[...],\"server\":{options}}\n"
             "                      (server options: listen, shard, shards, threads, auth_file,\n"
-            "                      insecure, max_connections, max_body, max_keys; flags win)\n");
+            "                      insecure, max_connections, max_body, max_keys, max_tables;\n"
+            "                      flags win)\n"
+            "  limits: --max-connections (default 256), --max-body bytes per frame (256M),\n"
+            "          --max-keys per request (4M), --max-tables per shard (1024)\n");
 }
 
 static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -79,7 +84,7 @@ static int read_secret(const char *path, char **out, size_t *len)
 
 typedef struct opts {
     const char *listen, *auth_file, *config;
-    long shard, shards, threads, max_conns, max_keys;
+    long shard, shards, threads, max_conns, max_keys, max_tables;
     uint64_t max_body;
     int insecure;
 } opts;
@@ -105,6 +110,8 @@ static int config_options(cJSON *srv, opts *o)
             if (o->max_conns < 0) o->max_conns = (long)it->valuedouble;
         } else if (cJSON_IsNumber(it) && !strcmp(k, "max_keys")) {
             if (o->max_keys < 0) o->max_keys = (long)it->valuedouble;
+        } else if (cJSON_IsNumber(it) && !strcmp(k, "max_tables")) {
+            if (o->max_tables < 0) o->max_tables = (long)it->valuedouble;
         } else if (!strcmp(k, "max_body") && (cJSON_IsNumber(it) || cJSON_IsString(it))) {
             if (!o->max_body) {
                 if (cJSON_IsNumber(it)) o->max_body = (uint64_t)it->valuedouble;
@@ -120,7 +127,7 @@ static int config_options(cJSON *srv, opts *o)
 
 int gr_cli_server(int argc, char **argv)
 {
-    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, 0, -1};
+    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -144,6 +151,7 @@ int gr_cli_server(int argc, char **argv)
         else if (!strcmp(a, "--threads")) o.threads = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-connections")) o.max_conns = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-keys")) o.max_keys = strtol(v, &end, 10);
+        else if (!strcmp(a, "--max-tables")) o.max_tables = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-body")) {
             if (gr_parse_size(v, &o.max_body)) {
                 fprintf(stderr, "granary server: bad --max-body '%s'\n", v);
@@ -201,6 +209,7 @@ int gr_cli_server(int argc, char **argv)
     if (o.threads >= 0) cfg.threads = (uint32_t)o.threads;
     if (o.max_conns > 0) cfg.max_connections = (uint32_t)o.max_conns;
     if (o.max_keys > 0) cfg.limits.max_keys = (uint32_t)o.max_keys;
+    if (o.max_tables > 0) cfg.max_tables = (uint32_t)o.max_tables;
     if (o.max_body) {
         if (o.max_body > UINT32_MAX) {
             fprintf(stderr, "granary server: --max-body must be below 4G\n");
@@ -228,6 +237,11 @@ int gr_cli_server(int argc, char **argv)
         fprintf(stderr, "granary server: %s\n", gr_errmsg());
         goto out;
     }
+    /* Request and reply buffers are megabytes each and are allocated per request: keep freed
+     * memory in the heap for the next one instead of returning it to the kernel and paying
+     * page faults to get it back (measured: ~5% of the CPU of a pull). */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
     g_server = srv;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

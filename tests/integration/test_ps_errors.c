@@ -436,6 +436,75 @@ static void test_reconnect_with_backoff(void **state)
     assert_int_equal(ps_test_server_stop(&s, 0), 0);
 }
 
+static void test_table_limit(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    const char *extra[] = {"--max-tables", "2", NULL};
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client *c = client_for(s.addr);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"w\",\"size\":8}"), 0);
+    assert_int_equal(gr_client_create_table(c, "{\"name\":\"x\",\"id\":2,\"dim\":4}"),
+                     GR_ETOOBIG);
+    assert_non_null(strstr(gr_errmsg(), "already holds 2 tables and dense parameters (the limit)"));
+    /* Dropping one makes room. */
+    assert_int_equal(gr_client_drop_table(c, "user"), 0);
+    assert_int_equal(gr_client_create_table(c, "{\"name\":\"x\",\"id\":2,\"dim\":4}"), 0);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
+/* Replies carry the request id and may overtake each other: a tiny pull sent after a heavy
+ * push on the same connection usually comes back first (two workers). */
+static void test_out_of_order_replies(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    const char *extra[] = {"--threads", "2", NULL};
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client *c = client_for(s.addr);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    gr_client_destroy(c);
+    int fd = ps_test_connect(s.port);
+    const uint32_t n = 40000;
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    int overtaken = 0;
+    for (int trial = 0; trial < 10 && !overtaken; trial++) {
+        b.len = 0;
+        uint64_t *keys;
+        float *vals;
+        assert_int_equal(gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_PUSH, 0, 0, 1000 + (uint64_t)trial), 0);
+        gr_proto_put_batch_head(&b, 1);
+        assert_int_equal(gr_proto_put_section(&b, GR_PROTO_KEYS_VALUES, 1, 16, n, &keys, &vals), 0);
+        for (uint32_t i = 0; i < n; i++) keys[i] = (uint64_t)trial * n + i + 1000000;
+        for (size_t i = 0; i < (size_t)n * 16; i++) vals[i] = 0.01f;
+        gr_proto_end(&b, 0);
+        size_t start = b.len;
+        gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_PULL, 0, 0, 2000 + (uint64_t)trial);
+        gr_proto_put_batch_head(&b, 1);
+        assert_int_equal(gr_proto_put_section(&b, GR_PROTO_KEYS, 1, 16, 1, &keys, NULL), 0);
+        keys[0] = 7;
+        gr_proto_end(&b, start);
+        send_all(fd, b.data, b.len);
+        gr_proto_header h1, h2;
+        assert_int_equal(read_reply(fd, &h1, NULL, 0), 0);
+        assert_int_equal(read_reply(fd, &h2, NULL, 0), 0);
+        /* Both answered, each with its own id. */
+        assert_true((h1.id == 1000 + (uint64_t)trial && h2.id == 2000 + (uint64_t)trial) ||
+                    (h1.id == 2000 + (uint64_t)trial && h2.id == 1000 + (uint64_t)trial));
+        if (h1.op == GR_OP_PULL) {
+            assert_true(h1.id == 2000 + (uint64_t)trial);
+            overtaken = 1;
+        }
+    }
+    assert_true(overtaken);
+    gr_proto_buf_fini(&b);
+    close(fd);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
 static void test_client_config_errors(void **state)
 {
     (void)state;
@@ -484,6 +553,8 @@ int main(void)
         cmocka_unit_test(test_request_timeout_names_shard),
         cmocka_unit_test(test_reconnect_with_backoff),
         cmocka_unit_test(test_client_config_errors),
+        cmocka_unit_test(test_table_limit),
+        cmocka_unit_test(test_out_of_order_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
