@@ -403,6 +403,35 @@ static void test_auth_mac_and_routing(void **state)
     assert_true(gr_proto_dense_slot("mlp", 3) < GR_SLOTS);
 }
 
+/* docs/protocol.md lists every opcode exactly as GR_PROTO_OPS declares it. */
+static void test_docs_list_every_opcode(void **state)
+{
+    (void)state;
+    char *doc = NULL;
+    size_t len = 0;
+    if (gr_read_file("docs/protocol.md", &doc, &len) != GR_OK) {
+        skip(); /* not run from the repository root */
+        return;
+    }
+    /* Markdown escapes '|' inside table cells as "\\|". */
+    size_t w = 0;
+    for (size_t r = 0; r < len; r++)
+        if (!(doc[r] == '\\' && doc[r + 1] == '|')) doc[w++] = doc[r];
+    doc[w] = '\0';
+    unsigned listed = 0;
+    for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
+        if (!gr_proto_op_name(op)) continue;
+        char row[256];
+        snprintf(row, sizeof row, "| %u | `%s` | %s |", op, gr_proto_op_name(op),
+                 gr_proto_op_summary(op));
+        if (!strstr(doc, row)) fprintf(stderr, "docs/protocol.md lacks: %s\n", row);
+        assert_non_null(strstr(doc, row));
+        listed++;
+    }
+    assert_int_equal(listed, 15);
+    free(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_strings_and_small_bodies),
         cmocka_unit_test(test_error_frame),
         cmocka_unit_test(test_auth_mac_and_routing),
+        cmocka_unit_test(test_docs_list_every_opcode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
