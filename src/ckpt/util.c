@@ -1,0 +1,234 @@
+/* Small helpers of the ckpt part: names, slot maps, half floats, paths and directory
+ * removal. Kept apart so the writer, reader and loader stay about the format itself. */
+#include "ckpt/ckpt_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+const char *gr_ckpt_kind_name(gr_ckpt_kind kind)
+{
+    switch (kind) {
+    case GR_CKPT_FULL: return "full";
+    case GR_CKPT_DELTA: return "delta";
+    case GR_CKPT_EXPORT: return "export";
+    }
+    return "unknown";
+}
+
+int gr_ckpt_slot_map_default(gr_ckpt_slot_map *map, uint32_t shards)
+{
+    if (shards == 0 || shards > GR_CKPT_SHARDS_MAX)
+        return gr_seterr(GR_EINVAL, "shard count %u is out of range 1..%u", shards,
+                         GR_CKPT_SHARDS_MAX);
+    map->shards = shards;
+    for (uint32_t s = 0; s < GR_SLOTS; s++)
+        map->owner[s] = (uint32_t)(((uint64_t)s * shards) / GR_SLOTS);
+    return GR_OK;
+}
+
+int gr_ckpt_slot_map_validate(const gr_ckpt_slot_map *map)
+{
+    if (map->shards == 0 || map->shards > GR_CKPT_SHARDS_MAX)
+        return gr_seterr(GR_EINVAL, "slot map has %u shards (1..%u allowed)", map->shards,
+                         GR_CKPT_SHARDS_MAX);
+    uint8_t *seen = calloc(map->shards, 1);
+    if (!seen) return gr_seterr(GR_ENOMEM, "out of memory checking a slot map");
+    for (uint32_t s = 0; s < GR_SLOTS; s++) {
+        if (map->owner[s] >= map->shards) {
+            free(seen);
+            return gr_seterr(GR_EINVAL, "slot %u belongs to shard %u of a %u-shard map", s,
+                             map->owner[s], map->shards);
+        }
+        seen[map->owner[s]] = 1;
+    }
+    for (uint32_t i = 0; i < map->shards; i++)
+        if (!seen[i]) {
+            free(seen);
+            return gr_seterr(GR_EINVAL, "shard %u owns no slot in the slot map", i);
+        }
+    free(seen);
+    return GR_OK;
+}
+
+void gr_ckpt_name(uint64_t step, char *out)
+{
+    snprintf(out, GR_CKPT_NAME_MAX, "step-%012" PRIu64, step);
+}
+
+void gr_ckpt_shard_file_name(uint32_t shard, uint32_t shards, char *out)
+{
+    snprintf(out, GR_CKPT_NAME_MAX, "shard-%05u-of-%05u.gck", shard, shards);
+}
+
+bool ck_parse_name(const char *name, uint64_t *step)
+{
+    if (strncmp(name, "step-", 5) != 0) return false;
+    const char *p = name + 5;
+    if (!*p || strlen(p) > 19) return false;
+    uint64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (step) *step = v;
+    return true;
+}
+
+/* Half floats: bit manipulation with round-to-nearest-even, so that every half value survives
+ * f16 -> f32 -> f16 exactly (checkpoints of f16 tables rely on it for bitwise round trips). */
+uint16_t ck_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t exp = (x >> 23) & 0xffu;
+    uint32_t man = x & 0x7fffffu;
+    if (exp == 0xffu) /* inf or NaN (keep NaN quiet and non-zero) */
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    int32_t e = (int32_t)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
+    if (e <= 0) {                                    /* subnormal half or zero */
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t h = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into the exponent */
+    return (uint16_t)(sign | h);
+}
+
+float ck_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t x;
+    if (exp == 0) {
+        if (man == 0) {
+            x = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400u));
+            x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        x = sign | 0x7f800000u | (man << 13);
+    } else {
+        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+int ck_path(char *buf, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return gr_seterr(GR_EINVAL, "path %s/%s is too long", dir, name);
+    return GR_OK;
+}
+
+void ck_dirname(const char *dir, char *buf, size_t cap)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    while (n > 0 && dir[n - 1] != '/') n--;
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (n == 0) {
+        snprintf(buf, cap, ".");
+        return;
+    }
+    snprintf(buf, cap, "%.*s", (int)n, dir);
+}
+
+int ck_mkdir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0) return GR_OK;
+    if (errno == EEXIST) {
+        struct stat st;
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return GR_OK;
+        return gr_seterr(GR_EEXIST, "%s exists and is not a directory", dir);
+    }
+    return gr_seterr(GR_EIO, "cannot create directory %s: %s", dir, strerror(errno));
+}
+
+int ck_rmtree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return GR_OK;
+        return gr_seterr(GR_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+    }
+    int rc = GR_OK;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (ck_path(path, sizeof path, dir, e->d_name) != GR_OK) {
+            rc = GR_EINVAL;
+            continue;
+        }
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            int r = ck_rmtree(path);
+            if (r != GR_OK) rc = r;
+        } else if (unlink(path) != 0 && errno != ENOENT) {
+            rc = gr_seterr(GR_EIO, "cannot remove %s: %s", path, strerror(errno));
+        }
+    }
+    closedir(d);
+    if (rmdir(dir) != 0 && errno != ENOENT && rc == GR_OK)
+        rc = gr_seterr(GR_EIO, "cannot remove directory %s: %s", dir, strerror(errno));
+    return rc;
+}
+
+/* Names the first top-level field whose JSON differs, so a refused restore says what to fix
+ * ("field 'dim': checkpoint 16, table 32") rather than only "specs differ". */
+void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "specs differ");
+    char *ja = gr_table_spec_to_json(ckpt), *jb = gr_table_spec_to_json(table);
+    cJSON *a = ja ? cJSON_Parse(ja) : NULL, *b = jb ? cJSON_Parse(jb) : NULL;
+    if (a && b) {
+        bool found = false;
+        const cJSON *ia;
+        cJSON_ArrayForEach(ia, a)
+        {
+            const cJSON *ib = cJSON_GetObjectItemCaseSensitive(b, ia->string);
+            char *pa = cJSON_PrintUnformatted(ia);
+            char *pb = ib ? cJSON_PrintUnformatted(ib) : NULL;
+            if (pa && (!pb || strcmp(pa, pb) != 0)) {
+                snprintf(buf, cap, "field '%s': checkpoint %s, table %s", ia->string, pa,
+                         pb ? pb : "(absent)");
+                found = true;
+            }
+            free(pa);
+            free(pb);
+            if (found) break;
+        }
+        if (!found) {
+            /* Identical JSON but gr_table_spec_equal said no: print both for the record. */
+            snprintf(buf, cap, "checkpoint %s, table %s", ja, jb);
+        }
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(ja);
+    free(jb);
+}

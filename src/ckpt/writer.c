@@ -1,0 +1,733 @@
+/* The shard file writer. The caller's thread scans the tables (one partition lock at a time)
+ * and copies rows into 1 MiB column blocks; a writer thread checksums, optionally compresses
+ * (zstd, streamed over the block's columns) and writes them behind it, so a partition lock is
+ * held only for a memory copy unless the block pool (64 MiB) is full. The file is written
+ * under a temporary name, fsynced, renamed and its directory fsynced. */
+#include "ckpt/ckpt_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#define OBUF_BYTES (1u << 20)
+#define POOL_BLOCKS 64
+#define WRITEBACK_EVERY (64ull << 20) /* start writeback every 64 MiB (keeps fsync short) */
+
+typedef struct ck_job {
+    struct ck_job *next;
+    uint16_t type;
+    uint32_t table;
+    uint64_t count;
+    ck_table_info ti;     /* ROWS geometry */
+    uint64_t cap;         /* rows (or keys) the block has room for */
+    unsigned char *buf;   /* CK_BLOCK_BYTES for ROWS/KEYS; else malloc'd small payload */
+    size_t len;           /* small payload length */
+} ck_job;
+
+typedef struct ck_writer {
+    int fd;
+    const char *path; /* temporary path, for messages */
+    XXH3_state_t *fh; /* hash of the content written so far */
+    XXH3_state_t *sh; /* hash of the section being written */
+    uint64_t off;
+    uint64_t wb_off; /* writeback requested up to here */
+    unsigned char *obuf;
+    size_t olen;
+    ZSTD_CCtx *zc;
+    int level;
+    unsigned char *zbuf;
+    size_t zcap;
+    uint64_t end_offset;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_free;
+    ck_job *qhead, *qtail;
+    ck_job *free_blocks;
+    int nblocks;
+    bool closing;
+    int err;          /* first error of the writer thread */
+    char errmsg[512]; /* its message (gr_errmsg is per thread) */
+    pthread_t thr;
+    bool thr_started;
+
+    /* producer side */
+    ck_job *cur;
+    ck_table_info ti;
+    uint32_t table;
+    uint64_t rows, keys, fault_after;
+    uint64_t table_rows, table_keys;
+    uint64_t stall_max_ns;
+    int cb_err;
+} ck_writer;
+
+/* ---- raw output (writer thread, or the caller before/after it runs) ---- */
+
+static int out_flush(ck_writer *w)
+{
+    size_t done = 0;
+    while (done < w->olen) {
+        ssize_t n = write(w->fd, w->obuf + done, w->olen - done);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return gr_seterr(GR_EIO, "write to %s failed: %s", w->path, strerror(errno));
+        }
+        done += (size_t)n;
+    }
+    w->olen = 0;
+    if (w->off - w->wb_off >= WRITEBACK_EVERY) {
+        /* Ask the kernel to start writing back what we wrote so far, so the final fsync does
+         * not have gigabytes of dirty pages to flush at once. Advisory: errors are ignored. */
+        (void)sync_file_range(w->fd, (off_t)w->wb_off, (off_t)(w->off - w->wb_off),
+                              SYNC_FILE_RANGE_WRITE);
+        w->wb_off = w->off;
+    }
+    return GR_OK;
+}
+
+static int out_write(ck_writer *w, const void *data, size_t len)
+{
+    XXH3_64bits_update(w->fh, data, len);
+    w->off += len;
+    const unsigned char *p = data;
+    while (len > 0) {
+        size_t room = OBUF_BYTES - w->olen;
+        size_t n = len < room ? len : room;
+        memcpy(w->obuf + w->olen, p, n);
+        w->olen += n;
+        p += n;
+        len -= n;
+        if (w->olen == OBUF_BYTES) {
+            int rc = out_flush(w);
+            if (rc != GR_OK) return rc;
+        }
+    }
+    return GR_OK;
+}
+
+static void fill_section(ck_section *s, uint16_t type, uint16_t codec, uint32_t table,
+                         uint64_t count, uint64_t raw, uint64_t stored, uint64_t sum)
+{
+    memset(s, 0, sizeof *s);
+    s->magic = CK_SECTION_MAGIC;
+    s->type = type;
+    s->codec = codec;
+    s->table = table;
+    s->count = count;
+    s->raw_len = raw;
+    s->stored_len = stored;
+    s->payload_checksum = sum;
+    s->checksum = gr_checksum(s, offsetof(ck_section, checksum));
+}
+
+/* Writes one section whose payload is the concatenation of pieces, compressing it when a
+ * level is set. The payload checksum covers the stored bytes, so a reader verifies before it
+ * decompresses. */
+static int write_section(ck_writer *w, uint16_t type, uint32_t table, uint64_t count,
+                         const struct iovec *pieces, int npieces)
+{
+    uint64_t raw = 0;
+    for (int i = 0; i < npieces; i++) raw += pieces[i].iov_len;
+    ck_section s;
+    if (w->level > 0 && (type == CK_SEC_ROWS || type == CK_SEC_KEYS)) {
+        size_t bound = ZSTD_compressBound(raw);
+        if (bound > w->zcap) {
+            free(w->zbuf);
+            w->zbuf = malloc(bound);
+            w->zcap = w->zbuf ? bound : 0;
+            if (!w->zbuf) return gr_seterr(GR_ENOMEM, "out of memory compressing %s", w->path);
+        }
+        ZSTD_CCtx_reset(w->zc, ZSTD_reset_session_only);
+        ZSTD_CCtx_setPledgedSrcSize(w->zc, raw);
+        ZSTD_outBuffer out = {w->zbuf, w->zcap, 0};
+        for (int i = 0; i < npieces; i++) {
+            ZSTD_inBuffer in = {pieces[i].iov_base, pieces[i].iov_len, 0};
+            ZSTD_EndDirective mode = i == npieces - 1 ? ZSTD_e_end : ZSTD_e_continue;
+            for (;;) {
+                size_t r = ZSTD_compressStream2(w->zc, &out, &in, mode);
+                if (ZSTD_isError(r))
+                    return gr_seterr(GR_EINTERNAL, "zstd compression for %s failed: %s", w->path,
+                                     ZSTD_getErrorName(r));
+                if (mode == ZSTD_e_end ? r == 0 : in.pos == in.size) break;
+            }
+        }
+        fill_section(&s, type, CK_CODEC_ZSTD, table, count, raw, out.pos,
+                     gr_checksum(w->zbuf, out.pos));
+        int rc = out_write(w, &s, sizeof s);
+        if (rc == GR_OK) rc = out_write(w, w->zbuf, out.pos);
+        return rc;
+    }
+    XXH3_64bits_reset(w->sh);
+    for (int i = 0; i < npieces; i++) XXH3_64bits_update(w->sh, pieces[i].iov_base, pieces[i].iov_len);
+    fill_section(&s, type, CK_CODEC_NONE, table, count, raw, raw, XXH3_64bits_digest(w->sh));
+    int rc = out_write(w, &s, sizeof s);
+    for (int i = 0; rc == GR_OK && i < npieces; i++)
+        rc = out_write(w, pieces[i].iov_base, pieces[i].iov_len);
+    return rc;
+}
+
+/* Column layout of a ROWS block with room for cap rows: keys, weights, state, meta. */
+static void block_columns(const ck_table_info *ti, unsigned char *buf, uint64_t cap,
+                          uint64_t **keys, unsigned char **weights, float **state,
+                          gr_row_meta **meta)
+{
+    size_t wsz = ti->weight_type == CK_W_F16 ? 2 : 4;
+    *keys = (uint64_t *)buf;
+    *weights = buf + 8 * cap;
+    *state = (float *)(*weights + wsz * ti->dim * cap);
+    *meta = (gr_row_meta *)((unsigned char *)*state + 4ull * ti->state_floats * cap);
+}
+
+static int write_job(ck_writer *w, ck_job *j)
+{
+    if (j->type == CK_SEC_ROWS) {
+        uint64_t *keys;
+        unsigned char *weights;
+        float *state;
+        gr_row_meta *meta;
+        block_columns(&j->ti, j->buf, j->cap, &keys, &weights, &state, &meta);
+        size_t wsz = j->ti.weight_type == CK_W_F16 ? 2 : 4;
+        struct iovec v[4];
+        int n = 0;
+        v[n++] = (struct iovec){keys, 8 * j->count};
+        v[n++] = (struct iovec){weights, wsz * j->ti.dim * j->count};
+        if (j->ti.state_floats) v[n++] = (struct iovec){state, 4ull * j->ti.state_floats * j->count};
+        if (j->ti.has_meta) v[n++] = (struct iovec){meta, 8 * j->count};
+        return write_section(w, CK_SEC_ROWS, j->table, j->count, v, n);
+    }
+    if (j->type == CK_SEC_KEYS) {
+        struct iovec v = {j->buf, 8 * j->count};
+        return write_section(w, CK_SEC_KEYS, j->table, j->count, &v, 1);
+    }
+    if (j->type == CK_SEC_END) w->end_offset = w->off;
+    struct iovec v = {j->buf, j->len};
+    return write_section(w, j->type, j->table, j->count, &v, 1);
+}
+
+static void *writer_main(void *arg)
+{
+    ck_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->qhead && !w->closing) pthread_cond_wait(&w->cv_work, &w->mu);
+        ck_job *j = w->qhead;
+        if (!j) break; /* closing and drained */
+        w->qhead = j->next;
+        if (!w->qhead) w->qtail = NULL;
+        int failed = w->err;
+        pthread_mutex_unlock(&w->mu);
+        int rc = failed ? GR_OK : write_job(w, j);
+        pthread_mutex_lock(&w->mu);
+        if (rc != GR_OK && !w->err) {
+            w->err = rc;
+            snprintf(w->errmsg, sizeof w->errmsg, "%s", gr_errmsg());
+        }
+        if (j->type == CK_SEC_ROWS || j->type == CK_SEC_KEYS) {
+            j->next = w->free_blocks;
+            w->free_blocks = j;
+            pthread_cond_signal(&w->cv_free);
+        } else {
+            free(j->buf);
+            free(j);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static void submit(ck_writer *w, ck_job *j)
+{
+    pthread_mutex_lock(&w->mu);
+    j->next = NULL;
+    if (w->qtail) w->qtail->next = j;
+    else w->qhead = j;
+    w->qtail = j;
+    pthread_cond_signal(&w->cv_work);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int submit_small(ck_writer *w, uint16_t type, uint32_t table, uint64_t count, void *buf,
+                        size_t len)
+{
+    ck_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(buf);
+        return gr_seterr(GR_ENOMEM, "out of memory writing %s", w->path);
+    }
+    j->type = type;
+    j->table = table;
+    j->count = count;
+    j->buf = buf;
+    j->len = len;
+    submit(w, j);
+    return GR_OK;
+}
+
+/* A free block, allocating up to the pool size, else waiting for the writer (this wait is
+ * the only way the scan can hold a partition lock for longer than a copy). */
+static ck_job *get_block(ck_writer *w)
+{
+    uint64_t t0 = 0;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        if (w->err) {
+            pthread_mutex_unlock(&w->mu);
+            return NULL;
+        }
+        if (w->free_blocks) {
+            ck_job *j = w->free_blocks;
+            w->free_blocks = j->next;
+            pthread_mutex_unlock(&w->mu);
+            if (t0) {
+                uint64_t d = gr_now_ns() - t0;
+                if (d > w->stall_max_ns) w->stall_max_ns = d;
+            }
+            return j;
+        }
+        if (w->nblocks < POOL_BLOCKS) {
+            w->nblocks++;
+            pthread_mutex_unlock(&w->mu);
+            ck_job *j = calloc(1, sizeof *j);
+            void *buf = NULL;
+            if (j && posix_memalign(&buf, 64, CK_BLOCK_BYTES) == 0) {
+                j->buf = buf;
+                return j;
+            }
+            free(j);
+            pthread_mutex_lock(&w->mu);
+            w->nblocks--;
+            if (w->nblocks == 0) {
+                pthread_mutex_unlock(&w->mu);
+                gr_seterr(GR_ENOMEM, "out of memory for checkpoint blocks (%s)", w->path);
+                return NULL;
+            }
+            continue;
+        }
+        if (!t0) t0 = gr_now_ns();
+        pthread_cond_wait(&w->cv_free, &w->mu);
+    }
+}
+
+static int writer_error(ck_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    int err = w->err;
+    if (err) gr_seterr(err, "%s", w->errmsg);
+    pthread_mutex_unlock(&w->mu);
+    return err;
+}
+
+/* get_block failed: either the writer thread failed (carry its message over to this thread)
+ * or there was no memory (message already set). Stops the scan. */
+static int block_failed(ck_writer *w)
+{
+    int err = writer_error(w);
+    w->cb_err = err ? err : GR_ENOMEM;
+    return w->cb_err;
+}
+
+static void flush_block(ck_writer *w)
+{
+    if (w->cur && w->cur->count > 0) {
+        submit(w, w->cur);
+        w->cur = NULL;
+    }
+}
+
+static int row_cb(void *ctx, uint64_t key, const float *weights, const float *state,
+                  const gr_row_meta *meta)
+{
+    ck_writer *w = ctx;
+    if (w->fault_after && w->rows >= w->fault_after) {
+        w->cb_err = gr_seterr(GR_EIO, "injected failure after %llu rows (testing hook)",
+                              (unsigned long long)w->rows);
+        return w->cb_err;
+    }
+    if (!w->cur) {
+        w->cur = get_block(w);
+        if (!w->cur) return block_failed(w);
+        w->cur->type = CK_SEC_ROWS;
+        w->cur->table = w->table;
+        w->cur->ti = w->ti;
+        w->cur->count = 0;
+        uint64_t cap = CK_BLOCK_BYTES / ck_row_bytes(&w->ti);
+        w->cur->cap = cap ? cap : 1;
+    }
+    ck_job *j = w->cur;
+    uint64_t *keys;
+    unsigned char *wcol;
+    float *scol;
+    gr_row_meta *mcol;
+    block_columns(&j->ti, j->buf, j->cap, &keys, &wcol, &scol, &mcol);
+    uint64_t i = j->count;
+    uint32_t dim = j->ti.dim;
+    keys[i] = key;
+    if (j->ti.weight_type == CK_W_F16) {
+        uint16_t *h = (uint16_t *)wcol + (size_t)i * dim;
+        for (uint32_t d = 0; d < dim; d++) h[d] = ck_f32_to_f16(weights[d]);
+    } else {
+        memcpy((float *)wcol + (size_t)i * dim, weights, 4ull * dim);
+    }
+    if (j->ti.state_floats)
+        memcpy(scol + (size_t)i * j->ti.state_floats, state, 4ull * j->ti.state_floats);
+    if (j->ti.has_meta) mcol[i] = *meta;
+    j->count++;
+    w->rows++;
+    w->table_rows++;
+    if (j->count == j->cap) {
+        submit(w, j);
+        w->cur = NULL;
+    }
+    return 0;
+}
+
+static int key_cb(void *ctx, uint64_t key, const float *weights, const float *state,
+                  const gr_row_meta *meta)
+{
+    (void)weights;
+    (void)state;
+    (void)meta;
+    ck_writer *w = ctx;
+    if (!w->cur) {
+        w->cur = get_block(w);
+        if (!w->cur) return block_failed(w);
+        w->cur->type = CK_SEC_KEYS;
+        w->cur->table = w->table;
+        w->cur->count = 0;
+        w->cur->cap = CK_BLOCK_BYTES / 8;
+    }
+    ck_job *j = w->cur;
+    ((uint64_t *)j->buf)[j->count++] = key;
+    w->keys++;
+    w->table_keys++;
+    if (j->count == j->cap) {
+        submit(w, j);
+        w->cur = NULL;
+    }
+    return 0;
+}
+
+static int noop_cb(void *ctx, uint64_t key, const float *weights, const float *state,
+                   const gr_row_meta *meta)
+{
+    (void)ctx;
+    (void)key;
+    (void)weights;
+    (void)state;
+    (void)meta;
+    return 0;
+}
+
+static int table_section(ck_writer *w, uint32_t index, const gr_table_spec *spec,
+                         const ck_table_info *ti_in)
+{
+    char *json = gr_table_spec_to_json(spec);
+    if (!json) return gr_seterr(GR_ENOMEM, "out of memory serialising table '%s'", spec->name);
+    size_t jl = strlen(json);
+    ck_table_info ti = *ti_in;
+    ti.json_len = (uint32_t)jl;
+    unsigned char *buf = malloc(sizeof ti + jl);
+    if (!buf) {
+        free(json);
+        return gr_seterr(GR_ENOMEM, "out of memory writing %s", w->path);
+    }
+    memcpy(buf, &ti, sizeof ti);
+    memcpy(buf + sizeof ti, json, jl);
+    free(json);
+    return submit_small(w, CK_SEC_TABLE, index, 1, buf, sizeof ti + jl);
+}
+
+static char *end_json(const gr_ckpt_write_opts *o, const gr_table_spec *specs, size_t n,
+                      const uint64_t *rows, const uint64_t *keys, uint64_t total_rows,
+                      uint64_t total_keys)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *tabs = cJSON_AddArrayToObject(root, "tables");
+    bool ok = root && tabs;
+    cJSON_AddStringToObject(root, "kind", gr_ckpt_kind_name(o->kind));
+    cJSON_AddNumberToObject(root, "step", (double)o->step);
+    cJSON_AddNumberToObject(root, "shard", o->shard);
+    cJSON_AddNumberToObject(root, "shards", o->shards);
+    cJSON_AddStringToObject(root, "compression", o->zstd_level > 0 ? "zstd" : "none");
+    cJSON_AddNumberToObject(root, "rows", (double)total_rows);
+    cJSON_AddNumberToObject(root, "keys", (double)total_keys);
+    for (size_t i = 0; ok && i < n; i++) {
+        char *sj = gr_table_spec_to_json(&specs[i]);
+        cJSON *spec = sj ? cJSON_Parse(sj) : NULL;
+        free(sj);
+        cJSON *t = cJSON_CreateObject();
+        if (!spec || !t) {
+            cJSON_Delete(spec);
+            cJSON_Delete(t);
+            ok = false;
+            break;
+        }
+        cJSON_AddItemToObject(t, "spec", spec);
+        cJSON_AddNumberToObject(t, "rows", (double)rows[i]);
+        cJSON_AddNumberToObject(t, "keys", (double)keys[i]);
+        cJSON_AddItemToArray(tabs, t);
+    }
+    char *s = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s;
+}
+
+static int write_file_header(ck_writer *w, const gr_ckpt_write_opts *o, size_t ntables)
+{
+    ck_file_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CK_MAGIC, 8);
+    h.version = GR_CKPT_VERSION;
+    h.kind = (uint32_t)o->kind;
+    h.shard = o->shard;
+    h.shards = o->shards;
+    h.step = o->step;
+    h.ntables = (uint32_t)ntables;
+    h.flags = (o->kind == GR_CKPT_EXPORT && o->export_f16) ? CK_FLAG_F16 : 0;
+    h.created = gr_wall_s();
+    h.checksum = gr_checksum(&h, offsetof(ck_file_header, checksum));
+    return out_write(w, &h, sizeof h);
+}
+
+static int check_opts(const char *dir, gr_table *const *tables, size_t ntables,
+                      const gr_ckpt_write_opts *o)
+{
+    if (!dir || !o || (ntables && !tables))
+        return gr_seterr(GR_EINVAL, "gr_ckpt_write_shard: NULL argument");
+    if (o->kind != GR_CKPT_FULL && o->kind != GR_CKPT_DELTA && o->kind != GR_CKPT_EXPORT)
+        return gr_seterr(GR_EINVAL, "unknown checkpoint kind %d", (int)o->kind);
+    if (o->shards == 0 || o->shards > GR_CKPT_SHARDS_MAX || o->shard >= o->shards)
+        return gr_seterr(GR_EINVAL, "shard %u of %u is out of range", o->shard, o->shards);
+    if (ntables > GR_CKPT_TABLES_MAX)
+        return gr_seterr(GR_ETOOBIG, "%zu tables exceed the checkpoint limit of %d", ntables,
+                         GR_CKPT_TABLES_MAX);
+    if (o->zstd_level < 0 || o->zstd_level > ZSTD_maxCLevel())
+        return gr_seterr(GR_EINVAL, "zstd level %d is out of range 0..%d", o->zstd_level,
+                         ZSTD_maxCLevel());
+    if (o->export_f16 && o->kind != GR_CKPT_EXPORT)
+        return gr_seterr(GR_EINVAL, "f16 weights are for exports only");
+    return GR_OK;
+}
+
+int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec *specs_in,
+                   size_t ntables, const gr_ckpt_write_opts *o, gr_ckpt_file_info *info)
+{
+    int rc = check_opts(dir, tables, ntables, o);
+    if (rc != GR_OK) return rc;
+    uint64_t t0 = gr_now_ns();
+    rc = ck_mkdir(dir);
+    if (rc != GR_OK) return rc;
+
+    char name[GR_CKPT_NAME_MAX], final[4096], tmp[4096 + 32];
+    gr_ckpt_shard_file_name(o->shard, o->shards, name);
+    rc = ck_path(final, sizeof final, dir, name);
+    if (rc != GR_OK) return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", final, (int)getpid());
+
+    gr_table_spec *specs = calloc(ntables ? ntables : 1, sizeof *specs);
+    uint64_t *trows = calloc(ntables ? ntables : 1, sizeof *trows);
+    uint64_t *tkeys = calloc(ntables ? ntables : 1, sizeof *tkeys);
+    ck_writer *w = calloc(1, sizeof *w);
+    if (!specs || !trows || !tkeys || !w) {
+        free(specs);
+        free(trows);
+        free(tkeys);
+        free(w);
+        return gr_seterr(GR_ENOMEM, "out of memory writing %s", final);
+    }
+    for (size_t i = 0; i < ntables; i++) {
+        specs[i] = specs_in ? specs_in[i] : *gr_table_get_spec(tables[i]);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(specs[k].name, specs[i].name)) {
+                rc = gr_seterr(GR_EINVAL, "table '%s' is given twice", specs[i].name);
+                free(specs);
+                free(trows);
+                free(tkeys);
+                free(w);
+                return rc;
+            }
+    }
+
+    w->path = tmp;
+    w->fd = -1;
+    w->level = o->zstd_level;
+    w->fault_after = o->fault_after_rows;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv_work, NULL);
+    pthread_cond_init(&w->cv_free, NULL);
+    w->fh = XXH3_createState();
+    w->sh = XXH3_createState();
+    w->obuf = malloc(OBUF_BYTES);
+    if (w->level > 0) {
+        w->zc = ZSTD_createCCtx();
+        if (w->zc) ZSTD_CCtx_setParameter(w->zc, ZSTD_c_compressionLevel, w->level);
+    }
+    if (!w->fh || !w->sh || !w->obuf || (w->level > 0 && !w->zc)) {
+        rc = gr_seterr(GR_ENOMEM, "out of memory writing %s", final);
+        goto out;
+    }
+    XXH3_64bits_reset(w->fh);
+
+    w->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        rc = gr_seterr(GR_EIO, "cannot create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = write_file_header(w, o, ntables);
+    if (rc != GR_OK) goto out;
+    if (pthread_create(&w->thr, NULL, writer_main, w) != 0) {
+        rc = gr_seterr(GR_EINTERNAL, "cannot start the checkpoint writer thread");
+        goto out;
+    }
+    w->thr_started = true;
+
+    for (size_t i = 0; i < ntables && rc == GR_OK; i++) {
+        const gr_table_spec *sp = &specs[i];
+        ck_table_info ti = {0};
+        ti.dim = sp->dim;
+        if (o->kind == GR_CKPT_EXPORT) {
+            ti.weight_type = o->export_f16 ? CK_W_F16 : CK_W_F32;
+        } else {
+            ti.state_floats = gr_table_state_floats(sp);
+            ti.weight_type = sp->dtype == GR_DTYPE_F16 ? CK_W_F16 : CK_W_F32;
+            ti.has_meta = 1;
+        }
+        rc = table_section(w, (uint32_t)i, sp, &ti);
+        if (rc != GR_OK) break;
+        w->ti = ti;
+        w->table = (uint32_t)i;
+        w->table_rows = w->table_keys = 0;
+        int src;
+        if (o->kind == GR_CKPT_DELTA) {
+            src = gr_table_scan_dirty(tables[i], 0, row_cb, w);
+        } else {
+            if (o->kind == GR_CKPT_FULL) {
+                /* Clear the marks first: a row updated after this point is in this file if
+                 * its partition is scanned later, and in the next delta in any case. */
+                src = gr_table_scan_dirty(tables[i], 0, noop_cb, NULL);
+                if (src != 0) {
+                    rc = src < 0 ? src : GR_EINTERNAL;
+                    break;
+                }
+            }
+            src = gr_table_scan(tables[i], row_cb, w);
+        }
+        flush_block(w);
+        if (src != 0) {
+            rc = w->cb_err ? w->cb_err : (src < 0 ? src : GR_EINTERNAL);
+            break;
+        }
+        if (o->kind == GR_CKPT_DELTA) {
+            /* Deltas also list every live key, so a restore can drop rows deleted or evicted
+             * since an older checkpoint (the table does not track deletions). */
+            src = gr_table_scan(tables[i], key_cb, w);
+            flush_block(w);
+            if (src != 0) {
+                rc = w->cb_err ? w->cb_err : (src < 0 ? src : GR_EINTERNAL);
+                break;
+            }
+        }
+        trows[i] = w->table_rows;
+        tkeys[i] = w->table_keys;
+    }
+    if (rc == GR_OK) {
+        char *ej = end_json(o, specs, ntables, trows, tkeys, w->rows, w->keys);
+        if (!ej) rc = gr_seterr(GR_ENOMEM, "out of memory writing %s", final);
+        else rc = submit_small(w, CK_SEC_END, UINT32_MAX, ntables, ej, strlen(ej));
+    }
+    /* Drain and stop the writer thread. */
+    pthread_mutex_lock(&w->mu);
+    w->closing = true;
+    pthread_cond_signal(&w->cv_work);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thr, NULL);
+    w->thr_started = false;
+    if (rc == GR_OK) rc = writer_error(w);
+    if (rc == GR_OK) {
+        ck_tail tail;
+        memset(&tail, 0, sizeof tail);
+        tail.end_offset = w->end_offset;
+        tail.content_checksum = XXH3_64bits_digest(w->fh);
+        tail.content_size = w->off;
+        memcpy(tail.magic, CK_TAIL_MAGIC, 8);
+        uint64_t content_sum = tail.content_checksum;
+        rc = out_write(w, &tail, sizeof tail);
+        if (rc == GR_OK) rc = out_flush(w);
+        if (rc == GR_OK && fsync(w->fd) != 0)
+            rc = gr_seterr(GR_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
+        if (rc == GR_OK) {
+            close(w->fd);
+            w->fd = -1;
+            if (rename(tmp, final) != 0)
+                rc = gr_seterr(GR_EIO, "rename %s -> %s failed: %s", tmp, final, strerror(errno));
+        }
+        if (rc == GR_OK) rc = gr_fsync_dir(dir);
+        if (rc == GR_OK && info) {
+            memset(info, 0, sizeof *info);
+            snprintf(info->name, sizeof info->name, "%s", name);
+            info->shard = o->shard;
+            info->shards = o->shards;
+            info->kind = o->kind;
+            info->step = o->step;
+            info->size = w->off;
+            info->checksum = content_sum;
+            info->rows = w->rows;
+            info->keys = w->keys;
+            info->seconds = (double)(gr_now_ns() - t0) / 1e9;
+            info->stall_ns = w->stall_max_ns;
+        }
+    }
+out:
+    if (w->thr_started) {
+        pthread_mutex_lock(&w->mu);
+        w->closing = true;
+        pthread_cond_signal(&w->cv_work);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thr, NULL);
+    }
+    if (w->fd >= 0) close(w->fd);
+    if (rc != GR_OK) unlink(tmp);
+    if (w->cur) {
+        w->cur->next = w->free_blocks;
+        w->free_blocks = w->cur;
+    }
+    for (ck_job *j = w->free_blocks; j;) {
+        ck_job *n = j->next;
+        free(j->buf);
+        free(j);
+        j = n;
+    }
+    for (ck_job *j = w->qhead; j;) { /* only left when the thread never started */
+        ck_job *n = j->next;
+        free(j->buf);
+        free(j);
+        j = n;
+    }
+    XXH3_freeState(w->fh);
+    XXH3_freeState(w->sh);
+    ZSTD_freeCCtx(w->zc);
+    free(w->zbuf);
+    free(w->obuf);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv_work);
+    pthread_cond_destroy(&w->cv_free);
+    free(w);
+    free(specs);
+    free(trows);
+    free(tkeys);
+    return rc;
+}
+
+int gr_ckpt_write_shard(const char *dir, gr_table *const *tables, size_t ntables,
+                        const gr_ckpt_write_opts *opts, gr_ckpt_file_info *info)
+{
+    return ck_write_shard(dir, tables, NULL, ntables, opts, info);
+}
