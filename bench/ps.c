@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -435,8 +436,44 @@ static int start_redis(child *c)
 
 /* ---- the PS measurement ---- */
 
+/* CPU seconds used so far by this process (all threads) and by the shard processes, so the
+ * cost of a batch can be read independently of what else the machine is running. */
+static pid_t g_shard_pids[SHARDS];
+
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+static double shards_cpu_s(void)
+{
+    double t = 0;
+    for (int i = 0; i < SHARDS; i++) t += g_shard_pids[i] > 0 ? proc_cpu_s(g_shard_pids[i]) : 0;
+    return t;
+}
+
 typedef struct run_stats {
     double rows_per_sec;
+    double client_cpu_ms, server_cpu_ms; /* per batch */
     double p50_ms, p99_ms;
     uint64_t wire_bytes, ids, unique;
     unsigned nbatches;
@@ -455,6 +492,7 @@ static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned 
     gr_client_stats_t s0, s1;
     gr_client_get_stats(c, &s0);
     int rc = 0;
+    double c0 = self_cpu_s(), v0 = shards_cpu_s();
     double t0 = now_s();
     unsigned started = 0, finished = 0;
     while (finished < total && !rc) {
@@ -488,6 +526,8 @@ static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned 
     for (unsigned i = finished; i < started; i++) gr_client_wait(ops[i % inflight], -1);
     gr_client_get_stats(c, &s1);
     if (!rc) {
+        st->client_cpu_ms = (self_cpu_s() - c0) * 1e3 / total;
+        st->server_cpu_ms = (shards_cpu_s() - v0) * 1e3 / total;
         st->rows_per_sec = (double)total * IDS / dt;
         st->p50_ms = percentile(lat, total, 0.50);
         st->p99_ms = percentile(lat, total, 0.99);
@@ -564,6 +604,7 @@ int gr_bench_ps(int argc, char **argv)
             fprintf(stderr, "bench ps: cannot start shard %u\n", i);
             goto out;
         }
+    for (unsigned i = 0; i < SHARDS; i++) g_shard_pids[i] = shards[i].pid;
     char list[128];
     snprintf(list, sizeof list, "127.0.0.1:%u,127.0.0.1:%u", shards[0].port, shards[1].port);
     gr_client_config cfg;
@@ -574,12 +615,16 @@ int gr_bench_ps(int argc, char **argv)
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
+    /* 16 partitions per table: each shard sees ~1000 keys per table per batch, and the table's
+     * per-call cost grows with its partition count (measured: 256 partitions cost the shards
+     * ~40% more CPU per batch than 16). */
     for (unsigned t = 0; t < COLS; t++) {
         char spec[256];
         snprintf(spec, sizeof spec,
                  "{\"name\":\"c%u\",\"id\":%u,\"dim\":%d,\"seed\":%u,"
                  "\"init\":{\"kind\":\"uniform\",\"low\":-0.01,\"high\":0.01},"
-                 "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05,\"eps\":1e-8}}",
+                 "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05,\"eps\":1e-8},"
+                 "\"partitions\":16}",
                  t, t + 1, DIM, t);
         if (gr_client_create_table(c, spec)) {
             fprintf(stderr, "bench ps: %s\n", gr_errmsg());
@@ -602,6 +647,21 @@ int gr_bench_ps(int argc, char **argv)
     if (ps_run(c, batches, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
+    }
+    /* Latency per batch is measured alone (one batch in flight): with K in flight each batch
+     * would also wait for the K - 1 ahead of it. */
+    if (o.inflight > 1) {
+        fprintf(stderr, "bench ps: latency (one batch in flight)\n");
+        run_stats lp, lq;
+        if (ps_run(c, batches, o.batches, 1, 1, false, rows, grads, &lp) ||
+            ps_run(c, batches, o.batches, 1, 1, true, rows, grads, &lq)) {
+            fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+            goto out;
+        }
+        pull.p50_ms = lp.p50_ms;
+        pull.p99_ms = lp.p99_ms;
+        push.p50_ms = lq.p50_ms;
+        push.p99_ms = lq.p99_ms;
     }
     gr_client_destroy(c);
     c = NULL;
@@ -637,10 +697,13 @@ int gr_bench_ps(int argc, char **argv)
            o.batches, o.rounds, o.inflight);
     printf("  unique ids per batch        %.0f of %d (%.1f%%)\n", (double)pull.unique / pull.nbatches,
            IDS, 100.0 * (double)pull.unique / (double)pull.ids);
+    printf("  (rows/s count every id of a batch, duplicates included; latency with 1 batch in flight)\n");
     printf("  pull                        %10.2f M rows/s   p50 %6.2f ms  p99 %6.2f ms per batch\n",
            pull.rows_per_sec / 1e6, pull.p50_ms, pull.p99_ms);
     printf("  push (Adagrad)              %10.2f M rows/s   p50 %6.2f ms  p99 %6.2f ms per batch\n",
            push.rows_per_sec / 1e6, push.p50_ms, push.p99_ms);
+    printf("  CPU per batch               pull %.1f ms client + %.1f ms shards, push %.1f + %.1f ms\n",
+           pull.client_cpu_ms, pull.server_cpu_ms, push.client_cpu_ms, push.server_cpu_ms);
     printf("  wire bytes per pull batch   %10.2f MB (without dedup %.2f MB)\n", bpb_pull / 1e6,
            bpb_pull_nodedup / 1e6);
     printf("  wire bytes per push batch   %10.2f MB (without dedup %.2f MB)\n", bpb_push / 1e6,
@@ -661,13 +724,14 @@ int gr_bench_ps(int argc, char **argv)
                "\"batches\":%u,\"rounds\":%u,\"inflight\":%u,"
                "\"pull_rows_per_sec\":%.0f,\"push_rows_per_sec\":%.0f,"
                "\"pull_p50_ms\":%.3f,\"pull_p99_ms\":%.3f,\"push_p50_ms\":%.3f,\"push_p99_ms\":%.3f,"
-               "\"unique_fraction\":%.4f,"
+               "\"unique_fraction\":%.4f,\"pull_cpu_ms_per_batch\":%.2f,\"push_cpu_ms_per_batch\":%.2f,"
                "\"pull_wire_bytes_per_batch\":%.0f,\"pull_wire_bytes_per_batch_no_dedup\":%.0f,"
                "\"push_wire_bytes_per_batch\":%.0f,\"push_wire_bytes_per_batch_no_dedup\":%.0f,"
                "\"pull_bytes_per_sec\":%.0f,\"pull_wire_bytes_per_sec\":%.0f,",
                SHARDS, o.threads, EXAMPLES, COLS, DIM, ZIPF_S, (unsigned long long)o.vocab,
                o.batches, o.rounds, o.inflight, pull.rows_per_sec, push.rows_per_sec, pull.p50_ms,
                pull.p99_ms, push.p50_ms, push.p99_ms, (double)pull.unique / (double)pull.ids,
+               pull.client_cpu_ms + pull.server_cpu_ms, push.client_cpu_ms + push.server_cpu_ms,
                bpb_pull, bpb_pull_nodedup, bpb_push, bpb_push_nodedup, pull_bytes, pull_wire);
         if (isfinite(mget) && isfinite(mset))
             printf("\"redis_mget_rows_per_sec\":%.0f,\"redis_mset_rows_per_sec\":%.0f,", mget, mset);

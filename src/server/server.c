@@ -435,11 +435,23 @@ static void *reader_main(void *arg)
     }
     if (fatal) linger_drain(c);
     gr_proto_buf_fini(&out);
+    /* Drop our reference before announcing the exit: once nconns reaches 0 a stop may free
+     * the server, and conn_unref may still need it (the connection list). */
+    conn_unref(c);
     pthread_mutex_lock(&s->conn_mu);
+    if (s->nexited == s->capexited) {
+        size_t cap = s->capexited ? s->capexited * 2 : 16;
+        pthread_t *e = realloc(s->exited, cap * sizeof *e);
+        if (e) {
+            s->exited = e;
+            s->capexited = cap;
+        }
+    }
+    if (s->nexited < s->capexited) s->exited[s->nexited++] = pthread_self();
+    else pthread_detach(pthread_self()); /* out of memory: let it clean up alone */
     s->nconns--;
     pthread_cond_broadcast(&s->conn_cv);
     pthread_mutex_unlock(&s->conn_mu);
-    conn_unref(c);
     return NULL;
 }
 
@@ -456,10 +468,26 @@ static void reject_conn(gr_server *s, int fd, int rc, const char *msg)
     close(fd);
 }
 
+/* Joins the reader threads that have exited. */
+static void reap_readers(gr_server *s)
+{
+    pthread_mutex_lock(&s->conn_mu);
+    size_t n = s->nexited;
+    pthread_t *t = n ? malloc(n * sizeof *t) : NULL;
+    if (t) {
+        memcpy(t, s->exited, n * sizeof *t);
+        s->nexited = 0;
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    for (size_t i = 0; t && i < n; i++) pthread_join(t[i], NULL);
+    free(t);
+}
+
 static void *accept_main(void *arg)
 {
     gr_server *s = arg;
     for (;;) {
+        reap_readers(s);
         struct pollfd p[2] = {{s->listen_fd, POLLIN, 0}, {s->accept_pipe[0], POLLIN, 0}};
         int pr = poll(p, 2, -1);
         if (pr < 0 && errno == EINTR) continue;
@@ -510,18 +538,14 @@ static void *accept_main(void *arg)
         s->nconns++;
         pthread_mutex_unlock(&s->conn_mu);
         atomic_fetch_add(&s->conns_total, 1);
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_t th;
-        if (pthread_create(&th, &attr, reader_main, c) != 0) {
+        if (pthread_create(&th, NULL, reader_main, c) != 0) {
             pthread_mutex_lock(&s->conn_mu);
             s->nconns--;
             pthread_mutex_unlock(&s->conn_mu);
             conn_fail(c, 0, 0, GR_EBUSY, "server cannot start a connection thread");
             conn_unref(c);
         }
-        pthread_attr_destroy(&attr);
         GR_LOGD("shard %u: connection from %s", s->cfg.shard, peer);
     }
     return NULL;
@@ -712,6 +736,7 @@ int gr_server_stop(gr_server *s)
     for (srv_conn *c = s->conns; c; c = c->next) shutdown(c->fd, SHUT_RD);
     while (s->nconns > 0) pthread_cond_wait(&s->conn_cv, &s->conn_mu);
     pthread_mutex_unlock(&s->conn_mu);
+    reap_readers(s);
     /* Drain: workers finish the queue, then exit. */
     pthread_mutex_lock(&s->q_mu);
     s->q_closed = true;
@@ -729,6 +754,7 @@ void gr_server_destroy(gr_server *s)
     if (!s) return;
     gr_server_stop(s);
     free(s->workers);
+    free(s->exited);
     srv_registry_fini(&s->reg);
     for (int i = 0; i < 2; i++) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);

@@ -61,10 +61,14 @@ struct gr_server {
     bool owns[GR_SLOTS];
     srv_registry reg;
 
-    pthread_mutex_t conn_mu; /* guards the connection list and nreaders */
+    pthread_mutex_t conn_mu; /* guards the connection list, nconns and the exited readers */
     pthread_cond_t conn_cv;
     struct srv_conn *conns;
     uint32_t nconns;
+    /* Readers that have exited but are not joined yet. They are joined (by the accept thread,
+     * and at stop) so a thread's thread-local cleanup (OpenSSL's) finishes before exit. */
+    pthread_t *exited;
+    size_t nexited, capexited;
 
     pthread_mutex_t q_mu; /* guards the work queue */
     pthread_cond_t q_cv;
