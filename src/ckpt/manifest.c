@@ -127,7 +127,7 @@ static int parse_root(const cJSON *root, gr_ckpt_manifest *m)
     if (get_str(root, "format", buf, sizeof buf, false) != GR_OK ||
         strcmp(buf, "granary-checkpoint") != 0)
         return gr_seterr(GR_ECORRUPT, "manifest: 'format' is not \"granary-checkpoint\"");
-    uint64_t v;
+    uint64_t v = 0;
     if ((rc = get_u64(root, "version", UINT32_MAX, &v)) != GR_OK) return rc;
     if (v != GR_CKPT_VERSION)
         return gr_seterr(GR_EVERSION, "manifest: format version %llu, this build reads %d",
@@ -155,7 +155,7 @@ static int parse_root(const cJSON *root, gr_ckpt_manifest *m)
     if (m->weights_f16 && m->kind != GR_CKPT_EXPORT)
         return gr_seterr(GR_ECORRUPT, "manifest: f16 weights outside an export");
 
-    uint64_t shards;
+    uint64_t shards = 0;
     if ((rc = get_u64(root, "shards", GR_CKPT_SHARDS_MAX, &shards)) != GR_OK) return rc;
     if (shards == 0) return gr_seterr(GR_ECORRUPT, "manifest: 'shards' is 0");
     m->map.shards = (uint32_t)shards;
@@ -229,7 +229,7 @@ static int parse_root(const cJSON *root, gr_ckpt_manifest *m)
     cJSON_ArrayForEach(it, files)
     {
         gr_ckpt_manifest_file *f = &m->files[fi];
-        uint64_t sh;
+        uint64_t sh = 0;
         if (!cJSON_IsObject(it)) return gr_seterr(GR_ECORRUPT, "manifest: file %u is not an object", fi);
         if ((rc = get_u64(it, "shard", shards - 1, &sh)) != GR_OK) return rc;
         if (sh != fi) return gr_seterr(GR_ECORRUPT, "manifest: files out of order at %u", fi);
