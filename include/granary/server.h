@@ -26,6 +26,8 @@ typedef struct gr_server_config {
     uint32_t max_connections;  /* default 256; further connections get an error and close */
     uint32_t max_tables;       /* tables + dense parameters, default 1024 */
     uint32_t max_inflight;     /* requests queued or running per connection, default 256 */
+    uint64_t max_inflight_bytes; /* their request bodies, per connection, default 1 GiB (a
+                                    single larger frame is still taken, alone) */
     uint32_t send_timeout_ms;  /* a reply that cannot be written in this time drops the
                                   connection (a client that stops reading), default 30000 */
     uint32_t auth_timeout_ms;  /* unauthenticated connections must authenticate within this,

@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "usage: granary server --listen HOST:PORT [--shard I --shards N] [--threads T]\n"
             "                      [--auth-file F] [--insecure] [--config FILE]\n"
             "                      [--max-connections N] [--max-body SIZE] [--max-keys N]\n"
-            "                      [--max-tables N]\n"
+            "                      [--max-tables N] [--max-inflight-bytes SIZE]\n"
             "  --listen HOST:PORT  address to serve (PORT 0 = any free port; printed on stdout)\n"
             "  --shard I --shards N  serve shard I of N (default 0 of 1)\n"
             "  --threads T         worker threads (default: CPUs)\n"
@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "                      insecure, max_connections, max_body, max_keys, max_tables;\n"
             "                      flags win)\n"
             "  limits: --max-connections (default 256), --max-body bytes per frame (256M),\n"
-            "          --max-keys per request (4M), --max-tables per shard (1024)\n");
+            "          --max-keys per request (4M), --max-tables per shard (1024),\n"
+            "          --max-inflight-bytes of request bodies held per connection (1G)\n");
 }
 
 static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -85,7 +86,7 @@ static int read_secret(const char *path, char **out, size_t *len)
 typedef struct opts {
     const char *listen, *auth_file, *config;
     long shard, shards, threads, max_conns, max_keys, max_tables;
-    uint64_t max_body;
+    uint64_t max_body, max_inflight_bytes;
     int insecure;
 } opts;
 
@@ -127,7 +128,7 @@ static int config_options(cJSON *srv, opts *o)
 
 int gr_cli_server(int argc, char **argv)
 {
-    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, -1};
+    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, 0, -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -152,7 +153,12 @@ int gr_cli_server(int argc, char **argv)
         else if (!strcmp(a, "--max-connections")) o.max_conns = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-keys")) o.max_keys = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-tables")) o.max_tables = strtol(v, &end, 10);
-        else if (!strcmp(a, "--max-body")) {
+        else if (!strcmp(a, "--max-inflight-bytes")) {
+            if (gr_parse_size(v, &o.max_inflight_bytes) || !o.max_inflight_bytes) {
+                fprintf(stderr, "granary server: bad --max-inflight-bytes '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-body")) {
             if (gr_parse_size(v, &o.max_body)) {
                 fprintf(stderr, "granary server: bad --max-body '%s'\n", v);
                 return 2;
@@ -210,6 +216,7 @@ int gr_cli_server(int argc, char **argv)
     if (o.max_conns > 0) cfg.max_connections = (uint32_t)o.max_conns;
     if (o.max_keys > 0) cfg.limits.max_keys = (uint32_t)o.max_keys;
     if (o.max_tables > 0) cfg.max_tables = (uint32_t)o.max_tables;
+    if (o.max_inflight_bytes) cfg.max_inflight_bytes = o.max_inflight_bytes;
     if (o.max_body) {
         if (o.max_body > UINT32_MAX) {
             fprintf(stderr, "granary server: --max-body must be below 4G\n");

@@ -30,9 +30,10 @@ typedef struct srv_conn {
     atomic_int refs;           /* the reader's + one per queued or running job */
     pthread_mutex_t wlock;     /* serialises writes; guards dead */
     bool dead;                 /* no more writes (error sent, or the peer is gone) */
-    pthread_mutex_t mu;        /* guards inflight */
+    pthread_mutex_t mu;        /* guards inflight, inflight_bytes */
     pthread_cond_t cv;
-    uint32_t inflight;
+    uint32_t inflight;         /* requests read and not finished */
+    uint64_t inflight_bytes;   /* their body bytes */
     bool hello_done, authed;
     uint8_t nonce[GR_PROTO_NONCE_SIZE];
     char peer[64];
@@ -46,6 +47,30 @@ typedef struct srv_job {
     uint8_t *body;
 } srv_job;
 
+/* Backpressure, taken before a request body is allocated: at most max_inflight requests and
+ * max_inflight_bytes of bodies per connection (one bigger frame is let through alone). While
+ * a connection is over budget its reader stops reading and TCP pushes back on that client. */
+static void conn_acquire(srv_conn *c, uint32_t bytes)
+{
+    const gr_server_config *cfg = &c->srv->cfg;
+    pthread_mutex_lock(&c->mu);
+    while (c->inflight > 0 && (c->inflight >= cfg->max_inflight ||
+                               c->inflight_bytes + bytes > cfg->max_inflight_bytes))
+        pthread_cond_wait(&c->cv, &c->mu);
+    c->inflight++;
+    c->inflight_bytes += bytes;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void conn_release(srv_conn *c, uint32_t bytes)
+{
+    pthread_mutex_lock(&c->mu);
+    c->inflight--;
+    c->inflight_bytes -= bytes;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- helpers ---- */
 
 void gr_server_config_default(gr_server_config *cfg)
@@ -57,6 +82,7 @@ void gr_server_config_default(gr_server_config *cfg)
     cfg->max_connections = 256;
     cfg->max_tables = 1024;
     cfg->max_inflight = 256;
+    cfg->max_inflight_bytes = 1ull << 30;
     cfg->send_timeout_ms = 30000;
     cfg->auth_timeout_ms = 10000;
 }
@@ -207,13 +233,11 @@ static void queue_push(gr_server *s, srv_job *j)
 static void job_done(srv_job *j)
 {
     srv_conn *c = j->c;
+    uint32_t bytes = j->h.body_len;
     free(j->body);
     free(j);
     atomic_fetch_sub(&c->srv->inflight, 1);
-    pthread_mutex_lock(&c->mu);
-    c->inflight--;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    conn_release(c, bytes);
     conn_unref(c);
 }
 
@@ -352,17 +376,25 @@ static void *reader_main(void *arg)
             fatal = true;
             break;
         }
-        /* The limit was checked above, before this allocation. */
+        /* The size limit was checked above; the connection's budget is taken here, both before
+         * the allocation. Every path below either queues the request (the worker releases the
+         * budget) or releases it. */
+        conn_acquire(c, h.body_len);
         uint8_t *body = malloc(h.body_len ? h.body_len : 8);
         if (!body) {
+            conn_release(c, h.body_len);
             conn_fail(c, h.op, h.id, GR_ENOMEM, "server out of memory for a request body");
             fatal = true;
             break;
         }
         if (h.body_len && read_full(c->fd, body, h.body_len) != (ssize_t)h.body_len) {
+            conn_release(c, h.body_len);
             free(body);
             break;
         }
+        if (!gr_proto_op_name(h.op) || h.op == GR_OP_HELLO || h.op == GR_OP_AUTH ||
+            h.op == GR_OP_STATS || (s->secret && !c->authed))
+            conn_release(c, h.body_len); /* handled right here, not queued */
         if (h.op < GR_PROTO_OP_LIMIT)
             atomic_fetch_add(&s->ops[h.op].bytes_in, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
         if (!gr_proto_op_name(h.op)) {
@@ -412,17 +444,10 @@ static void *reader_main(void *arg)
             free(body);
             continue;
         }
-        /* Backpressure: at most max_inflight requests of one connection queued or running. */
-        pthread_mutex_lock(&c->mu);
-        while (c->inflight >= s->cfg.max_inflight) pthread_cond_wait(&c->cv, &c->mu);
-        c->inflight++;
-        pthread_mutex_unlock(&c->mu);
         srv_job *j = malloc(sizeof *j);
         if (!j) {
             free(body);
-            pthread_mutex_lock(&c->mu);
-            c->inflight--;
-            pthread_mutex_unlock(&c->mu);
+            conn_release(c, h.body_len);
             send_error(c, h.op, h.id, GR_ENOMEM, "server out of memory for a request");
             continue;
         }
@@ -566,6 +591,7 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
     if (!c.max_connections) c.max_connections = 256;
     if (!c.max_tables) c.max_tables = 1024;
     if (!c.max_inflight) c.max_inflight = 256;
+    if (!c.max_inflight_bytes) c.max_inflight_bytes = 1ull << 30;
     if (!c.send_timeout_ms) c.send_timeout_ms = 30000;
     if (!c.auth_timeout_ms) c.auth_timeout_ms = 10000;
     if (!c.host || !*c.host) c.host = "127.0.0.1";

@@ -505,6 +505,56 @@ static void test_out_of_order_replies(void **state)
     assert_int_equal(ps_test_server_stop(&s, 0), 0);
 }
 
+/* A connection's request bodies held at once are bounded: with a 1 MiB budget, pipelined
+ * 800 KB pushes are taken one at a time (the reader waits, TCP pushes back), and all complete. */
+static void test_inflight_bytes_budget(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    const char *extra[] = {"--threads", "1", "--max-inflight-bytes", "1M", NULL};
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client *c = client_for(s.addr);
+    assert_int_equal(gr_client_create_table(c, user_spec), 0);
+    int fd = ps_test_connect(s.port);
+    const uint32_t n = 12000; /* 12000 * (8 + 64) bytes = 864 KB per push */
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    const int npush = 10;
+    for (int p = 0; p < npush; p++) {
+        size_t start = b.len;
+        uint64_t *keys;
+        float *vals;
+        gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_PUSH, 0, 0, 500 + (uint64_t)p);
+        gr_proto_put_batch_head(&b, 1);
+        assert_int_equal(gr_proto_put_section(&b, GR_PROTO_KEYS_VALUES, 1, 16, n, &keys, &vals), 0);
+        for (uint32_t i = 0; i < n; i++) keys[i] = (uint64_t)p * n + i;
+        for (size_t i = 0; i < (size_t)n * 16; i++) vals[i] = 0.001f;
+        gr_proto_end(&b, start);
+    }
+    send_all(fd, b.data, b.len);
+    gr_proto_buf_fini(&b);
+    /* Meanwhile, from another connection: never more than one of those pushes held. */
+    int max_seen = 0;
+    for (int i = 0; i < 20; i++) {
+        char *json;
+        assert_int_equal(gr_client_stats(c, 0, &json), 0);
+        char *q = strstr(json, "\"inflight\":");
+        assert_non_null(q);
+        int v = atoi(q + 11);
+        if (v > max_seen) max_seen = v;
+        free(json);
+    }
+    assert_true(max_seen <= 1);
+    for (int p = 0; p < npush; p++) {
+        gr_proto_header h;
+        assert_int_equal(read_reply(fd, &h, NULL, 0), 0);
+        assert_true(h.id == 500 + (uint64_t)p); /* one at a time: in order */
+    }
+    close(fd);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
 static void test_client_config_errors(void **state)
 {
     (void)state;
@@ -555,6 +605,7 @@ int main(void)
         cmocka_unit_test(test_client_config_errors),
         cmocka_unit_test(test_table_limit),
         cmocka_unit_test(test_out_of_order_replies),
+        cmocka_unit_test(test_inflight_bytes_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
