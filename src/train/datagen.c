@@ -56,7 +56,12 @@ static const double DENSE_MISSING[GR_CRITEO_DENSE] = {0.4, 0.0, 0.2, 0.2, 0.0, 0
 static const double DENSE_U[GR_CRITEO_DENSE] = {0.30, -0.15, 0.20, -0.10, 0.15, 0.10, -0.25,
                                                 0.10, 0.20, 0.30, -0.05, 0.15, -0.20};
 #define BIAS (-2.1)
-#define LATENT_SCALE 0.6
+#define WEIGHT_SCALE 1.1
+#define LATENT_SCALE 0.5
+/* Past this rank an id's weight fades as TAIL_RANK / rank (latent vectors as its square
+ * root), so 1 M rows are enough to learn most of the signal. */
+#define TAIL_RANK 30.0
+#define TAIL_POW 1.0
 
 typedef struct gen {
     uint64_t seed;
@@ -96,15 +101,18 @@ static size_t gen_row(const gen *g, gr_rng *r, char *buf, float *label_out, floa
     for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
         present[s] = !(SLOTS[s].missing > 0 && gr_rng_uniform(r) < SLOTS[s].missing);
         /* A missing value has its own teacher weight, keyed by an impossible rank. */
-        uint32_t v = present[s] ? rank_value(g, s, gr_zipf_draw(&g->zipf[s], r))
-                                : rank_value(g, s, UINT32_MAX + 1ull);
+        uint64_t rank = present[s] ? gr_zipf_draw(&g->zipf[s], r) : 0;
+        uint32_t v = rank_value(g, s, present[s] ? rank : UINT32_MAX + 1ull);
+        /* Rare ids speak softly: an id's effect fades past rank TAIL_RANK, so most of the
+         * signal sits on ids seen often enough to be learned. */
+        double fade = rank > TAIL_RANK ? pow((double)TAIL_RANK / (double)rank, TAIL_POW) : 1.0;
         value[s] = v;
         uint64_t h = id_hash(g, s, v, 1);
-        logit += SLOTS[s].weight * u16(h, 0) * 0.8;
+        logit += SLOTS[s].weight * u16(h, 0) * WEIGHT_SCALE * fade;
         act[s] = u16(h, 1);
         if (g->in_pair[s]) {
             uint64_t h2 = id_hash(g, s, v, 2);
-            for (int k = 0; k < LATENT; k++) lat[s][k] = u16(h2, k) * LATENT_SCALE;
+            for (int k = 0; k < LATENT; k++) lat[s][k] = u16(h2, k) * LATENT_SCALE * sqrt(fade);
         }
     }
     for (size_t p = 0; p < NPAIRS_T; p++) {
