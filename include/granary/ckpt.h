@@ -184,10 +184,10 @@ GR_API int gr_ckpt_verify(const char *dir, bool chain, gr_ckpt_verify_stats *sta
  * in memory at a time. zstd_level as in gr_ckpt_write_opts. */
 GR_API int gr_ckpt_reshard(const char *src, const char *dst, uint32_t shards, int zstd_level);
 
-/* One-process export for serving: tables as shard 0 of 1 of an EXPORT checkpoint in dir
- * (weights only; f16 halves it). Dirty marks are not touched. */
-GR_API int gr_ckpt_export(const char *dir, gr_table *const *tables, size_t ntables, bool f16,
-                          int zstd_level, gr_ckpt_file_info *info);
+/* One-process export for serving: tables as shard 0 of 1 of an EXPORT checkpoint in dir,
+ * recorded at `step` (weights only; f16 halves it). Dirty marks are not touched. */
+GR_API int gr_ckpt_export(const char *dir, gr_table *const *tables, size_t ntables,
+                          uint64_t step, bool f16, int zstd_level, gr_ckpt_file_info *info);
 
 /* ---- A root of checkpoints: the newest, retention ---- */
 

@@ -178,6 +178,11 @@ int ck_open_checked(ck_reader *r, const char *dir, const gr_ckpt_manifest *m, ui
 int ck_load(const char *dir, gr_table *const *tables, const gr_table_spec *specs, size_t ntables,
             const gr_ckpt_load_opts *opts, gr_ckpt_load_stats *stats);
 
+/* Inserts every ROWS section of an open shard file into the tables with the same name (the
+ * fuzz target's entry to the restore path; no slot filter, no live set). */
+int ck_apply_file(ck_reader *r, gr_table *const *tables, size_t ntables, bool export,
+                  gr_ckpt_load_stats *st);
+
 /* Spec comparison message: "field 'dim': checkpoint 16, table 32". */
 void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *buf, size_t cap);
 

@@ -584,6 +584,32 @@ out:
     return rc;
 }
 
+int ck_apply_file(ck_reader *r, gr_table *const *tables, size_t ntables, bool export,
+                  gr_ckpt_load_stats *st)
+{
+    bool *owned = malloc(GR_SLOTS * sizeof *owned);
+    int *want = malloc(GR_CKPT_TABLES_MAX * sizeof *want);
+    int rc = GR_OK;
+    if (!owned || !want) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    if (rc == GR_OK) {
+        for (uint32_t s = 0; s < GR_SLOTS; s++) owned[s] = true;
+        file_ctx fc = {tables, NULL, ntables, export, want, NULL};
+        apply_ctx ac;
+        memset(&ac, 0, sizeof ac);
+        ac.tables = tables;
+        ac.owned = owned;
+        ac.st = st;
+        rc = for_each_section(r, &fc, CK_SEC_ROWS, apply_rows, &ac);
+        free(ac.keys);
+        free(ac.w);
+        free(ac.state);
+        free(ac.meta);
+    }
+    free(owned);
+    free(want);
+    return rc;
+}
+
 int gr_ckpt_load_new(const char *dir, const gr_ckpt_load_opts *opts, gr_table ***tables_out,
                      size_t *n_out, gr_ckpt_load_stats *stats)
 {

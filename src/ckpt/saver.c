@@ -338,10 +338,11 @@ int gr_ckpt_retain(const char *root, uint32_t keep, uint32_t *deleted)
 
 /* ---- exports and resharding ---- */
 
-int gr_ckpt_export(const char *dir, gr_table *const *tables, size_t ntables, bool f16,
-                   int zstd_level, gr_ckpt_file_info *info)
+int gr_ckpt_export(const char *dir, gr_table *const *tables, size_t ntables, uint64_t step,
+                   bool f16, int zstd_level, gr_ckpt_file_info *info)
 {
     gr_ckpt_write_opts wo = {0};
+    wo.step = step;
     wo.kind = GR_CKPT_EXPORT;
     wo.shard = 0;
     wo.shards = 1;

@@ -1,10 +1,309 @@
-/* Placeholder: ckpt lands with its issue. */
+/* `granary ckpt inspect|verify|reshard|export|latest|retain`: offline tools over checkpoint
+ * directories (the format is in docs/checkpoints.md). Errors print the library's message,
+ * which names the file and what is wrong, and exit 1. */
 #include "cli/cli.h"
+#include "granary/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: granary ckpt inspect DIR [--json]\n"
+            "       granary ckpt verify DIR [--json] [--no-chain]\n"
+            "       granary ckpt reshard DIR --shards N --out DIR2 [--zstd LEVEL]\n"
+            "       granary ckpt export DIR --out DIR2 [--f16] [--zstd LEVEL]\n"
+            "       granary ckpt latest ROOT\n"
+            "       granary ckpt retain ROOT --keep N\n"
+            "  inspect  manifest summary: kind, step, parent chain, tables, rows per table and shard\n"
+            "  verify   read every byte: file sizes and checksums, every section checksum, row\n"
+            "           counts; follows the delta chain unless --no-chain; exit 1 on failure\n"
+            "  reshard  rewrite a checkpoint (its delta chain flattened) as N shards\n"
+            "  export   weights only (no optimizer state), optionally as f16, for serving\n"
+            "  latest   print the newest complete checkpoint under ROOT\n"
+            "  retain   keep the newest N checkpoints under ROOT (and the chains they need)\n");
+}
+
+static int fail(const char *what, int rc, bool json)
+{
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 0);
+        cJSON_AddStringToObject(o, "error", gr_errmsg());
+        cJSON_AddStringToObject(o, "class", gr_strerror(rc));
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s ? s : "{\"ok\":false}");
+        free(s);
+        cJSON_Delete(o);
+    }
+    fprintf(stderr, "granary ckpt %s: %s\n", what, *gr_errmsg() ? gr_errmsg() : gr_strerror(rc));
+    return 1;
+}
+
+static const char *opt_name(gr_opt_kind k)
+{
+    static const char *const n[] = {"sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"};
+    return (unsigned)k < 5 ? n[k] : "?";
+}
+
+static void human_bytes(uint64_t b, char *buf, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+/* The chain names, newest first, as far as the manifests can be read. */
+static cJSON *chain_names(const char *dir, const gr_ckpt_manifest *m, char *text, size_t cap)
+{
+    cJSON *a = cJSON_CreateArray();
+    size_t used = 0;
+    text[0] = '\0';
+    char root[4096];
+    snprintf(root, sizeof root, "%s", dir);
+    char *slash = strrchr(root, '/');
+    while (slash && slash[1] == '\0' && slash > root) { /* trailing slashes */
+        *slash = '\0';
+        slash = strrchr(root, '/');
+    }
+    if (slash) *slash = '\0';
+    else snprintf(root, sizeof root, ".");
+    char parent[GR_CKPT_NAME_MAX];
+    snprintf(parent, sizeof parent, "%s", m->parent);
+    for (int depth = 0; parent[0] && depth < GR_CKPT_CHAIN_MAX; depth++) {
+        cJSON_AddItemToArray(a, cJSON_CreateString(parent));
+        used += (size_t)snprintf(text + used, used < cap ? cap - used : 0, "%s%s",
+                                 used ? " <- " : "", parent);
+        char pd[4200];
+        snprintf(pd, sizeof pd, "%s/%s", root, parent);
+        gr_ckpt_manifest *pm;
+        if (gr_ckpt_manifest_read(pd, &pm) != GR_OK) {
+            used += (size_t)snprintf(text + used, used < cap ? cap - used : 0, " (MISSING: %s)",
+                                     gr_errmsg());
+            break;
+        }
+        snprintf(parent, sizeof parent, "%s", pm->parent);
+        gr_ckpt_manifest_destroy(pm);
+    }
+    return a;
+}
+
+static int cmd_inspect(const char *dir, bool json)
+{
+    gr_ckpt_manifest *m;
+    int rc = gr_ckpt_manifest_read(dir, &m);
+    if (rc != GR_OK) return fail("inspect", rc, json);
+    char chain_text[2048];
+    cJSON *chain = chain_names(dir, m, chain_text, sizeof chain_text);
+    uint64_t bytes = 0;
+    for (uint32_t f = 0; f < m->map.shards; f++) bytes += m->files[f].size;
+    if (json) {
+        char *mj = gr_ckpt_manifest_to_json(m);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        cJSON_AddStringToObject(o, "dir", dir);
+        cJSON_AddNumberToObject(o, "bytes", (double)bytes);
+        cJSON_AddItemToObject(o, "parents", chain);
+        cJSON_AddItemToObject(o, "manifest", mj ? cJSON_Parse(mj) : cJSON_CreateNull());
+        free(mj);
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+        gr_ckpt_manifest_destroy(m);
+        return 0;
+    }
+    cJSON_Delete(chain);
+    char hb[32];
+    human_bytes(bytes, hb, sizeof hb);
+    printf("checkpoint  %s\n", dir);
+    printf("kind        %s%s\n", gr_ckpt_kind_name(m->kind),
+           m->kind == GR_CKPT_EXPORT ? (m->weights_f16 ? " (f16 weights)" : " (f32 weights)") : "");
+    printf("step        %" PRIu64 "\n", m->step);
+    printf("created     %" PRIu64 " (unix seconds)\n", m->created);
+    printf("parents     %s\n", m->parent[0] ? chain_text : "(none)");
+    printf("shards      %u\n", m->map.shards);
+    printf("compression %s\n", m->compression);
+    printf("size        %s (%" PRIu64 " bytes)\n", hb, bytes);
+    printf("tables      %zu\n", m->ntables);
+    for (size_t t = 0; t < m->ntables; t++) {
+        const gr_table_spec *s = &m->tables[t];
+        uint64_t rows = 0, keys = 0;
+        for (uint32_t f = 0; f < m->map.shards; f++) {
+            rows += m->files[f].rows[t];
+            keys += m->files[f].keys[t];
+        }
+        printf("  %-20s id %-4u dim %-4u %s  %-15s rows %" PRIu64, s->name, s->id, s->dim,
+               s->dtype == GR_DTYPE_F16 ? "f16" : "f32", opt_name(s->opt.kind), rows);
+        if (m->kind == GR_CKPT_DELTA) printf("  live keys %" PRIu64, keys);
+        printf("\n");
+    }
+    printf("rows per table and shard:\n  %-8s %-6s %12s", "shard", "kind", "bytes");
+    for (size_t t = 0; t < m->ntables; t++) printf(" %14.14s", m->tables[t].name);
+    printf("\n");
+    for (uint32_t f = 0; f < m->map.shards; f++) {
+        const gr_ckpt_manifest_file *fi = &m->files[f];
+        printf("  %-8u %-6s %12" PRIu64, f, gr_ckpt_kind_name(fi->kind), fi->size);
+        for (size_t t = 0; t < m->ntables; t++) printf(" %14" PRIu64, fi->rows[t]);
+        printf("\n");
+    }
+    gr_ckpt_manifest_destroy(m);
+    return 0;
+}
+
+static int cmd_verify(const char *dir, bool json, bool chain)
+{
+    gr_ckpt_verify_stats st;
+    double t0 = gr_now_s();
+    int rc = gr_ckpt_verify(dir, chain, &st);
+    if (rc != GR_OK) return fail("verify", rc, json);
+    double secs = gr_now_s() - t0;
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddBoolToObject(o, "ok", 1);
+        cJSON_AddStringToObject(o, "dir", dir);
+        cJSON_AddNumberToObject(o, "checkpoints", st.checkpoints);
+        cJSON_AddNumberToObject(o, "files", st.files);
+        cJSON_AddNumberToObject(o, "bytes", (double)st.bytes);
+        cJSON_AddNumberToObject(o, "sections", (double)st.sections);
+        cJSON_AddNumberToObject(o, "rows", (double)st.rows);
+        cJSON_AddNumberToObject(o, "keys", (double)st.keys);
+        cJSON_AddNumberToObject(o, "seconds", secs);
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("ok: %s: %u checkpoint(s), %u file(s), %" PRIu64 " bytes, %" PRIu64
+               " sections, %" PRIu64 " rows, %" PRIu64 " live keys verified in %.2f s\n",
+               dir, st.checkpoints, st.files, st.bytes, st.sections, st.rows, st.keys, secs);
+    }
+    return 0;
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (!*s || *end || v > UINT32_MAX) return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int gr_cli_ckpt(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "granary: 'ckpt' is not built yet\n");
-    return 1;
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    const char *dir = NULL, *out = NULL;
+    bool json = false, no_chain = false, f16 = false;
+    uint32_t shards = 0, keep = 0, zstd = 0;
+    bool have_keep = false;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--no-chain")) no_chain = true;
+        else if (!strcmp(a, "--f16")) f16 = true;
+        else if (!strcmp(a, "--shards") && i + 1 < argc) {
+            if (parse_u32(argv[++i], &shards) || shards == 0) {
+                fprintf(stderr, "granary ckpt: --shards needs a positive integer\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--keep") && i + 1 < argc) {
+            if (parse_u32(argv[++i], &keep)) {
+                fprintf(stderr, "granary ckpt: --keep needs an integer\n");
+                return 2;
+            }
+            have_keep = true;
+        } else if (!strcmp(a, "--zstd") && i + 1 < argc) {
+            if (parse_u32(argv[++i], &zstd) || zstd > 19) {
+                fprintf(stderr, "granary ckpt: --zstd needs a level 0..19\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
+        else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "granary ckpt: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!dir) dir = a;
+        else {
+            fprintf(stderr, "granary ckpt: unexpected argument '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "granary ckpt %s: a directory is required\n", sub);
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(sub, "inspect")) return cmd_inspect(dir, json);
+    if (!strcmp(sub, "verify")) return cmd_verify(dir, json, !no_chain);
+    if (!strcmp(sub, "reshard")) {
+        if (!shards || !out) {
+            fprintf(stderr, "granary ckpt reshard: --shards N and --out DIR2 are required\n");
+            return 2;
+        }
+        double t0 = gr_now_s();
+        int rc = gr_ckpt_reshard(dir, out, shards, (int)zstd);
+        if (rc != GR_OK) return fail("reshard", rc, json);
+        printf("%s: rewritten as %u shard(s) in %.2f s\n", out, shards, gr_now_s() - t0);
+        return 0;
+    }
+    if (!strcmp(sub, "export")) {
+        if (!out) {
+            fprintf(stderr, "granary ckpt export: --out DIR2 is required\n");
+            return 2;
+        }
+        gr_ckpt_manifest *m;
+        int rc = gr_ckpt_manifest_read(dir, &m);
+        if (rc != GR_OK) return fail("export", rc, json);
+        uint64_t step = m->step;
+        gr_ckpt_manifest_destroy(m);
+        gr_table **t;
+        size_t n;
+        rc = gr_ckpt_load_new(dir, NULL, &t, &n, NULL);
+        if (rc != GR_OK) return fail("export", rc, json);
+        gr_ckpt_file_info fi;
+        rc = gr_ckpt_export(out, t, n, step, f16, (int)zstd, &fi);
+        for (size_t i = 0; i < n; i++) gr_table_destroy(t[i]);
+        free(t);
+        if (rc != GR_OK) return fail("export", rc, json);
+        printf("%s: %" PRIu64 " rows, %" PRIu64 " bytes (%s weights)\n", out, fi.rows, fi.size,
+               f16 ? "f16" : "f32");
+        return 0;
+    }
+    if (!strcmp(sub, "latest")) {
+        char name[GR_CKPT_NAME_MAX];
+        uint64_t step;
+        int rc = gr_ckpt_latest(dir, name, &step);
+        if (rc != GR_OK) return fail("latest", rc, json);
+        if (json) printf("{\"ok\":true,\"name\":\"%s\",\"step\":%" PRIu64 "}\n", name, step);
+        else printf("%s/%s\n", dir, name);
+        return 0;
+    }
+    if (!strcmp(sub, "retain")) {
+        if (!have_keep) {
+            fprintf(stderr, "granary ckpt retain: --keep N is required\n");
+            return 2;
+        }
+        uint32_t deleted;
+        int rc = gr_ckpt_retain(dir, keep, &deleted);
+        if (rc != GR_OK) return fail("retain", rc, json);
+        printf("%s: %u checkpoint(s) deleted\n", dir, deleted);
+        return 0;
+    }
+    fprintf(stderr, "granary ckpt: unknown subcommand '%s'\n", sub);
+    usage(stderr);
+    return 2;
 }

@@ -1027,7 +1027,7 @@ static void test_export(void **state)
         char dir[512];
         pathf(dir, sizeof dir, "%s/export-%d", g_tmp, f16);
         gr_ckpt_file_info fi;
-        assert_int_equal(gr_ckpt_export(dir, &t, 1, f16, 0, &fi), GR_OK);
+        assert_int_equal(gr_ckpt_export(dir, &t, 1, 9, f16, 0, &fi), GR_OK);
         assert_int_equal(fi.rows, 700);
         /* key + weights only */
         assert_true(fi.size < 700 * (8 + 9 * (f16 ? 2 : 4)) + 4096);
@@ -1036,6 +1036,7 @@ static void test_export(void **state)
         assert_int_equal(gr_ckpt_manifest_read(dir, &m), GR_OK);
         assert_int_equal(m->kind, GR_CKPT_EXPORT);
         assert_int_equal(m->weights_f16, f16);
+        assert_int_equal(m->step, 9);
         gr_ckpt_manifest_destroy(m);
         gr_table *u = make_table(&serve);
         assert_int_equal(gr_ckpt_load(dir, &u, 1, NULL, NULL), GR_OK);
