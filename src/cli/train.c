@@ -37,6 +37,7 @@ static void usage(FILE *f)
             "  --admit-min-count N  an id gets a row once seen N times (table admission)\n"
             "  --seed S             dense init and embedding init seed (default 1)\n"
             "  --no-pipeline        read, pull, compute and push in turn instead of overlapped\n"
+            "  --queue-depth N      batches between pipeline stages (default 1)\n"
             "  --parse-threads T    parser threads per worker (default 0: the reader stage parses)\n"
             "  --strict             stop at the first bad line instead of skipping it\n"
             "  --max-examples N     stop after about N training examples\n"
@@ -104,7 +105,7 @@ int gr_cli_train(int argc, char **argv)
     enum {
         O_TRAIN = 256, O_TEST, O_MODEL, O_DIM, O_BATCH, O_EPOCHS, O_MODE, O_WORKERS, O_SHARDS,
         O_SERVERS, O_METRICS, O_NOPIPE, O_SEED, O_LR, O_DLR, O_BOTTOM, O_TOP, O_PARSE, O_STRICT,
-        O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT,
+        O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT, O_DEPTH,
     };
     static const struct option opts[] = {
         {"train", required_argument, NULL, O_TRAIN},     {"test", required_argument, NULL, O_TEST},
@@ -124,6 +125,7 @@ int gr_cli_train(int argc, char **argv)
         {"emb-init-acc", required_argument, NULL, O_EMBACC},
         {"dense-optimizer", required_argument, NULL, O_DENSEOPT},
         {"admit-min-count", required_argument, NULL, O_ADMIT},
+        {"queue-depth", required_argument, NULL, O_DEPTH},
         {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
     };
     /* First pass: the model kind decides the defaults the other options change. */
@@ -258,6 +260,10 @@ int gr_cli_train(int argc, char **argv)
                 fprintf(stderr, "granary train: --dense-optimizer: adam, adagrad or sgd\n");
                 return 2;
             }
+            break;
+        case O_DEPTH:
+            if (parse_num("--queue-depth", optarg, 1, 64, &v)) return 2;
+            o.queue_depth = (unsigned)v;
             break;
         case O_ADMIT:
             if (parse_num("--admit-min-count", optarg, 0, 1e6, &v)) return 2;

