@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +81,7 @@ static int fill(gr_table *t, uint64_t n)
 typedef struct prober {
     gr_table *t;
     uint64_t rows;
-    volatile int stop;
+    atomic_int stop;
     uint64_t max_ns, calls;
 } prober;
 
@@ -91,7 +92,7 @@ static void *probe_main(void *arg)
     gr_rng_seed(&r, 7);
     uint64_t keys[8];
     float out[8 * DIM];
-    while (!p->stop) {
+    while (!atomic_load(&p->stop)) {
         for (int i = 0; i < 8; i++) keys[i] = key_of(gr_rng_next(&r) % p->rows);
         uint64_t t0 = gr_now_ns();
         gr_table_lookup(p->t, keys, 8, out, GR_LOOKUP_READONLY);
@@ -164,12 +165,13 @@ int gr_bench_ckpt(int argc, char **argv)
     pthread_t th;
     pthread_create(&th, NULL, probe_main, &pb);
     gr_sleep_ms(300);
-    pb.stop = 1;
+    atomic_store(&pb.stop, 1);
     pthread_join(th, NULL);
     double idle_max_ms = pb.max_ns / 1e6;
 
     /* Save, with the prober running. */
-    pb = (prober){t, o.rows, 0, 0, 0};
+    atomic_store(&pb.stop, 0);
+    pb.max_ns = pb.calls = 0;
     pthread_create(&th, NULL, probe_main, &pb);
     gr_ckpt_write_opts wo = {.kind = GR_CKPT_FULL, .shard = 0, .shards = 1, .step = 1,
                              .zstd_level = o.zstd};
@@ -179,7 +181,7 @@ int gr_bench_ckpt(int argc, char **argv)
     gr_ckpt_commit_opts co = {1, NULL, NULL};
     if (rc == GR_OK) rc = gr_ckpt_commit(ckdir, &co);
     double save_s = gr_now_s() - t0;
-    pb.stop = 1;
+    atomic_store(&pb.stop, 1);
     pthread_join(th, NULL);
     if (rc != GR_OK) goto fail;
     double max_pause_ms = pb.max_ns / 1e6;
@@ -261,6 +263,7 @@ int gr_bench_ckpt(int argc, char **argv)
            cp_bps / 1e6);
     printf("  %-34s %8.2f ms  (idle: %.2f ms; %" PRIu64 " lookups during the save)\n",
            "longest lookup during the save", max_pause_ms, idle_max_ms, pb.calls);
+    printf("  %-34s %8.2f s\n", "  of which the final fsync", fi.sync_seconds);
     printf("  %-34s %8.2f ms\n", "longest scan wait for the disk", fi.stall_ns / 1e6);
     printf("  %-34s %8.2f s  %8.1f MB  (%" PRIu64 " changed rows + %" PRIu64 " live keys)\n",
            "delta save after 1% changed", delta_s, di.size / 1e6, di.rows, di.keys);

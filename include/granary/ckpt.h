@@ -55,6 +55,8 @@ typedef struct gr_ckpt_write_opts {
     uint64_t step;          /* training step the checkpoint is taken at */
     int zstd_level;         /* 0 = sections stored raw; 1..19 = zstd-compressed sections */
     bool export_f16;        /* GR_CKPT_EXPORT only: weights stored as IEEE half floats */
+    uint32_t buffer_mib;    /* rows copied ahead of the disk, MiB (0 = 64); up to 3x while one
+                               partition is copied, so the scan never waits under its lock */
     /* Testing hook: fail the save with GR_EIO once this many rows were written (0 = off).
      * Lets tests exercise "a save failed after its dirty marks were consumed". */
     uint64_t fault_after_rows;
@@ -70,6 +72,7 @@ typedef struct gr_ckpt_file_info {
     uint64_t rows;        /* rows written, all tables */
     uint64_t keys;        /* live keys written (deltas), all tables */
     double seconds;       /* wall time of the write, fsyncs included */
+    double sync_seconds;  /* of which the final fsync of the file */
     uint64_t stall_ns;    /* longest time a scan callback waited for the disk (table lock held) */
 } gr_ckpt_file_info;
 

@@ -19,7 +19,9 @@
 #include <zstd.h>
 
 #define OBUF_BYTES (1u << 20)
-#define POOL_BLOCKS 64
+#define POOL_MIB 64        /* default blocks kept for reuse (1 MiB each) */
+#define HARD_FACTOR 3      /* blocks in flight at most: 3x the pool, then the scan waits */
+#define SCAN_PAUSE 1       /* scan callback result: stop here, resume after the writer caught up */
 #define WRITEBACK_EVERY (64ull << 20) /* start writeback every 64 MiB (keeps fsync short) */
 
 typedef struct ck_job {
@@ -52,7 +54,9 @@ typedef struct ck_writer {
     pthread_cond_t cv_work, cv_free;
     ck_job *qhead, *qtail;
     ck_job *free_blocks;
-    int nblocks;
+    int nblocks; /* allocated, pooled or in flight */
+    int nfree;   /* in the free list */
+    int pool_blocks, hard_blocks;
     bool closing;
     int err;          /* first error of the writer thread */
     char errmsg[512]; /* its message (gr_errmsg is per thread) */
@@ -67,6 +71,7 @@ typedef struct ck_writer {
     uint64_t table_rows, table_keys;
     uint64_t stall_max_ns;
     int cb_err;
+    bool can_pause; /* the running scan is a dirty scan, which can stop and resume */
 } ck_writer;
 
 /* ---- raw output (writer thread, or the caller before/after it runs) ---- */
@@ -169,8 +174,29 @@ static int write_section(ck_writer *w, uint16_t type, uint32_t table, uint64_t c
     for (int i = 0; i < npieces; i++) XXH3_64bits_update(w->sh, pieces[i].iov_base, pieces[i].iov_len);
     fill_section(&s, type, CK_CODEC_NONE, table, count, raw, raw, XXH3_64bits_digest(w->sh));
     int rc = out_write(w, &s, sizeof s);
-    for (int i = 0; rc == GR_OK && i < npieces; i++)
-        rc = out_write(w, pieces[i].iov_base, pieces[i].iov_len);
+    if (rc != GR_OK) return rc;
+    if (raw < OBUF_BYTES / 4) {
+        for (int i = 0; rc == GR_OK && i < npieces; i++)
+            rc = out_write(w, pieces[i].iov_base, pieces[i].iov_len);
+        return rc;
+    }
+    /* Large payloads go from the block to the file without another copy. */
+    rc = out_flush(w);
+    for (int i = 0; rc == GR_OK && i < npieces; i++) {
+        XXH3_64bits_update(w->fh, pieces[i].iov_base, pieces[i].iov_len);
+        const unsigned char *p = pieces[i].iov_base;
+        size_t left = pieces[i].iov_len;
+        while (left > 0) {
+            ssize_t n = write(w->fd, p, left);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                return gr_seterr(GR_EIO, "write to %s failed: %s", w->path, strerror(errno));
+            }
+            p += n;
+            left -= (size_t)n;
+        }
+        w->off += pieces[i].iov_len;
+    }
     return rc;
 }
 
@@ -231,9 +257,12 @@ static void *writer_main(void *arg)
             snprintf(w->errmsg, sizeof w->errmsg, "%s", gr_errmsg());
         }
         if (j->type == CK_SEC_ROWS || j->type == CK_SEC_KEYS) {
+            /* Blocks past the pool are kept too: allocating them again would page-fault
+             * under the scan's partition lock. All are freed when the save ends. */
             j->next = w->free_blocks;
             w->free_blocks = j;
-            pthread_cond_signal(&w->cv_free);
+            w->nfree++;
+            pthread_cond_broadcast(&w->cv_free);
         } else {
             free(j->buf);
             free(j);
@@ -271,11 +300,29 @@ static int submit_small(ck_writer *w, uint16_t type, uint32_t table, uint64_t co
     return GR_OK;
 }
 
-/* A free block, allocating up to the pool size, else waiting for the writer (this wait is
- * the only way the scan can hold a partition lock for longer than a copy). */
-static ck_job *get_block(ck_writer *w)
+/* Blocks in flight (queued or being written). */
+static int inflight_locked(const ck_writer *w) { return w->nblocks - w->nfree; }
+
+/* Waits, holding no table lock, until at most `max_inflight` blocks are queued: the scans
+ * pace themselves here, between partitions or between dirty-scan passes. */
+static void wait_inflight(ck_writer *w, int max_inflight)
+{
+    int held = w->cur ? 1 : 0; /* the block the scan is filling is not waiting for the writer */
+    pthread_mutex_lock(&w->mu);
+    while (!w->err && inflight_locked(w) - held > max_inflight)
+        pthread_cond_wait(&w->cv_free, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* A block for the scan callback (which holds a partition lock). Reuses a pooled block, or
+ * allocates one (past the pool, up to HARD_FACTOR times it in flight, so the lock is not
+ * held while waiting for the disk). With can_pause, returns NULL with *pause set instead of
+ * growing past the pool: the dirty scan then stops and resumes after wait_inflight. Waiting
+ * under the lock happens only past the hard limit; that time is recorded as the stall. */
+static ck_job *get_block(ck_writer *w, bool can_pause, bool *pause)
 {
     uint64_t t0 = 0;
+    *pause = false;
     pthread_mutex_lock(&w->mu);
     for (;;) {
         if (w->err) {
@@ -285,6 +332,7 @@ static ck_job *get_block(ck_writer *w)
         if (w->free_blocks) {
             ck_job *j = w->free_blocks;
             w->free_blocks = j->next;
+            w->nfree--;
             pthread_mutex_unlock(&w->mu);
             if (t0) {
                 uint64_t d = gr_now_ns() - t0;
@@ -292,7 +340,12 @@ static ck_job *get_block(ck_writer *w)
             }
             return j;
         }
-        if (w->nblocks < POOL_BLOCKS) {
+        if (can_pause && w->nblocks >= w->pool_blocks) {
+            pthread_mutex_unlock(&w->mu);
+            *pause = true;
+            return NULL;
+        }
+        if (w->nblocks < w->hard_blocks) {
             w->nblocks++;
             pthread_mutex_unlock(&w->mu);
             ck_job *j = calloc(1, sizeof *j);
@@ -304,12 +357,12 @@ static ck_job *get_block(ck_writer *w)
             free(j);
             pthread_mutex_lock(&w->mu);
             w->nblocks--;
-            if (w->nblocks == 0) {
+            if (inflight_locked(w) == 0) {
                 pthread_mutex_unlock(&w->mu);
                 gr_seterr(GR_ENOMEM, "out of memory for checkpoint blocks (%s)", w->path);
                 return NULL;
             }
-            continue;
+            /* fall through: wait for a block to come back */
         }
         if (!t0) t0 = gr_now_ns();
         pthread_cond_wait(&w->cv_free, &w->mu);
@@ -352,7 +405,9 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
         return w->cb_err;
     }
     if (!w->cur) {
-        w->cur = get_block(w);
+        bool pause;
+        w->cur = get_block(w, w->can_pause, &pause);
+        if (pause) return SCAN_PAUSE; /* this row stays dirty and is visited after the wait */
         if (!w->cur) return block_failed(w);
         w->cur->type = CK_SEC_ROWS;
         w->cur->table = w->table;
@@ -397,7 +452,8 @@ static int key_cb(void *ctx, uint64_t key, const float *weights, const float *st
     (void)meta;
     ck_writer *w = ctx;
     if (!w->cur) {
-        w->cur = get_block(w);
+        bool pause;
+        w->cur = get_block(w, false, &pause);
         if (!w->cur) return block_failed(w);
         w->cur->type = CK_SEC_KEYS;
         w->cur->table = w->table;
@@ -424,6 +480,33 @@ static int noop_cb(void *ctx, uint64_t key, const float *weights, const float *s
     (void)state;
     (void)meta;
     return 0;
+}
+
+/* Every row of t through fn. It first waits, holding no lock, until half the pool is free;
+ * during the scan the callback (under a partition lock) reuses pooled blocks or allocates past
+ * the pool, up to HARD_FACTOR times it, and waits for the disk only past that. (With a
+ * partition-range scan in the table API this would pace between partitions and never wait
+ * under a lock; see docs/checkpoints.md.) */
+static int paced_scan(ck_writer *w, gr_table *t, gr_table_scan_fn fn)
+{
+    wait_inflight(w, w->pool_blocks / 2);
+    return gr_table_scan(t, fn, w);
+}
+
+/* The dirty rows of t. The scan stops (SCAN_PAUSE) when the pool is used up; the row it
+ * refused stays marked, so after waiting for the writer, holding no lock, the next pass
+ * continues where it stopped. */
+static int dirty_scan(ck_writer *w, gr_table *t)
+{
+    int rc;
+    w->can_pause = true;
+    for (;;) {
+        rc = gr_table_scan_dirty(t, 0, row_cb, w);
+        if (rc != SCAN_PAUSE) break;
+        wait_inflight(w, w->pool_blocks / 2);
+    }
+    w->can_pause = false;
+    return rc;
 }
 
 static int table_section(ck_writer *w, uint32_t index, const gr_table_spec *spec,
@@ -512,6 +595,8 @@ static int check_opts(const char *dir, gr_table *const *tables, size_t ntables,
     if (o->zstd_level < 0 || o->zstd_level > ZSTD_maxCLevel())
         return gr_seterr(GR_EINVAL, "zstd level %d is out of range 0..%d", o->zstd_level,
                          ZSTD_maxCLevel());
+    if (o->buffer_mib > 65536)
+        return gr_seterr(GR_EINVAL, "buffer of %u MiB is above the 64 GiB limit", o->buffer_mib);
     if (o->export_f16 && o->kind != GR_CKPT_EXPORT)
         return gr_seterr(GR_EINVAL, "f16 weights are for exports only");
     return GR_OK;
@@ -522,7 +607,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
 {
     int rc = check_opts(dir, tables, ntables, o);
     if (rc != GR_OK) return rc;
-    uint64_t t0 = gr_now_ns();
+    uint64_t t0 = gr_now_ns(), sync_ns = 0;
     rc = ck_mkdir(dir);
     if (rc != GR_OK) return rc;
 
@@ -559,6 +644,8 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     w->path = tmp;
     w->fd = -1;
     w->level = o->zstd_level;
+    w->pool_blocks = o->buffer_mib ? (int)o->buffer_mib : POOL_MIB;
+    w->hard_blocks = HARD_FACTOR * w->pool_blocks;
     w->fault_after = o->fault_after_rows;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv_work, NULL);
@@ -607,7 +694,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         w->table_rows = w->table_keys = 0;
         int src;
         if (o->kind == GR_CKPT_DELTA) {
-            src = gr_table_scan_dirty(tables[i], 0, row_cb, w);
+            src = dirty_scan(w, tables[i]);
         } else {
             if (o->kind == GR_CKPT_FULL) {
                 /* Clear the marks first: a row updated after this point is in this file if
@@ -618,7 +705,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
                     break;
                 }
             }
-            src = gr_table_scan(tables[i], row_cb, w);
+            src = paced_scan(w, tables[i], row_cb);
         }
         flush_block(w);
         if (src != 0) {
@@ -628,7 +715,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         if (o->kind == GR_CKPT_DELTA) {
             /* Deltas also list every live key, so a restore can drop rows deleted or evicted
              * since an older checkpoint (the table does not track deletions). */
-            src = gr_table_scan(tables[i], key_cb, w);
+            src = paced_scan(w, tables[i], key_cb);
             flush_block(w);
             if (src != 0) {
                 rc = w->cb_err ? w->cb_err : (src < 0 ? src : GR_EINTERNAL);
@@ -661,8 +748,10 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         uint64_t content_sum = tail.content_checksum;
         rc = out_write(w, &tail, sizeof tail);
         if (rc == GR_OK) rc = out_flush(w);
+        uint64_t ts = gr_now_ns();
         if (rc == GR_OK && fsync(w->fd) != 0)
             rc = gr_seterr(GR_EIO, "fsync of %s failed: %s", tmp, strerror(errno));
+        sync_ns = gr_now_ns() - ts;
         if (rc == GR_OK) {
             close(w->fd);
             w->fd = -1;
@@ -682,6 +771,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
             info->rows = w->rows;
             info->keys = w->keys;
             info->seconds = (double)(gr_now_ns() - t0) / 1e9;
+            info->sync_seconds = (double)sync_ns / 1e9;
             info->stall_ns = w->stall_max_ns;
         }
     }
