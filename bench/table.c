@@ -1,10 +1,492 @@
-/* Placeholder: bench table lands with its issue. */
+/* `granary bench table`: the table engine against the memory limit of its access pattern.
+ * A table of N rows (dim 64, Adagrad) is filled, then batches of 4096 x 26 Zipf(1.05) ids are
+ * looked up, and looked up + deduplicated + applied, from 1 and T threads. Baselines in the
+ * same run: a flat-array gather of the same rows (huge pages, prefetched) and PyTorch's
+ * EmbeddingBag + sparse Adagrad (bench/torch_embedding.py, when /usr/bin/python3 has torch). */
 #include "bench/bench.h"
+#include "granary/table.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIM 64
+#define EXAMPLES 4096
+#define BAG 26
+#define IDS (EXAMPLES * BAG)
+#define ZIPF_S 1.05
+#define POOL_MAX 8
+#define PERM_MUL 2654435761ull /* row = ((rank - 1) * PERM_MUL) % rows, as in the torch script */
+#define MAX_THREADS 64
+
+typedef struct opts {
+    uint64_t rows;
+    unsigned batches, threads;
+    bool json, full;
+} opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: granary bench table [--json] [--full] [--rows N] [--batches B] "
+               "[--threads T]\n"
+               "  --rows N      table rows (default 10M; --full: 50M)\n"
+               "  --batches B   batches of %d x %d ids per thread per measurement (default 100)\n"
+               "  --threads T   measure with 1 and T threads (default 2)\n"
+               "  --json        print a final JSON line with the figures\n",
+            EXAMPLES, BAG);
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (gr_parse_size(s, out) == GR_OK) return 0;
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (errno || *end || d < 1 || d > 1e15) return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+/* Keys are a fixed bijection of the Zipf rank, so hot keys land in all partitions. */
+static uint64_t key_of_rank(uint64_t rank)
+{
+    uint64_t z = rank + 0x6a09e667f3bcc909ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct worker {
+    pthread_t th;
+    int id, kind;
+    unsigned batches, pool_n;
+    uint64_t **keys;  /* pool_n batches of IDS keys */
+    uint32_t **rowix; /* the same ids as flat-array rows */
+    float *out, *ugrad;
+    uint64_t *uniq;
+    uint32_t *inverse;
+    gr_dedup_scratch scratch;
+    gr_table *t;
+    const float *flat;
+    pthread_barrier_t *bar;
+    int rc;
+    char err[256];
+} worker;
+
+enum { KIND_FLAT, KIND_LOOKUP, KIND_ADAGRAD, KIND_FILL };
+
+static void flat_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
+{
+    const size_t pf = 16;
+    for (size_t i = 0; i < n; i++) {
+        if (i + pf < n) {
+            const char *r = (const char *)(flat + (size_t)ix[i + pf] * DIM);
+            for (int l = 0; l < DIM * 4; l += 64) __builtin_prefetch(r + l, 0, 3);
+        }
+        memcpy(out + i * DIM, flat + (size_t)ix[i] * DIM, DIM * sizeof(float));
+    }
+}
+
+static int adagrad_batch(worker *w, const uint64_t *keys)
+{
+    int rc = gr_table_lookup(w->t, keys, IDS, w->out, 0);
+    if (rc) return rc;
+    long nu = gr_dedup(keys, IDS, w->uniq, w->inverse, &w->scratch);
+    if (nu < 0) return (int)nu;
+    /* A stand-in gradient per occurrence (a fraction of the row read), summed per unique id
+     * as a client does before pushing. */
+    memset(w->ugrad, 0, (size_t)nu * DIM * sizeof(float));
+    for (size_t i = 0; i < IDS; i++) {
+        float *g = w->ugrad + (size_t)w->inverse[i] * DIM;
+        const float *o = w->out + i * DIM;
+        for (int j = 0; j < DIM; j++) g[j] += 1e-3f + 1e-2f * o[j];
+    }
+    return gr_table_apply(w->t, w->uniq, (size_t)nu, w->ugrad);
+}
+
+static void *worker_main(void *p)
+{
+    worker *w = p;
+    pthread_barrier_wait(w->bar);
+    for (unsigned b = 0; b < w->batches && !w->rc; b++) {
+        unsigned k = b % w->pool_n;
+        if (w->kind == KIND_FLAT) {
+            flat_gather(w->flat, w->rowix[k], IDS, w->out);
+        } else if (w->kind == KIND_LOOKUP) {
+            w->rc = gr_table_lookup(w->t, w->keys[k], IDS, w->out, 0);
+        } else {
+            w->rc = adagrad_batch(w, w->keys[k]);
+        }
+        if (w->rc) snprintf(w->err, sizeof w->err, "%s", gr_errmsg());
+    }
+    return NULL;
+}
+
+/* Runs `kind` on nt workers; returns ids (or rows) per second, or -1 on error. */
+static double measure(worker *ws, unsigned nt, int kind)
+{
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, nt + 1);
+    for (unsigned i = 0; i < nt; i++) {
+        ws[i].kind = kind;
+        ws[i].bar = &bar;
+        ws[i].rc = 0;
+        pthread_create(&ws[i].th, NULL, worker_main, &ws[i]);
+    }
+    pthread_barrier_wait(&bar);
+    uint64_t t0 = gr_now_ns();
+    for (unsigned i = 0; i < nt; i++) pthread_join(ws[i].th, NULL);
+    double secs = (double)(gr_now_ns() - t0) / 1e9;
+    pthread_barrier_destroy(&bar);
+    uint64_t ids = 0;
+    for (unsigned i = 0; i < nt; i++) {
+        if (ws[i].rc) {
+            fprintf(stderr, "granary bench table: worker %u failed: %s\n", i, ws[i].err);
+            return -1;
+        }
+        ids += (uint64_t)ws[i].batches * IDS;
+    }
+    return (double)ids / secs;
+}
+
+typedef struct fill_arg {
+    gr_table *t;
+    uint64_t lo, hi;
+    int rc;
+} fill_arg;
+
+static void *fill_main(void *p)
+{
+    fill_arg *a = p;
+    enum { CH = 65536 };
+    uint64_t *keys = malloc(CH * sizeof *keys);
+    float *out = malloc((size_t)CH * DIM * sizeof *out);
+    if (!keys || !out) a->rc = GR_ENOMEM;
+    for (uint64_t r = a->lo; r < a->hi && !a->rc; r += CH) {
+        size_t n = a->hi - r < CH ? (size_t)(a->hi - r) : CH;
+        for (size_t i = 0; i < n; i++) keys[i] = key_of_rank(r + i + 1);
+        a->rc = gr_table_lookup(a->t, keys, n, out, 0);
+    }
+    free(keys);
+    free(out);
+    return NULL;
+}
+
+/* Path of bench/torch_embedding.py: $GR_TORCH_SCRIPT, ./bench/, or beside the executable's
+ * build folder (build/granary or build/<sanitizer>/granary). */
+static bool find_script(char *path, size_t cap)
+{
+    const char *env = getenv("GR_TORCH_SCRIPT");
+    if (env && access(env, R_OK) == 0) {
+        snprintf(path, cap, "%s", env);
+        return true;
+    }
+    if (access("bench/torch_embedding.py", R_OK) == 0) {
+        snprintf(path, cap, "bench/torch_embedding.py");
+        return true;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return false;
+    exe[n] = '\0';
+    char *dir = dirname(exe);
+    const char *ups[] = {"/../bench/torch_embedding.py", "/../../bench/torch_embedding.py"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, cap, "%s%s", dir, ups[i]);
+        if (access(path, R_OK) == 0) return true;
+    }
+    return false;
+}
+
+/* Runs the PyTorch baseline as a child process; returns ids/s or -1 when unavailable. */
+static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
+{
+    if (access("/usr/bin/python3", X_OK) != 0) return -1;
+    char script[PATH_MAX];
+    if (!find_script(script, sizeof script)) return -1;
+    char cmd[PATH_MAX + 256];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 '%s' --rows %" PRIu64 " --dim %d --batch %d --bag %d "
+             "--batches %u --threads %u --zipf %g 2>&1",
+             script, rows, DIM, EXAMPLES, BAG, batches, threads, ZIPF_S);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    char line[1024];
+    double ids = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"ids_per_sec\":");
+        if (p) ids = strtod(p + 14, NULL);
+    }
+    int st = pclose(f);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+    return ids;
+}
+
+typedef struct result {
+    unsigned threads;
+    double flat, lookup, adagrad, torch;
+} result;
+
+static void json_num(char *buf, size_t cap, double v)
+{
+    if (v < 0) snprintf(buf, cap, "null");
+    else snprintf(buf, cap, "%.0f", v);
+}
+
 int gr_bench_table(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "granary: 'bench table' is not built yet\n");
-    return 1;
+    opts o = {.rows = 10000000, .batches = 100, .threads = 2};
+    bool rows_set = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        uint64_t v;
+        if (!strcmp(a, "--json")) {
+            o.json = true;
+        } else if (!strcmp(a, "--full")) {
+            o.full = true;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "--rows") || !strcmp(a, "--batches") || !strcmp(a, "--threads")) &&
+                   i + 1 < argc) {
+            if (parse_u64(argv[++i], &v) != 0) {
+                fprintf(stderr, "granary bench table: bad value '%s' for %s\n", argv[i], a);
+                return 2;
+            }
+            if (!strcmp(a, "--rows")) {
+                o.rows = v;
+                rows_set = true;
+            } else if (!strcmp(a, "--batches")) {
+                o.batches = v > 1000000 ? 1000000 : (unsigned)v;
+            } else {
+                if (v > MAX_THREADS) {
+                    fprintf(stderr, "granary bench table: at most %d threads\n", MAX_THREADS);
+                    return 2;
+                }
+                o.threads = (unsigned)v;
+            }
+        } else {
+            fprintf(stderr, "granary bench table: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (o.full && !rows_set) o.rows = 50000000;
+    if (o.rows > UINT32_MAX) {
+        fprintf(stderr, "granary bench table: at most %u rows\n", UINT32_MAX);
+        return 2;
+    }
+
+    gr_table_spec spec;
+    gr_table_spec_default(&spec, "bench", DIM);
+    spec.seed = 42;
+    spec.init.kind = GR_INIT_UNIFORM;
+    spec.init.low = -0.01f;
+    spec.init.high = 0.01f;
+    spec.opt.kind = GR_OPT_ADAGRAD;
+    spec.opt.lr = 0.01f;
+    spec.opt.eps = 1e-8f;
+
+    /* Refuse sizes this machine cannot hold rather than swapping or being killed. */
+    double need = (double)o.rows * (528 + 32 + DIM * 4) + 64e6 * o.threads;
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (need > 0.85 * ram) {
+        fprintf(stderr,
+                "granary bench table: %" PRIu64 " rows need about %.1f GiB; this machine has "
+                "%.1f GiB (use --rows)\n",
+                o.rows, need / 1073741824.0, ram / 1073741824.0);
+        return 1;
+    }
+
+    printf("granary bench table: %" PRIu64 " rows, dim %d, adagrad, batches of %d x %d ids "
+           "Zipf(%.2f), %u batches per thread per figure\n",
+           o.rows, DIM, EXAMPLES, BAG, ZIPF_S, o.batches);
+    fflush(stdout);
+
+    /* Id pools: drawn once per thread, cycled through by every measurement. */
+    unsigned nt_max = o.threads ? o.threads : 1;
+    unsigned pool_n = o.batches < POOL_MAX ? o.batches : POOL_MAX;
+    if (pool_n == 0) pool_n = 1;
+    worker *ws = calloc(nt_max, sizeof *ws);
+    if (!ws) {
+        fprintf(stderr, "granary bench table: out of memory\n");
+        return 1;
+    }
+    gr_zipf z;
+    gr_zipf_init(&z, o.rows, ZIPF_S);
+    int ret = 1;
+    for (unsigned i = 0; i < nt_max; i++) {
+        worker *w = &ws[i];
+        w->id = (int)i;
+        w->batches = o.batches;
+        w->pool_n = pool_n;
+        w->keys = calloc(pool_n, sizeof *w->keys);
+        w->rowix = calloc(pool_n, sizeof *w->rowix);
+        w->out = malloc((size_t)IDS * DIM * sizeof(float));
+        w->ugrad = malloc((size_t)IDS * DIM * sizeof(float));
+        w->uniq = malloc(IDS * sizeof(uint64_t));
+        w->inverse = malloc(IDS * sizeof(uint32_t));
+        if (!w->keys || !w->rowix || !w->out || !w->ugrad || !w->uniq || !w->inverse) goto oom;
+        gr_rng r;
+        gr_rng_seed(&r, 1000 + i);
+        for (unsigned b = 0; b < pool_n; b++) {
+            w->keys[b] = malloc(IDS * sizeof(uint64_t));
+            w->rowix[b] = malloc(IDS * sizeof(uint32_t));
+            if (!w->keys[b] || !w->rowix[b]) goto oom;
+            for (size_t k = 0; k < IDS; k++) {
+                uint64_t rank = gr_zipf_draw(&z, &r);
+                w->keys[b][k] = key_of_rank(rank);
+                w->rowix[b][k] = (uint32_t)(((rank - 1) * PERM_MUL) % o.rows);
+            }
+        }
+    }
+
+    /* Flat baseline array, on huge pages where the kernel gives them. */
+    size_t flat_bytes = (size_t)o.rows * DIM * sizeof(float);
+    size_t flat_alloc = (flat_bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    void *flat = NULL;
+    if (posix_memalign(&flat, 2u << 20, flat_alloc) != 0) goto oom;
+#ifdef MADV_HUGEPAGE
+    madvise(flat, flat_alloc, MADV_HUGEPAGE);
+#endif
+    {
+        float *f = flat;
+        for (size_t i = 0; i < (size_t)o.rows * DIM; i++) f[i] = (float)(i & 1023) * 1e-5f;
+    }
+
+    gr_table *t = NULL;
+    if (gr_table_create(&spec, &t) != GR_OK) {
+        fprintf(stderr, "granary bench table: %s\n", gr_errmsg());
+        free(flat);
+        goto out;
+    }
+    {
+        fill_arg fa[MAX_THREADS];
+        pthread_t ft[MAX_THREADS];
+        uint64_t t0 = gr_now_ns();
+        for (unsigned i = 0; i < nt_max; i++) {
+            fa[i] = (fill_arg){t, o.rows * i / nt_max, o.rows * (i + 1) / nt_max, 0};
+            pthread_create(&ft[i], NULL, fill_main, &fa[i]);
+        }
+        int frc = 0;
+        for (unsigned i = 0; i < nt_max; i++) {
+            pthread_join(ft[i], NULL);
+            if (fa[i].rc) frc = fa[i].rc;
+        }
+        double secs = (double)(gr_now_ns() - t0) / 1e9;
+        if (frc) {
+            fprintf(stderr, "granary bench table: fill failed: %s\n", gr_strerror(frc));
+            gr_table_destroy(t);
+            free(flat);
+            goto out;
+        }
+        printf("fill: %" PRIu64 " rows created by lookups in %.2f s (%.2f M rows/s, %u threads)\n",
+               o.rows, secs, (double)o.rows / secs / 1e6, nt_max);
+    }
+    gr_table_stats st;
+    gr_table_get_stats(t, &st);
+    double overhead = st.bytes_per_row - (double)st.payload_bytes;
+
+    result res[2];
+    unsigned nres = 0;
+    unsigned tcounts[2] = {1, nt_max};
+    for (unsigned k = 0; k < (nt_max > 1 ? 2u : 1u); k++) {
+        unsigned nt = tcounts[k];
+        for (unsigned i = 0; i < nt; i++) {
+            ws[i].t = t;
+            ws[i].flat = flat;
+        }
+        result *r = &res[nres++];
+        r->threads = nt;
+        r->torch = -1;
+        r->flat = measure(ws, nt, KIND_FLAT);
+        r->lookup = measure(ws, nt, KIND_LOOKUP);
+        r->adagrad = measure(ws, nt, KIND_ADAGRAD);
+        if (r->flat < 0 || r->lookup < 0 || r->adagrad < 0) {
+            gr_table_destroy(t);
+            free(flat);
+            goto out;
+        }
+    }
+    gr_table_get_stats(t, &st);
+    /* Give the memory back before PyTorch allocates its own copy of the table. */
+    gr_table_destroy(t);
+    free(flat);
+    unsigned torch_batches = o.batches < 30 ? o.batches : 30;
+    for (unsigned k = 0; k < nres; k++) {
+        res[k].torch = run_torch(o.rows, torch_batches, res[k].threads);
+        if (res[k].torch < 0) break; /* no torch here: skip the other thread counts */
+    }
+
+    printf("\n%-8s %14s %14s %9s %14s %14s %9s\n", "threads", "flat M rows/s", "lookup M rows/s",
+           "x flat", "adagrad M ids/s", "torch M ids/s", "x torch");
+    for (unsigned k = 0; k < nres; k++) {
+        result *r = &res[k];
+        char tb[32] = "n/a", xb[32] = "n/a";
+        if (r->torch > 0) {
+            snprintf(tb, sizeof tb, "%.2f", r->torch / 1e6);
+            snprintf(xb, sizeof xb, "%.1f", r->adagrad / r->torch);
+        }
+        printf("%-8u %14.2f %15.2f %9.2f %15.2f %14s %9s\n", r->threads, r->flat / 1e6,
+               r->lookup / 1e6, r->lookup / r->flat, r->adagrad / 1e6, tb, xb);
+    }
+    result *top = &res[nres - 1];
+    printf("\nmemory: %.2f GiB for %" PRIu64 " rows = %.1f B/row; payload (weights + adagrad) "
+           "%" PRIu64 " B/row; overhead %.1f B/row (target <= 32)\n",
+           (double)st.bytes / 1073741824.0, st.rows, st.bytes_per_row, st.payload_bytes, overhead);
+    printf("targets at %u threads: lookup >= 0.6 x flat gather: %s (%.2f); adagrad >= 5 x torch: "
+           "%s; overhead <= 32 B/row: %s\n",
+           top->threads, top->lookup >= 0.6 * top->flat ? "met" : "NOT met",
+           top->lookup / top->flat,
+           top->torch > 0 ? (top->adagrad >= 5 * top->torch ? "met" : "NOT met") : "no torch",
+           overhead <= 32 ? "met" : "NOT met");
+    printf("(PyTorch: nn.EmbeddingBag(sparse=True, mode='sum') + torch.optim.Adagrad, %u "
+           "batches, same id distribution; run by /usr/bin/python3 bench/torch_embedding.py)\n",
+           torch_batches);
+    if (o.json) {
+        char tj[32];
+        json_num(tj, sizeof tj, top->torch);
+        printf("{\"bench\":\"table\",\"rows\":%" PRIu64 ",\"dim\":%d,\"threads\":%u,\"batches\":%u,"
+               "\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":%.0f,"
+               "\"adagrad_ids_per_sec\":%.0f,\"torch_adagrad_ids_per_sec\":%s,"
+               "\"overhead_bytes_per_row\":%.2f,\"bytes_per_row\":%.2f,\"by_threads\":[",
+               o.rows, DIM, top->threads, o.batches, top->lookup, top->flat, top->adagrad, tj,
+               overhead, st.bytes_per_row);
+        for (unsigned k = 0; k < nres; k++) {
+            json_num(tj, sizeof tj, res[k].torch);
+            printf("%s{\"threads\":%u,\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":"
+                   "%.0f,\"adagrad_ids_per_sec\":%.0f,\"torch_adagrad_ids_per_sec\":%s}",
+                   k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].adagrad, tj);
+        }
+        printf("]}\n");
+    }
+    ret = 0;
+    goto out;
+oom:
+    fprintf(stderr, "granary bench table: out of memory\n");
+out:
+    for (unsigned i = 0; i < nt_max; i++) {
+        worker *w = &ws[i];
+        for (unsigned b = 0; b < pool_n; b++) {
+            if (w->keys) free(w->keys[b]);
+            if (w->rowix) free(w->rowix[b]);
+        }
+        free(w->keys);
+        free(w->rowix);
+        free(w->out);
+        free(w->ugrad);
+        free(w->uniq);
+        free(w->inverse);
+        gr_dedup_scratch_fini(&w->scratch);
+    }
+    free(ws);
+    return ret;
 }

@@ -10,6 +10,18 @@
 #include <emmintrin.h>
 #endif
 
+bool gr_have_prefetchw = false;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+/* PREFETCHW is CPUID 0x80000001 ECX bit 8 (3DNowPrefetch); set once before main runs. */
+__attribute__((constructor)) static void detect_prefetchw(void)
+{
+    unsigned a, b, c, d;
+    if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) gr_have_prefetchw = (c >> 8) & 1u;
+}
+#endif
+
 void gr_spin_lock_slow(gr_spin *l)
 {
     unsigned spins = 0;
@@ -80,6 +92,15 @@ float gr_f16_to_f32(uint16_t h)
 
 /* ---- initializers ---- */
 
+static inline double u01(uint64_t *st)
+{
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w)
 {
     const gr_init_spec *in = &t->spec.init;
@@ -92,22 +113,28 @@ void gr_table_init_row(const gr_table *t, uint64_t key, float *w)
     case GR_INIT_UNIFORM:
     case GR_INIT_TRUNC_NORMAL: break;
     }
-    /* The same key gets the same first row on any shard and after any restart. */
-    gr_rng r;
-    gr_rng_seed(&r, gr_hash_key(key, t->spec.seed));
+    /* The same key gets the same first row on any shard and after any restart: a local
+     * splitmix64 stream seeded from (key, table seed), inlined because row creation is on the
+     * lookup path. */
+    uint64_t st = gr_hash_key(key, t->spec.seed);
     if (in->kind == GR_INIT_UNIFORM) {
         double span = (double)in->high - (double)in->low;
         for (uint32_t i = 0; i < dim; i++) {
-            float v = (float)((double)in->low + span * gr_rng_uniform(&r));
+            float v = (float)((double)in->low + span * u01(&st));
             if (v >= in->high) v = nextafterf(in->high, in->low);
             w[i] = v;
         }
     } else {
-        for (uint32_t i = 0; i < dim; i++) {
-            double z;
-            do z = gr_rng_normal(&r);
-            while (z < -2.0 || z > 2.0);
-            w[i] = (float)((double)in->mean + (double)in->stddev * z);
+        /* Box-Muller pairs; values outside mean +- 2 stddev are redrawn. */
+        uint32_t i = 0;
+        while (i < dim) {
+            double u1 = u01(&st), u2 = u01(&st);
+            if (u1 < 1e-300) u1 = 1e-300;
+            double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+            double z[2] = {r * cos(a), r * sin(a)};
+            for (int k = 0; k < 2 && i < dim; k++)
+                if (z[k] >= -2.0 && z[k] <= 2.0)
+                    w[i++] = (float)((double)in->mean + (double)in->stddev * z[k]);
         }
     }
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCAN_SLICE 1024u        /* slots per lock hold in scans */
+#define SCAN_SLICE 1024u        /* slots per lock hold in scans (a multiple of 16) */
 #define EXPIRE_SLICE 1024u      /* slots per lock hold in TTL expiry */
 #define EXPIRE_SLICE_NS 200000u /* and at most this long (checked every 64 slots) */
 
@@ -17,7 +17,8 @@ typedef struct scan_buf {
 static int visit(gr_table *t, gr_part *p, uint32_t s, gr_table_scan_fn fn, void *ctx,
                  scan_buf *b)
 {
-    uint8_t *row = gr_row_ptr(t, p, s);
+    (void)p;
+    uint8_t *row = gr_row_ptr(t, s);
     const gr_row_hdr *hd = gr_row_hdr_of(row);
     const float *w;
     if (t->spec.dtype == GR_DTYPE_F32) {
@@ -40,17 +41,19 @@ int gr_table_scan(gr_table *t, gr_table_scan_fn fn, void *ctx)
     int rc = 0;
     for (uint32_t q = 0; q < t->nparts && !rc; q++) {
         gr_part *p = &t->parts[q];
+        /* Positions (not slots) advance between lock holds: a partition's chunks only ever
+         * get appended, so position k names the same slot across slices. */
         for (uint32_t base = 0; !rc; base += SCAN_SLICE) {
             gr_spin_lock(&p->lock);
-            uint32_t hw = p->hw;
-            if (base >= hw) {
+            uint32_t span = gr_part_span(t, p);
+            if (base >= span) {
                 gr_spin_unlock(&p->lock);
                 break;
             }
-            uint32_t end = hw - base > SCAN_SLICE ? base + SCAN_SLICE : hw;
-            for (uint32_t s = base; s < end && !rc; s++) {
-                if (!((p->live[s >> 6] >> (s & 63)) & 1u)) continue;
-                rc = visit(t, p, s, fn, ctx, b);
+            uint32_t end = span - base > SCAN_SLICE ? base + SCAN_SLICE : span;
+            for (uint32_t k = base; k < end && !rc; k++) {
+                uint32_t s = gr_part_slot(t, p, k);
+                if (gr_live_get(t, s)) rc = visit(t, p, s, fn, ctx, b);
             }
             gr_spin_unlock(&p->lock);
         }
@@ -72,23 +75,26 @@ int gr_table_scan_dirty(gr_table *t, unsigned tracker, gr_table_scan_fn fn, void
     int rc = 0;
     for (uint32_t q = 0; q < t->nparts && !rc; q++) {
         gr_part *p = &t->parts[q];
+        /* SCAN_SLICE is a multiple of 16, so a slice covers whole dirty words of one chunk. */
         for (uint32_t base = 0; !rc; base += SCAN_SLICE) {
             gr_spin_lock(&p->lock);
-            if (p->dirty_n[tracker] == 0 || base >= p->hw) {
+            uint32_t span = gr_part_span(t, p);
+            if (p->dirty_n[tracker] == 0 || base >= span) {
                 gr_spin_unlock(&p->lock);
                 break;
             }
-            uint32_t end = p->hw - base > SCAN_SLICE ? base + SCAN_SLICE : p->hw;
-            for (uint32_t w = base / 16; w < (end + 15) / 16 && !rc; w++) {
-                uint64_t bits = p->dirty[w] & mask;
+            uint32_t end = span - base > SCAN_SLICE ? base + SCAN_SLICE : span;
+            for (uint32_t k = base; k < end && !rc; k += 16) {
+                uint32_t s0 = gr_part_slot(t, p, k);
+                uint64_t *wp = &t->dirty[s0 >> 4];
+                uint64_t bits = *wp & mask;
                 while (bits && !rc) {
                     unsigned bit = (unsigned)__builtin_ctzll(bits);
                     bits &= bits - 1;
-                    uint32_t s = w * 16 + bit / 4;
-                    rc = visit(t, p, s, fn, ctx, b);
+                    rc = visit(t, p, s0 + bit / 4, fn, ctx, b);
                     /* A row the callback refused stays marked for the next scan. */
                     if (!rc) {
-                        p->dirty[w] &= ~(1ull << bit);
+                        *wp &= ~(1ull << bit);
                         p->dirty_n[tracker]--;
                     }
                 }
@@ -128,19 +134,21 @@ int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
     uint64_t total = 0;
     for (uint32_t q = 0; q < t->nparts; q++) {
         gr_part *p = &t->parts[q];
-        uint32_t s = 0;
+        uint32_t k = 0;
         for (;;) {
             gr_spin_lock(&p->lock);
-            if (s >= p->hw) {
+            uint32_t span = gr_part_span(t, p);
+            if (k >= span) {
                 gr_spin_unlock(&p->lock);
                 break;
             }
             uint64_t t0 = gr_now_ns();
-            uint32_t end = p->hw - s > EXPIRE_SLICE ? s + EXPIRE_SLICE : p->hw;
-            for (uint32_t start = s; s < end; s++) {
-                if (s != start && (s & 63) == 0 && gr_now_ns() - t0 > EXPIRE_SLICE_NS) break;
-                if (!((p->live[s >> 6] >> (s & 63)) & 1u)) continue;
-                gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, p, s));
+            uint32_t end = span - k > EXPIRE_SLICE ? k + EXPIRE_SLICE : span;
+            for (uint32_t start = k; k < end; k++) {
+                if (k != start && (k & 63) == 0 && gr_now_ns() - t0 > EXPIRE_SLICE_NS) break;
+                uint32_t s = gr_part_slot(t, p, k);
+                if (!gr_live_get(t, s)) continue;
+                gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, s));
                 if (hd->meta.last_update >= cutoff) continue;
                 uint32_t pos;
                 uint64_t key = hd->key;

@@ -1,7 +1,7 @@
-/* The table engine: partitions, their open-addressing indexes and row arenas, and the batch
- * operations (lookup, apply, get, insert, delete). A batch is hashed once, grouped by
- * partition, and each group runs under one hold of its partition's lock with a software
- * pipeline (index buckets prefetched two stages ahead, rows one stage ahead). */
+/* The table engine: the row arena, the partitions with their open-addressing indexes, and
+ * the batch operations (lookup, apply, get, insert, delete), which run as a three-stage
+ * software pipeline over the caller's keys (index buckets prefetched two keys-distances ahead,
+ * rows one distance ahead), taking each key's partition lock only for that key. */
 #include "table/table_internal.h"
 
 #define XXH_INLINE_ALL
@@ -12,16 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
-#define PF_D 6     /* pipeline distance (keys) between stages */
-#define PF_RING 8  /* ring of probed slots; power of two > PF_D */
-#define CHUNK_TARGET 24576u             /* rows per chunk: smallest power of two reaching this */
-#define SMALL_CHUNK_BYTES (4u << 20)    /* malloc per chunk until this much is in chunks */
-#define SLAB_TARGET (32u << 20)         /* then carve chunks from slabs of about this size */
+#ifndef PF_D
+#define PF_D 6 /* pipeline distance (keys) between stages */
+#endif
+#define PF_RING 32 /* ring of per-key pipeline state; power of two > 2 * PF_D */
+#define CHUNK_TARGET 24576u /* rows per chunk: smallest power of two reaching this (>= 64) */
+#define COMMIT_ROWS 32768u  /* the arena is committed in multiples of this many slots */
 #define HUGE_PAGE (2u << 20)
+#define HUGE_FROM (8u << 20) /* rows past this offset are advised for huge pages */
 #define EVICT_SAMPLES 8
 #define EVICT_SAMPLE_ALL 16 /* partitions with this few slots are searched exhaustively */
-#define FIRST_CHUNK_ROWS 4
 
 uint64_t gr_table_hash(uint64_t key)
 {
@@ -75,62 +77,133 @@ static int grow_array(gr_table *t, void **ptr, size_t old_bytes, size_t new_byte
     return GR_OK;
 }
 
-/* ---- chunk allocator ---- */
+/* ---- the row arena ---- */
 
-static int block_push(gr_table *t, void *b)
+static void *reserve(size_t len)
 {
-    if (t->nblocks == t->blocks_cap) {
-        size_t nc = t->blocks_cap ? t->blocks_cap * 2 : 64;
-        void **nb = realloc(t->blocks, nc * sizeof *nb);
-        if (!nb) return GR_ENOMEM;
-        t->blocks = nb;
-        t->blocks_cap = nc;
-    }
-    t->blocks[t->nblocks++] = b;
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static size_t page_up(size_t n)
+{
+    return (n + 4095) & ~(size_t)4095;
+}
+
+/* Makes slots [t->committed, upto) usable. Caller holds alloc_lock. */
+static int arena_commit(gr_table *t, uint32_t upto)
+{
+    uint64_t want = ((uint64_t)upto + COMMIT_ROWS - 1) / COMMIT_ROWS * COMMIT_ROWS;
+    if (want > t->max_rows) want = t->max_rows;
+    const uint32_t have = atomic_load_explicit(&t->committed, memory_order_relaxed);
+    size_t r0 = (size_t)have * t->stride, r1 = (size_t)want * t->stride;
+    size_t l0 = have / 8, l1 = page_up(want / 8);
+    size_t d0 = have / 2, d1 = page_up(want / 2);
+    r0 &= ~(size_t)4095;
+    l0 &= ~(size_t)4095;
+    d0 &= ~(size_t)4095;
+    if (mprotect(t->rowmem + r0, page_up(r1) - r0, PROT_READ | PROT_WRITE) != 0 ||
+        mprotect((uint8_t *)t->live + l0, l1 - l0, PROT_READ | PROT_WRITE) != 0 ||
+        mprotect((uint8_t *)t->dirty + d0, d1 - d0, PROT_READ | PROT_WRITE) != 0)
+        return gr_seterr(GR_ENOMEM, "table '%s': cannot commit memory for %llu rows",
+                         t->spec.name, (unsigned long long)want);
+#ifdef MADV_HUGEPAGE
+    /* Huge pages save most TLB misses on random row access; small tables stay on 4 KiB pages
+     * so that a handful of rows per partition does not pin 2 MiB pages. */
+    size_t h0 = r0 > HUGE_FROM ? r0 : HUGE_FROM, h1 = page_up(r1);
+    if (h1 > h0) madvise(t->rowmem + h0, h1 - h0, MADV_HUGEPAGE);
+#endif
+    /* Published after the pages are usable: lock-free readers trust slots below it. */
+    atomic_store_explicit(&t->committed, (uint32_t)want, memory_order_release);
     return GR_OK;
 }
 
-/* A chunk for rows >= one chunk (chunk 0 of each partition is a growable malloc). Small
- * tables malloc each chunk; past SMALL_CHUNK_BYTES chunks are carved from 2 MiB-aligned slabs
- * advised for transparent huge pages, which saves most TLB misses on random row access. */
-static uint8_t *chunk_get(gr_table *t)
+/* Hands a whole chunk of slots to a partition; returns its first slot. */
+static int chunk_carve(gr_table *t, uint32_t *first)
 {
-    uint8_t *c = NULL;
-    size_t cb = t->chunk_bytes;
     pthread_mutex_lock(&t->alloc_lock);
-    if (t->malloc_bytes + cb <= SMALL_CHUNK_BYTES) {
-        c = malloc(cb);
-        if (c && block_push(t, c) == GR_OK) {
-            t->malloc_bytes += cb;
-        } else {
-            free(c);
-            c = NULL;
-        }
-    } else {
-        if (t->slab_left < cb) {
-            size_t sz = cb * (SLAB_TARGET / cb > 0 ? SLAB_TARGET / cb : 1);
-            void *s = NULL;
-            if (posix_memalign(&s, HUGE_PAGE, sz) != 0) s = NULL;
-            if (s && block_push(t, s) != GR_OK) {
-                free(s);
-                s = NULL;
-            }
-            if (s) {
-#ifdef MADV_HUGEPAGE
-                if (sz >= HUGE_PAGE) madvise(s, sz & ~(size_t)(HUGE_PAGE - 1), MADV_HUGEPAGE);
-#endif
-                t->slab_cur = s;
-                t->slab_left = sz;
-            }
-        }
-        if (t->slab_left >= cb) {
-            c = t->slab_cur;
-            t->slab_cur += cb;
-            t->slab_left -= cb;
-        }
+    int rc = GR_OK;
+    if ((uint64_t)t->carved + t->chunk_rows > t->max_rows) {
+        rc = gr_seterr(GR_ENOMEM,
+                       "table '%s' filled its reserved row space of %u slots; set mem_limit or "
+                       "capacity to size it",
+                       t->spec.name, t->max_rows);
+    } else if (t->carved + t->chunk_rows > atomic_load_explicit(&t->committed, memory_order_relaxed)) {
+        rc = arena_commit(t, t->carved + t->chunk_rows);
+    }
+    if (rc == GR_OK) {
+        *first = t->carved;
+        t->carved += t->chunk_rows;
     }
     pthread_mutex_unlock(&t->alloc_lock);
-    return c;
+    return rc;
+}
+
+/* ---- index memory ----
+ * Index arrays come from per-table regions of reserved address space that are never unmapped
+ * while the table lives, so the probe stage may read a partition's index without its lock:
+ * what it reads may be stale (even a retired array, whose pages are handed back to the kernel
+ * and then read as zeros), but never unmapped. Stage C re-checks everything under the lock.
+ * Each array starts with a header word holding its capacity, so a lock-free reader always
+ * pairs an array with its own size. Entries are read and written with relaxed atomics. */
+
+#define IREGION_FIRST (8u << 20)
+#define IDX_PAGE_ALIGN 4096u
+
+static inline uint64_t ild(const uint64_t *e) { return __atomic_load_n(e, __ATOMIC_RELAXED); }
+static inline void ist(uint64_t *e, uint64_t v) { __atomic_store_n(e, v, __ATOMIC_RELAXED); }
+
+/* Returns `bytes` of zero-filled-on-first-touch index memory. Caller holds no lock but the
+ * partition's; alloc_lock is taken here. */
+static uint64_t *idx_alloc(gr_table *t, size_t bytes)
+{
+    size_t align = bytes >= IDX_PAGE_ALIGN ? IDX_PAGE_ALIGN : 64;
+    uint64_t *out = NULL;
+    pthread_mutex_lock(&t->alloc_lock);
+    gr_iregion *r = t->nireg ? &t->ireg[t->nireg - 1] : NULL;
+    size_t off = r ? (r->used + align - 1) & ~(align - 1) : 0;
+    if (!r || off + bytes > r->len) {
+        if (t->nireg == GR_IREGIONS) goto done;
+        size_t len = r ? r->len * 2 : IREGION_FIRST;
+        while (len < bytes) len *= 2;
+        void *m = reserve(len);
+        if (!m) goto done;
+        r = &t->ireg[t->nireg++];
+        r->base = m;
+        r->len = len;
+        r->used = 0;
+        r->committed = 0;
+#ifdef MADV_HUGEPAGE
+        if (len > IREGION_FIRST) madvise(m, len, MADV_HUGEPAGE);
+#endif
+        off = 0;
+    }
+    if (off + bytes > r->committed) {
+        size_t want = page_up(off + bytes + (1u << 20));
+        if (want > r->len) want = r->len;
+        if (mprotect(r->base + r->committed, want - r->committed, PROT_READ | PROT_WRITE) != 0)
+            goto done;
+        r->committed = want;
+    }
+    r->used = off + bytes;
+    out = (uint64_t *)(r->base + off);
+done:
+    pthread_mutex_unlock(&t->alloc_lock);
+    return out;
+}
+
+/* Bytes of an index block of `cap` buckets (header + entries). */
+static inline size_t idx_block_bytes(uint32_t cap) { return 8 + (size_t)cap * 8; }
+
+/* Gives a retired block's whole pages back to the kernel; the mapping stays. Blocks under a
+ * page stay as they are (and stay counted: at most a few KiB per partition). Returns the
+ * bytes no longer counted. */
+static size_t idx_retire(uint64_t *blk, size_t bytes)
+{
+    if (bytes < IDX_PAGE_ALIGN) return 0;
+    size_t len = bytes & ~(size_t)(IDX_PAGE_ALIGN - 1);
+    madvise(blk, len, MADV_DONTNEED);
+    return bytes;
 }
 
 /* ---- index ---- */
@@ -139,9 +212,9 @@ static void idx_put(gr_part *p, uint64_t entry)
 {
     uint32_t cap = p->cap;
     uint32_t i = gr_idx_home((uint32_t)entry, cap);
-    while (p->idx[i] != GR_IDX_EMPTY)
+    while (ild(&p->idx[i]) != GR_IDX_EMPTY)
         if (++i == cap) i = 0;
-    p->idx[i] = entry;
+    ist(&p->idx[i], entry);
 }
 
 /* Grows one partition's index by rehashing its entries from their stored tags (no row is
@@ -155,21 +228,29 @@ static int idx_grow(gr_table *t, gr_part *p)
     if (nc64 > UINT32_MAX - 1) nc64 = UINT32_MAX - 1;
     uint32_t nc = (uint32_t)nc64;
     if (nc <= old) return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
-    size_t nb = (size_t)nc * sizeof(uint64_t);
+    size_t nb = idx_block_bytes(nc);
     if (mem_take(t, nb)) return cap_error(t);
-    uint64_t *ni = malloc(nb);
-    if (!ni) {
+    uint64_t *blk = idx_alloc(t, nb);
+    if (!blk) {
         mem_give(t, nb);
         return oom_error(t, nb);
     }
-    memset(ni, 0xff, nb);
-    uint64_t *oi = p->idx;
+    /* Filled before it is published (release), so lock-free readers see it whole. */
+    memset(blk, 0xff, nb);
+    blk[0] = nc;
+    uint64_t *ni = blk + 1, *oi = p->idx;
+    for (uint32_t i = 0; i < old; i++) {
+        uint64_t x = oi[i];
+        if (x == GR_IDX_EMPTY) continue;
+        uint32_t j = gr_idx_home((uint32_t)x, nc);
+        while (ni[j] != GR_IDX_EMPTY)
+            if (++j == nc) j = 0;
+        ni[j] = x;
+    }
     p->idx = ni;
     p->cap = nc;
-    for (uint32_t i = 0; i < old; i++)
-        if (oi[i] != GR_IDX_EMPTY) idx_put(p, oi[i]);
-    free(oi);
-    mem_give(t, (uint64_t)old * sizeof(uint64_t));
+    atomic_store_explicit(&p->pf_idx, ni, memory_order_release);
+    if (oi) mem_give(t, idx_retire(oi - 1, idx_block_bytes(old)));
     return GR_OK;
 }
 
@@ -180,17 +261,17 @@ static void idx_erase(gr_part *p, uint32_t i)
     uint64_t *e = p->idx;
     for (;;) {
         if (++j == cap) j = 0;
-        uint64_t x = e[j];
+        uint64_t x = ild(&e[j]);
         if (x == GR_IDX_EMPTY) break;
         uint32_t home = gr_idx_home((uint32_t)x, cap);
         uint32_t dj = j >= home ? j - home : j + cap - home;
         uint32_t di = j >= i ? j - i : j + cap - i;
         if (dj >= di) {
-            e[i] = x;
+            ist(&e[i], x);
             i = j;
         }
     }
-    e[i] = GR_IDX_EMPTY;
+    ist(&e[i], GR_IDX_EMPTY);
 }
 
 uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64_t h,
@@ -205,7 +286,7 @@ uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64
         if (x == GR_IDX_EMPTY) return GR_NO_ROW;
         if ((uint32_t)x == tag) {
             uint32_t s = (uint32_t)(x >> 32);
-            if (gr_row_hdr_of(gr_row_ptr(t, p, s))->key == key) {
+            if (gr_row_hdr_of(gr_row_ptr(t, s))->key == key) {
                 if (pos) *pos = i;
                 return s;
             }
@@ -214,36 +295,30 @@ uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64
     }
 }
 
-/* First slot whose tag matches, without reading the row (the pipeline's probe stage). */
-static inline uint32_t idx_probe_tag(const gr_part *p, uint64_t h)
+/* The probe stage, without the lock: the first slot whose tag matches in whatever index
+ * array the partition published last, or GR_NO_ROW. The result is a hint, checked under the
+ * lock in stage C; the walk is bounded because a stale array may hold anything. */
+static inline uint32_t idx_probe_hint(const gr_part *p, uint64_t h)
 {
-    uint32_t cap = p->cap;
+    const uint64_t *e = atomic_load_explicit(&p->pf_idx, memory_order_acquire);
+    if (!e) return GR_NO_ROW;
+    uint32_t cap = (uint32_t)ild(e - 1);
     if (!cap) return GR_NO_ROW;
     uint32_t tag = (uint32_t)h, i = gr_idx_home(tag, cap);
-    for (;;) {
-        uint64_t x = p->idx[i];
+    for (unsigned step = 0; step < 64; step++) {
+        uint64_t x = ild(&e[i]);
         if (x == GR_IDX_EMPTY) return GR_NO_ROW;
         if ((uint32_t)x == tag) return (uint32_t)(x >> 32);
         if (++i == cap) i = 0;
     }
-}
-
-static inline void prefetch_bucket(const gr_part *p, uint64_t h)
-{
-    uint32_t cap = p->cap;
-    if (cap) __builtin_prefetch(p->idx + gr_idx_home((uint32_t)h, cap), 0, 3);
+    return GR_NO_ROW;
 }
 
 /* ---- row slots ---- */
 
-static inline bool live_get(const gr_part *p, uint32_t s)
+static void dirty_clear(gr_table *t, gr_part *p, uint32_t s)
 {
-    return (p->live[s >> 6] >> (s & 63)) & 1u;
-}
-
-static void dirty_clear(gr_part *p, uint32_t s)
-{
-    uint64_t *w = &p->dirty[s >> 4];
+    uint64_t *w = &t->dirty[s >> 4];
     unsigned sh = (s & 15u) * 4u;
     uint64_t old = (*w >> sh) & 0xfu;
     if (!old) return;
@@ -251,9 +326,9 @@ static void dirty_clear(gr_part *p, uint32_t s)
     *w &= ~(0xfull << sh);
 }
 
-static inline void dirty_mark(gr_part *p, uint32_t s)
+static inline void dirty_mark(gr_table *t, gr_part *p, uint32_t s)
 {
-    uint64_t *w = &p->dirty[s >> 4];
+    uint64_t *w = &t->dirty[s >> 4];
     unsigned sh = (s & 15u) * 4u;
     uint64_t old = (*w >> sh) & 0xfu;
     if (old == 0xfu) return;
@@ -261,89 +336,35 @@ static inline void dirty_mark(gr_part *p, uint32_t s)
     *w |= 0xfull << sh;
 }
 
-static int bits_ensure(gr_table *t, gr_part *p, uint32_t need)
-{
-    uint32_t lw = (need + 63) / 64, dw = (need + 15) / 16;
-    if (lw > p->live_words) {
-        uint32_t n = p->live_words * 3 / 2 > lw ? p->live_words * 3 / 2 : lw;
-        int rc = grow_array(t, (void **)&p->live, p->live_words * 8ull, n * 8ull);
-        if (rc) return rc;
-        memset(p->live + p->live_words, 0, (n - p->live_words) * 8ull);
-        p->live_words = n;
-    }
-    if (dw > p->dirty_words) {
-        uint32_t n = p->dirty_words * 3 / 2 > dw ? p->dirty_words * 3 / 2 : dw;
-        int rc = grow_array(t, (void **)&p->dirty, p->dirty_words * 8ull, n * 8ull);
-        if (rc) return rc;
-        memset(p->dirty + p->dirty_words, 0, (n - p->dirty_words) * 8ull);
-        p->dirty_words = n;
-    }
-    return GR_OK;
-}
-
-/* Makes slot s addressable: chunk 0 grows by realloc (so tiny partitions stay tiny; slots,
- * not pointers, are what anyone holds), later chunks come whole from chunk_get. */
-static int chunk_ensure(gr_table *t, gr_part *p, uint32_t s)
-{
-    uint32_t ci = s >> t->chunk_shift, rows_per = t->chunk_mask + 1;
-    if (ci == 0) {
-        if (p->nchunks > 0 && (s & t->chunk_mask) < p->c0_rows) return GR_OK;
-        if (p->chunks_cap == 0) {
-            int rc = grow_array(t, (void **)&p->chunks, 0, 4 * sizeof *p->chunks);
-            if (rc) return rc;
-            p->chunks_cap = 4;
-            p->chunks[0] = NULL;
-        }
-        uint32_t nr = p->c0_rows ? p->c0_rows * 2 : FIRST_CHUNK_ROWS;
-        if (nr > rows_per) nr = rows_per;
-        while (nr <= (s & t->chunk_mask)) nr *= 2;
-        void *c0 = p->chunks[0];
-        int rc = grow_array(t, &c0, (size_t)p->c0_rows * t->stride, (size_t)nr * t->stride);
-        if (rc) return rc;
-        p->chunks[0] = c0;
-        p->c0_rows = nr;
-        p->nchunks = 1;
-        return GR_OK;
-    }
-    if (ci < p->nchunks) return GR_OK;
-    if (p->c0_rows < rows_per) {
-        /* Chunk 0 must be whole before chunk 1 exists. */
-        int rc = chunk_ensure(t, p, t->chunk_mask);
-        if (rc) return rc;
-    }
-    if (p->nchunks == p->chunks_cap) {
-        uint32_t nc = p->chunks_cap * 2;
-        int rc = grow_array(t, (void **)&p->chunks, p->chunks_cap * sizeof *p->chunks,
-                            nc * sizeof *p->chunks);
-        if (rc) return rc;
-        p->chunks_cap = nc;
-    }
-    if (mem_take(t, t->chunk_bytes)) return cap_error(t);
-    uint8_t *c = chunk_get(t);
-    if (!c) {
-        mem_give(t, t->chunk_bytes);
-        return oom_error(t, t->chunk_bytes);
-    }
-    p->chunks[p->nchunks++] = c;
-    return GR_OK;
-}
-
 static int slot_alloc(gr_table *t, gr_part *p, uint32_t *out)
 {
     if (p->free_head != GR_NO_ROW) {
         uint32_t s = p->free_head;
-        p->free_head = (uint32_t)gr_row_hdr_of(gr_row_ptr(t, p, s))->key;
+        p->free_head = (uint32_t)gr_row_hdr_of(gr_row_ptr(t, s))->key;
         *out = s;
         return GR_OK;
     }
-    uint32_t s = p->hw;
-    if (s >= GR_NO_ROW - 1)
-        return gr_seterr(GR_ECAPACITY, "table '%s': a partition is full (%u rows)", t->spec.name, s);
-    int rc = chunk_ensure(t, p, s);
-    if (!rc) rc = bits_ensure(t, p, s + 1);
-    if (rc) return rc;
-    p->hw = s + 1;
-    *out = s;
+    if (p->nchunks == 0 || p->last_used == t->chunk_rows) {
+        /* Account the chunk (rows and their bitset bits) before taking it. */
+        uint64_t cb = (uint64_t)t->chunk_rows * t->stride + t->chunk_rows * 5 / 8;
+        if (p->nchunks == p->chunks_cap) {
+            uint32_t nc = p->chunks_cap ? p->chunks_cap * 2 : 4;
+            int rc = grow_array(t, (void **)&p->chunk_ids, p->chunks_cap * sizeof(uint32_t),
+                                nc * sizeof(uint32_t));
+            if (rc) return rc;
+            p->chunks_cap = nc;
+        }
+        if (mem_take(t, cb)) return cap_error(t);
+        uint32_t first;
+        int rc = chunk_carve(t, &first);
+        if (rc) {
+            mem_give(t, cb);
+            return rc;
+        }
+        p->chunk_ids[p->nchunks++] = first >> t->chunk_shift;
+        p->last_used = 0;
+    }
+    *out = (p->chunk_ids[p->nchunks - 1] << t->chunk_shift) + p->last_used++;
     return GR_OK;
 }
 
@@ -351,12 +372,13 @@ static int slot_alloc(gr_table *t, gr_part *p, uint32_t *out)
 void gr_part_remove_locked(gr_table *t, gr_part *p, uint32_t pos, uint32_t slot)
 {
     idx_erase(p, pos);
-    p->live[slot >> 6] &= ~(1ull << (slot & 63));
-    dirty_clear(p, slot);
-    gr_row_hdr_of(gr_row_ptr(t, p, slot))->key = p->free_head;
+    t->live[slot >> 6] &= ~(1ull << (slot & 63));
+    dirty_clear(t, p, slot);
+    gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, slot));
+    hd->key = p->free_head;
+    hd->meta.hits = GR_HITS_FREE; /* a free slot can never pass a lookup's key check */
     p->free_head = slot;
     p->rows--;
-    p->gen++;
     atomic_fetch_sub_explicit(&t->nrows, 1, memory_order_relaxed);
 }
 
@@ -371,31 +393,31 @@ static void evict_one_locked(gr_table *t, gr_part *p)
 {
     uint32_t best = GR_NO_ROW;
     gr_row_meta bm = {0, 0};
-    uint32_t hw = p->hw;
+    const uint32_t span = gr_part_span(t, p);
     unsigned got = 0;
-    for (uint32_t k = 0, tries = 0; got < EVICT_SAMPLES || hw <= EVICT_SAMPLE_ALL; k++) {
-        uint32_t s;
-        if (hw <= EVICT_SAMPLE_ALL) {
-            if (k >= hw) break;
-            s = k;
+    for (uint32_t k = 0, tries = 0; got < EVICT_SAMPLES || span <= EVICT_SAMPLE_ALL; k++) {
+        uint32_t pos;
+        if (span <= EVICT_SAMPLE_ALL) {
+            if (k >= span) break;
+            pos = k;
         } else {
             if (++tries > 64 * EVICT_SAMPLES) break;
-            s = (uint32_t)(part_rand(p) % hw);
+            pos = (uint32_t)(part_rand(p) % span);
         }
-        if (!live_get(p, s)) continue;
+        uint32_t s = gr_part_slot(t, p, pos);
+        if (!gr_live_get(t, s)) continue;
         got++;
-        gr_row_meta m = gr_row_hdr_of(gr_row_ptr(t, p, s))->meta;
+        gr_row_meta m = gr_row_hdr_of(gr_row_ptr(t, s))->meta;
         if (best == GR_NO_ROW || m.last_update < bm.last_update ||
             (m.last_update == bm.last_update && m.hits < bm.hits)) {
             best = s;
             bm = m;
         }
     }
-    if (best == GR_NO_ROW) /* sampling found nothing live: take the first live slot */
-        for (uint32_t s = 0; s < hw && best == GR_NO_ROW; s++)
-            if (live_get(p, s)) best = s;
+    for (uint32_t k = 0; best == GR_NO_ROW && k < span; k++) /* sampling found nothing live */
+        if (gr_live_get(t, gr_part_slot(t, p, k))) best = gr_part_slot(t, p, k);
     if (best == GR_NO_ROW) return;
-    uint64_t key = gr_row_hdr_of(gr_row_ptr(t, p, best))->key;
+    uint64_t key = gr_row_hdr_of(gr_row_ptr(t, best))->key;
     uint32_t pos;
     uint32_t s = gr_part_find_locked(t, p, key, gr_table_hash(key), &pos);
     if (s != best) return; /* cannot happen: every live row is indexed */
@@ -416,7 +438,7 @@ static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
     uint32_t s = GR_NO_ROW;
     int rc = slot_alloc(t, p, &s);
     if (rc) return rc;
-    uint8_t *row = gr_row_ptr(t, p, s);
+    uint8_t *row = gr_row_ptr(t, s);
     gr_row_hdr *hd = gr_row_hdr_of(row);
     hd->key = key;
     hd->meta.last_update = now;
@@ -433,7 +455,7 @@ static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
         gr_table_init_state(t, gr_row_state(t, row));
     }
     idx_put(p, ((uint64_t)s << 32) | (uint32_t)h);
-    p->live[s >> 6] |= 1ull << (s & 63);
+    t->live[s >> 6] |= 1ull << (s & 63);
     p->rows++;
     atomic_fetch_add_explicit(&t->nrows, 1, memory_order_relaxed);
     *out = s;
@@ -441,6 +463,24 @@ static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
 }
 
 /* ---- create / destroy ---- */
+
+/* Slots to reserve address space for: the rows the memory cap (or, without one, the
+ * machine's memory) could hold, or the capacity, plus one partly used chunk per partition.
+ * Reserving is free; only what rows touch becomes memory. */
+static uint32_t arena_slots(const gr_table *t)
+{
+    uint64_t bytes = t->spec.mem_limit;
+    if (!bytes) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (64ull << 30);
+    }
+    uint64_t n = bytes / t->stride;
+    if (t->spec.capacity && t->spec.capacity < n) n = t->spec.capacity;
+    n += (uint64_t)t->nparts * t->chunk_rows + COMMIT_ROWS;
+    uint64_t lim = (uint64_t)(UINT32_MAX - 1) & ~(uint64_t)(COMMIT_ROWS - 1);
+    if (n > lim) n = lim;
+    return (uint32_t)((n + COMMIT_ROWS - 1) / COMMIT_ROWS * COMMIT_ROWS);
+}
 
 int gr_table_create(const gr_table_spec *spec, gr_table **out)
 {
@@ -457,11 +497,10 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     t->wbytes = spec->dim * (spec->dtype == GR_DTYPE_F16 ? 2u : 4u);
     uint32_t stride = (uint32_t)sizeof(gr_row_hdr) + t->wbytes + 4u * t->state_floats;
     t->stride = (stride + 7u) & ~7u;
-    uint32_t rows = 1;
+    uint32_t rows = 64;
     while ((uint64_t)rows * t->stride < CHUNK_TARGET) rows *= 2;
     t->chunk_shift = (uint32_t)__builtin_ctz(rows);
-    t->chunk_mask = rows - 1;
-    t->chunk_bytes = rows * t->stride;
+    t->chunk_rows = rows;
     /* A capacity below the partition count would leave partitions with no room at all. */
     uint32_t np = t->spec.partitions;
     if (spec->capacity && spec->capacity < np)
@@ -472,19 +511,30 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     atomic_init(&t->pinned_clock, 0);
     atomic_init(&t->mem_used, 0);
     atomic_init(&t->nrows, 0);
-    atomic_init(&t->start_ctr, 0);
+    atomic_init(&t->committed, 0);
     pthread_mutex_init(&t->alloc_lock, NULL);
+    t->max_rows = arena_slots(t);
+    t->res_rows_len = page_up((size_t)t->max_rows * t->stride) + HUGE_PAGE;
+    t->res_live_len = page_up(t->max_rows / 8);
+    t->res_dirty_len = page_up(t->max_rows / 2);
+    t->res_rows = reserve(t->res_rows_len);
+    t->res_live = reserve(t->res_live_len);
+    t->res_dirty = reserve(t->res_dirty_len);
     t->parts = aligned_alloc(64, (size_t)np * sizeof *t->parts);
-    if (!t->parts) {
-        pthread_mutex_destroy(&t->alloc_lock);
-        free(t);
-        return gr_seterr(GR_ENOMEM, "cannot allocate %u partitions for table '%s'", np,
-                         spec->name);
+    if (!t->res_rows || !t->res_live || !t->res_dirty || !t->parts) {
+        gr_table_destroy(t);
+        return gr_seterr(GR_ENOMEM,
+                         "table '%s': cannot reserve address space for %u rows of %u bytes",
+                         spec->name, t->max_rows, t->stride);
     }
+    t->rowmem = (uint8_t *)(((uintptr_t)t->res_rows + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    t->live = t->res_live;
+    t->dirty = t->res_dirty;
     memset(t->parts, 0, (size_t)np * sizeof *t->parts);
     for (uint32_t i = 0; i < np; i++) {
         gr_part *p = &t->parts[i];
         atomic_init(&p->lock.v, 0);
+        atomic_init(&p->pf_idx, NULL);
         p->free_head = GR_NO_ROW;
         p->rng = gr_hash_key(i, spec->seed ^ 0x65766963ull);
         if (spec->capacity) {
@@ -499,6 +549,7 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     if (t->use_cms) {
         rc = gr_cms_init(&t->cms, GR_CMS_WIDTH);
         if (rc) {
+            t->use_cms = false;
             gr_table_destroy(t);
             return rc;
         }
@@ -514,18 +565,13 @@ void gr_table_destroy(gr_table *t)
 {
     if (!t) return;
     if (t->parts) {
-        for (uint32_t i = 0; i < t->nparts; i++) {
-            gr_part *p = &t->parts[i];
-            free(p->idx);
-            if (p->chunks) free(p->chunks[0]);
-            free(p->chunks);
-            free(p->live);
-            free(p->dirty);
-        }
+        for (uint32_t i = 0; i < t->nparts; i++) free(t->parts[i].chunk_ids);
         free(t->parts);
     }
-    for (size_t i = 0; i < t->nblocks; i++) free(t->blocks[i]);
-    free(t->blocks);
+    for (uint32_t i = 0; i < t->nireg; i++) munmap(t->ireg[i].base, t->ireg[i].len);
+    if (t->res_rows) munmap(t->res_rows, t->res_rows_len);
+    if (t->res_live) munmap(t->res_live, t->res_live_len);
+    if (t->res_dirty) munmap(t->res_dirty, t->res_dirty_len);
     if (t->use_cms) gr_cms_fini(&t->cms);
     pthread_mutex_destroy(&t->alloc_lock);
     free(t);
@@ -551,7 +597,6 @@ enum { OP_LOOKUP, OP_LOOKUP_RO, OP_APPLY, OP_GET, OP_INSERT, OP_DELETE };
 
 typedef struct op_ctx {
     const uint64_t *keys;
-    const uint64_t *h;
     float *out;          /* lookup / get weights */
     const float *grads;  /* apply */
     const float *win;    /* insert weights */
@@ -587,7 +632,7 @@ static inline void write_weights_in(const gr_table *t, uint8_t *row, const float
 
 static inline void bump_hits(gr_row_hdr *hd)
 {
-    if (hd->meta.hits != UINT32_MAX) hd->meta.hits++;
+    if (hd->meta.hits < GR_HITS_MAX) hd->meta.hits++;
 }
 
 /* Admission for a key with no row: lookups add a sighting to the sketch, applies only read it
@@ -605,19 +650,20 @@ static bool admit(gr_table *t, uint64_t key, uint64_t h, bool count)
     return true;
 }
 
-static inline void prefetch_row(const gr_table *t, const gr_part *p, uint32_t s, size_t bytes,
-                                int write)
+/* Prefetches the cache lines covering [p, p + bytes), bytes > 0. */
+static inline void prefetch_lines(const void *p, size_t bytes, int write)
 {
-    const uint8_t *r = gr_row_ptr(t, p, s);
-    for (size_t off = 0; off < bytes; off += 64) {
-        if (write) __builtin_prefetch(r + off, 1, 3);
-        else __builtin_prefetch(r + off, 0, 3);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)63;
+    size_t n = (((uintptr_t)p + bytes - 1) >> 6) - ((uintptr_t)p >> 6) + 1;
+    for (size_t k = 0; k < n; k++) {
+        if (write) __builtin_prefetch((const void *)(a + 64 * k), 1, 3);
+        else __builtin_prefetch((const void *)(a + 64 * k), 0, 3);
     }
 }
 
-static inline void apply_row(gr_table *t, gr_part *p, uint32_t s, const float *g, uint32_t now)
+static inline void apply_row(gr_table *t, gr_part *p, uint8_t *row, uint32_t s, const float *g,
+                             uint32_t now)
 {
-    uint8_t *row = gr_row_ptr(t, p, s);
     gr_row_hdr *hd = gr_row_hdr_of(row);
     bump_hits(hd);
     hd->meta.last_update = now;
@@ -630,228 +676,190 @@ static inline void apply_row(gr_table *t, gr_part *p, uint32_t s, const float *g
         gr_table_opt_step(&t->spec, t->dim, w, st, g);
         write_weights_in(t, row, w);
     }
-    dirty_mark(p, s);
+    dirty_mark(t, p, s);
     p->applies++;
 }
 
-/* Runs one op over the keys ix[0..m) of partition p, lock held. `op` is a constant at every
- * call site, so each op gets its own specialised copy of the pipeline. */
-static inline __attribute__((always_inline)) void run_group(gr_table *t, gr_part *p, op_ctx *c,
-                                                            const uint32_t *ix, uint32_t m,
-                                                            const int op)
+static inline void prefetch_span(const void *p, size_t bytes, int write)
 {
-    const uint64_t *h = c->h, *keys = c->keys;
-    const uint32_t dim = t->dim;
-    uint32_t rs[PF_RING], rg[PF_RING];
-    size_t pf_bytes = op == OP_APPLY || op == OP_INSERT ? t->stride
-                      : op == OP_GET && c->sout     ? t->stride
-                                                    : sizeof(gr_row_hdr) + t->wbytes;
+    const char *b = p;
+    for (size_t off = 0; off < bytes; off += 64) {
+        if (write) __builtin_prefetch(b + off, 1, 3);
+        else __builtin_prefetch(b + off, 0, 3);
+    }
+}
+
+/* Stage A: prefetches a key's partition line and index bucket without the lock. */
+static inline void prefetch_stage(const gr_part *p, uint64_t h)
+{
+    gr_prefetch_w(p);
+    const uint64_t *e = atomic_load_explicit(&p->pf_idx, memory_order_acquire);
+    if (!e) return;
+    uint32_t cap = (uint32_t)ild(e - 1);
+    if (cap) __builtin_prefetch(e + gr_idx_home((uint32_t)h, cap), 0, 3);
+}
+
+/* Runs one op over a batch, keys in the caller's order, as a three-stage software pipeline:
+ * stage A hashes key j + 2D and prefetches its index bucket and partition lock; stage B
+ * locks key j + D's partition, finds the slot whose tag matches, notes the row and the
+ * partition generation, unlocks and prefetches the row; stage C locks key j's partition and
+ * does the work. Rows move or vanish only when the generation changes, so stage C uses the
+ * noted row after checking its key; otherwise it searches again. Each lock is held for one
+ * key, so other threads wait at most one key's work. The caller's arrays are walked in order,
+ * which the hardware prefetchers stream. `op` is a constant at every call site, so each op
+ * gets its own specialised copy. */
+static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c, size_t n,
+                                                          const int op)
+{
+    const uint64_t *const keys = c->keys;
+    const uint32_t dim = t->dim, pshift = 32 - t->pbits;
+    gr_part *const parts = t->parts;
+    uint64_t rh[PF_RING];
+    gr_part *rpart[PF_RING];
+    uint32_t rs[PF_RING];
+    const size_t pf_bytes = op == OP_APPLY || op == OP_INSERT ? t->stride
+                            : op == OP_GET && c->sout     ? t->stride
+                                                          : sizeof(gr_row_hdr) + t->wbytes;
     const int pf_write = op != OP_GET && op != OP_DELETE;
-    uint32_t pre = m < 2 * PF_D ? m : 2 * PF_D;
-    for (uint32_t j = 0; j < pre; j++) prefetch_bucket(p, h[ix[j]]);
-#define PROBE(k)                                                                                  \
-    do {                                                                                          \
-        uint32_t s_ = idx_probe_tag(p, h[ix[k]]);                                                 \
-        rs[(k) & (PF_RING - 1)] = s_;                                                             \
-        rg[(k) & (PF_RING - 1)] = p->gen;                                                         \
-        if (s_ != GR_NO_ROW) prefetch_row(t, p, s_, pf_bytes, pf_write);                          \
-    } while (0)
-    for (uint32_t j = 0; j < (m < PF_D ? m : PF_D); j++) PROBE(j);
-    for (uint32_t j = 0; j < m; j++) {
-        if (j + 2 * PF_D < m) prefetch_bucket(p, h[ix[j + 2 * PF_D]]);
-        if (j + PF_D < m) PROBE(j + PF_D);
-        const uint32_t i = ix[j];
-        const uint64_t key = keys[i];
-        uint32_t s = rs[j & (PF_RING - 1)], pos = 0;
-        bool need_pos = op == OP_DELETE;
-        if (s == GR_NO_ROW || rg[j & (PF_RING - 1)] != p->gen || need_pos ||
-            gr_row_hdr_of(gr_row_ptr(t, p, s))->key != key)
-            s = gr_part_find_locked(t, p, key, h[i], &pos);
+    const size_t total = n + 2 * PF_D;
+    for (size_t jj = 0; jj < total; jj++) {
+        if (jj < n) { /* stage A */
+            uint64_t h = gr_table_hash(keys[jj]);
+            gr_part *p = &parts[(uint32_t)((h >> 32) >> pshift)];
+            rh[jj & (PF_RING - 1)] = h;
+            rpart[jj & (PF_RING - 1)] = p;
+            prefetch_stage(p, h);
+        }
+        if (jj >= PF_D && jj - PF_D < n) { /* stage B, lock-free: a hint for the row */
+            const size_t b = (jj - PF_D) & (PF_RING - 1);
+            uint32_t s = idx_probe_hint(rpart[b], rh[b]);
+            rs[b] = s;
+            if (s != GR_NO_ROW) prefetch_lines(gr_row_ptr(t, s), pf_bytes, pf_write);
+        }
+        if (jj < 2 * PF_D) continue;
+        /* stage C */
+        const size_t i = jj - 2 * PF_D, ri = i & (PF_RING - 1);
+        const uint64_t key = keys[i], hj = rh[ri];
+        gr_part *p = rpart[ri];
+        uint32_t s = rs[ri], pos = 0;
+        uint8_t *rowp = NULL;
+        gr_spin_lock(&p->lock);
+        /* The hint stands if it names a committed slot holding this key (a free slot's header
+         * never passes: its hit count is the free marker). Keys live in one partition only, so
+         * that row is this key's row. Otherwise, search properly. */
+        if (op != OP_DELETE && s < atomic_load_explicit(&t->committed, memory_order_relaxed)) {
+            gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, s));
+            if (hd->key == key && hd->meta.hits != GR_HITS_FREE) rowp = (uint8_t *)hd;
+        }
+        if (!rowp) {
+            s = gr_part_find_locked(t, p, key, hj, &pos);
+            rowp = s == GR_NO_ROW ? NULL : gr_row_ptr(t, s);
+        }
         if (op == OP_LOOKUP || op == OP_LOOKUP_RO) {
-            float *dst = c->out + (size_t)i * dim;
-            if (s != GR_NO_ROW) {
-                uint8_t *row = gr_row_ptr(t, p, s);
-                copy_weights_out(t, row, dst);
-                bump_hits(gr_row_hdr_of(row));
+            float *dst = c->out + i * dim;
+            if (rowp) {
+                copy_weights_out(t, rowp, dst);
+                bump_hits(gr_row_hdr_of(rowp));
                 p->hits++;
-                continue;
-            }
-            p->misses++;
-            if (op == OP_LOOKUP && admit(t, key, h[i], true)) {
-                int rc = row_create(t, p, key, h[i], c->now, true, &s);
-                if (rc == GR_OK) {
-                    uint8_t *row = gr_row_ptr(t, p, s);
-                    copy_weights_out(t, row, dst);
-                    bump_hits(gr_row_hdr_of(row));
-                    p->admits++;
-                    continue;
-                }
-                if (!c->rc) c->rc = rc;
-            } else if (op == OP_LOOKUP) {
-                p->rejects++;
-            }
-            memset(dst, 0, dim * sizeof *dst);
-        } else if (op == OP_APPLY) {
-            if (s == GR_NO_ROW) {
-                if (!admit(t, key, h[i], false)) {
-                    p->rejects++;
-                    continue;
-                }
-                int rc = row_create(t, p, key, h[i], c->now, true, &s);
-                if (rc) {
-                    if (!c->rc) c->rc = rc;
-                    continue;
-                }
-                p->admits++;
-            }
-            apply_row(t, p, s, c->grads + (size_t)i * dim, c->now);
-        } else if (op == OP_GET) {
-            if (c->found) c->found[i] = s != GR_NO_ROW;
-            if (s == GR_NO_ROW) {
-                if (c->out) memset(c->out + (size_t)i * dim, 0, dim * sizeof(float));
-                if (c->sout)
-                    memset(c->sout + (size_t)i * t->state_floats, 0,
-                           t->state_floats * sizeof(float));
-                if (c->mout) memset(&c->mout[i], 0, sizeof c->mout[i]);
-                continue;
-            }
-            uint8_t *row = gr_row_ptr(t, p, s);
-            if (c->out) copy_weights_out(t, row, c->out + (size_t)i * dim);
-            if (c->sout)
-                memcpy(c->sout + (size_t)i * t->state_floats, gr_row_state(t, row),
-                       t->state_floats * sizeof(float));
-            if (c->mout) c->mout[i] = gr_row_hdr_of(row)->meta;
-        } else if (op == OP_INSERT) {
-            if (s == GR_NO_ROW) {
-                int rc = row_create(t, p, key, h[i], c->now, false, &s);
-                if (rc) {
-                    if (!c->rc) c->rc = rc;
-                    continue;
-                }
-            }
-            uint8_t *row = gr_row_ptr(t, p, s);
-            write_weights_in(t, row, c->win + (size_t)i * dim);
-            if (c->sin)
-                memcpy(gr_row_state(t, row), c->sin + (size_t)i * t->state_floats,
-                       t->state_floats * sizeof(float));
-            else
-                gr_table_init_state(t, gr_row_state(t, row));
-            if (c->min) {
-                gr_row_hdr_of(row)->meta = c->min[i];
             } else {
-                gr_row_hdr_of(row)->meta.last_update = c->now;
-                gr_row_hdr_of(row)->meta.hits = 0;
+                p->misses++;
+                bool made = false;
+                if (op == OP_LOOKUP && admit(t, key, hj, true)) {
+                    int rc = row_create(t, p, key, hj, c->now, true, &s);
+                    if (rc == GR_OK) {
+                        uint8_t *row = gr_row_ptr(t, s);
+                        copy_weights_out(t, row, dst);
+                        bump_hits(gr_row_hdr_of(row));
+                        p->admits++;
+                        made = true;
+                    } else if (!c->rc) {
+                        c->rc = rc;
+                    }
+                } else if (op == OP_LOOKUP) {
+                    p->rejects++;
+                }
+                if (!made) memset(dst, 0, dim * sizeof *dst);
             }
-            dirty_mark(p, s);
+        } else if (op == OP_APPLY) {
+            bool ok = true;
+            if (!rowp) {
+                if (!admit(t, key, hj, false)) {
+                    p->rejects++;
+                    ok = false;
+                } else {
+                    int rc = row_create(t, p, key, hj, c->now, true, &s);
+                    if (rc) {
+                        if (!c->rc) c->rc = rc;
+                        ok = false;
+                    } else {
+                        p->admits++;
+                        rowp = gr_row_ptr(t, s);
+                    }
+                }
+            }
+            if (ok) apply_row(t, p, rowp, s, c->grads + i * dim, c->now);
+        } else if (op == OP_GET) {
+            if (c->found) c->found[i] = rowp != NULL;
+            if (!rowp) {
+                if (c->out) memset(c->out + i * dim, 0, dim * sizeof(float));
+                if (c->sout)
+                    memset(c->sout + i * t->state_floats, 0, t->state_floats * sizeof(float));
+                if (c->mout) memset(&c->mout[i], 0, sizeof c->mout[i]);
+            } else {
+                if (c->out) copy_weights_out(t, rowp, c->out + i * dim);
+                if (c->sout)
+                    memcpy(c->sout + i * t->state_floats, gr_row_state(t, rowp),
+                           t->state_floats * sizeof(float));
+                if (c->mout) c->mout[i] = gr_row_hdr_of(rowp)->meta;
+            }
+        } else if (op == OP_INSERT) {
+            int rc = GR_OK;
+            if (!rowp) {
+                rc = row_create(t, p, key, hj, c->now, false, &s);
+                if (rc) {
+                    if (!c->rc) c->rc = rc;
+                } else {
+                    rowp = gr_row_ptr(t, s);
+                }
+            }
+            if (rowp) {
+                write_weights_in(t, rowp, c->win + i * dim);
+                if (c->sin)
+                    memcpy(gr_row_state(t, rowp), c->sin + i * t->state_floats,
+                           t->state_floats * sizeof(float));
+                else
+                    gr_table_init_state(t, gr_row_state(t, rowp));
+                if (c->min) {
+                    gr_row_hdr_of(rowp)->meta = c->min[i];
+                    if (c->min[i].hits > GR_HITS_MAX) gr_row_hdr_of(rowp)->meta.hits = GR_HITS_MAX;
+                } else {
+                    gr_row_hdr_of(rowp)->meta.last_update = c->now;
+                    gr_row_hdr_of(rowp)->meta.hits = 0;
+                }
+                dirty_mark(t, p, s);
+            }
         } else if (op == OP_DELETE) {
-            if (s != GR_NO_ROW) {
+            if (rowp) {
                 gr_part_remove_locked(t, p, pos, s);
                 c->count++;
             }
         }
-    }
-#undef PROBE
-}
-
-static void run_group_op(gr_table *t, gr_part *p, op_ctx *c, const uint32_t *ix, uint32_t m,
-                         int op)
-{
-    switch (op) {
-    case OP_LOOKUP: run_group(t, p, c, ix, m, OP_LOOKUP); break;
-    case OP_LOOKUP_RO: run_group(t, p, c, ix, m, OP_LOOKUP_RO); break;
-    case OP_APPLY: run_group(t, p, c, ix, m, OP_APPLY); break;
-    case OP_GET: run_group(t, p, c, ix, m, OP_GET); break;
-    case OP_INSERT: run_group(t, p, c, ix, m, OP_INSERT); break;
-    case OP_DELETE: run_group(t, p, c, ix, m, OP_DELETE); break;
+        gr_spin_unlock(&p->lock);
     }
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Hashes the batch, groups its keys by partition (stable, so repeated keys keep their order)
- * and runs each group under one lock hold. Groups whose lock is busy are deferred to a second
- * pass, so two threads working on the same table rarely wait for each other. */
 static int run_batch(gr_table *t, op_ctx *c, size_t n, int op)
 {
     if (n == 0) return GR_OK;
-    if (n > UINT32_MAX / 2)
-        return gr_seterr(GR_ETOOBIG, "table '%s': batch of %zu keys is too large", t->spec.name, n);
-    uint32_t np = t->nparts;
-    bool counting = np <= 4096 || n >= np / 8;
-    size_t ng_max = n < np ? n : np;
-    size_t bytes = n * 8 /* h */ + n * 4 /* order */ + (ng_max + 1) * 4 /* gstart */ +
-                   ng_max * 4 /* gpart */ + ng_max /* deferred */ +
-                   (counting ? ((size_t)np + 1) * 4 : n * 8) + 8 /* alignment */;
-    uint8_t *buf = malloc(bytes);
-    if (!buf) return oom_error(t, bytes);
-    uint64_t *h = (uint64_t *)buf;
-    uint32_t *order = (uint32_t *)(h + n);
-    uint32_t *gstart = order + n;
-    uint32_t *gpart = gstart + ng_max + 1;
-    uint8_t *deferred = (uint8_t *)(gpart + ng_max);
-    uint32_t ng = 0;
-    for (size_t i = 0; i < n; i++) h[i] = gr_table_hash(c->keys[i]);
-    c->h = h;
-    if (np == 1) {
-        for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
-        gstart[0] = 0;
-        gpart[0] = 0;
-        ng = 1;
-    } else if (counting) {
-        uint32_t *cnt = (uint32_t *)(((uintptr_t)(deferred + ng_max) + 3) & ~(uintptr_t)3);
-        memset(cnt, 0, ((size_t)np + 1) * 4);
-        for (size_t i = 0; i < n; i++) cnt[gr_part_of(t, h[i]) + 1]++;
-        for (uint32_t q = 0; q < np; q++) {
-            if (cnt[q + 1]) {
-                gstart[ng] = cnt[q];
-                gpart[ng++] = q;
-            }
-            cnt[q + 1] += cnt[q];
-        }
-        for (size_t i = 0; i < n; i++) order[cnt[gr_part_of(t, h[i])]++] = (uint32_t)i;
-    } else {
-        uint64_t *pairs = (uint64_t *)(((uintptr_t)(deferred + ng_max) + 7) & ~(uintptr_t)7);
-        for (size_t i = 0; i < n; i++) pairs[i] = ((uint64_t)gr_part_of(t, h[i]) << 32) | i;
-        qsort(pairs, n, sizeof *pairs, cmp_u64);
-        for (size_t i = 0; i < n; i++) {
-            uint32_t q = (uint32_t)(pairs[i] >> 32);
-            if (ng == 0 || gpart[ng - 1] != q) {
-                gstart[ng] = (uint32_t)i;
-                gpart[ng++] = q;
-            }
-            order[i] = (uint32_t)pairs[i];
-        }
-    }
-    gstart[ng] = (uint32_t)n;
     c->now = gr_table_clock(t);
-    uint32_t first = atomic_fetch_add_explicit(&t->start_ctr, 0x9e3779b9u, memory_order_relaxed);
-    first = (uint32_t)(((uint64_t)first * ng) >> 32);
-    uint32_t ndef = 0;
-    for (uint32_t k = 0; k < ng; k++) {
-        uint32_t g = first + k < ng ? first + k : first + k - ng;
-        gr_part *p = &t->parts[gpart[g]];
-        if (ng > 1 && !gr_spin_trylock(&p->lock)) {
-            deferred[g] = 1;
-            ndef++;
-            continue;
-        }
-        if (ng == 1) gr_spin_lock(&p->lock);
-        deferred[g] = 0;
-        run_group_op(t, p, c, order + gstart[g], gstart[g + 1] - gstart[g], op);
-        gr_spin_unlock(&p->lock);
+    switch (op) {
+    case OP_LOOKUP: run_ops(t, c, n, OP_LOOKUP); break;
+    case OP_LOOKUP_RO: run_ops(t, c, n, OP_LOOKUP_RO); break;
+    case OP_APPLY: run_ops(t, c, n, OP_APPLY); break;
+    case OP_GET: run_ops(t, c, n, OP_GET); break;
+    case OP_INSERT: run_ops(t, c, n, OP_INSERT); break;
+    case OP_DELETE: run_ops(t, c, n, OP_DELETE); break;
     }
-    for (uint32_t g = 0; ndef && g < ng; g++) {
-        if (!deferred[g]) continue;
-        gr_part *p = &t->parts[gpart[g]];
-        gr_spin_lock(&p->lock);
-        run_group_op(t, p, c, order + gstart[g], gstart[g + 1] - gstart[g], op);
-        gr_spin_unlock(&p->lock);
-    }
-    free(buf);
     if (t->use_cms) gr_cms_maybe_age(&t->cms);
     return c->rc;
 }

@@ -19,7 +19,11 @@
 #define GR_IDX_LOAD_NUM 4u /* grow past 4/5 = 0.8 load */
 #define GR_IDX_LOAD_DEN 5u
 
-/* Row header: key + public metadata. Weights follow, then the optimizer state. */
+/* Row header: key + public metadata. Weights follow, then the optimizer state. A free slot
+ * has hits == GR_HITS_FREE (live rows saturate one below) and its key field links the
+ * partition's free list. */
+#define GR_HITS_FREE UINT32_MAX
+#define GR_HITS_MAX (UINT32_MAX - 1)
 typedef struct gr_row_hdr {
     uint64_t key; /* for a free slot: the next free slot (or GR_NO_ROW) */
     gr_row_meta meta;
@@ -32,6 +36,20 @@ typedef struct gr_spin {
 } gr_spin;
 
 void gr_spin_lock_slow(gr_spin *l);
+
+/* Prefetch for writing where the CPU has it (PREFETCHW), else a plain prefetch; used on lock
+ * lines about to be taken so they arrive owned instead of shared. */
+extern bool gr_have_prefetchw;
+static inline void gr_prefetch_w(const void *p)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (gr_have_prefetchw) {
+        __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+        return;
+    }
+#endif
+    __builtin_prefetch(p, 1, 3);
+}
 static inline void gr_spin_lock(gr_spin *l)
 {
     if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return;
@@ -47,28 +65,35 @@ static inline void gr_spin_unlock(gr_spin *l)
     atomic_store_explicit(&l->v, 0, memory_order_release);
 }
 
-/* One partition: its lock, its index, its row slots and its counters. Everything except the
- * two atomics used for racy prefetching (idx, cap) is touched only under `lock`. */
+/* One partition: its lock, its index, its row slots and its counters. Everything but the lock
+ * and the pf_ copies is touched only under `lock`. The first cache line holds what every
+ * lookup touches. */
 typedef struct gr_part {
     gr_spin lock;
-    uint32_t rows;      /* live rows (= index entries) */
-    uint64_t *idx;      /* index entries */
-    uint32_t cap;       /* index buckets; 0 before the first insert */
-    uint32_t hw;        /* high-water mark of row slots */
+    uint32_t cap;  /* index buckets; 0 before the first insert */
+    uint64_t *idx; /* index entries (the block's header word, its capacity, is idx[-1]) */
+    uint32_t rows; /* live rows (= index entries) */
     uint32_t free_head; /* intrusive free list of slots, GR_NO_ROW when empty */
-    uint32_t row_cap;   /* capacity share of this partition, UINT32_MAX = none */
+    /* idx as published for the lock-free probe stage (release-stored after the array is
+     * filled); see "index memory" in table.c. */
+    _Atomic(uint64_t *) pf_idx;
+    uint64_t hits, misses, applies;
+    /* Row slots: the partition owns whole chunks of the table's arena. */
+    uint32_t *chunk_ids; /* chunk k covers slots [id * chunk_rows, (id + 1) * chunk_rows) */
     uint32_t nchunks, chunks_cap;
-    uint32_t c0_rows;  /* rows allocated in chunk 0, which grows by doubling */
-    uint8_t **chunks;
-    uint64_t *live;  /* 1 bit per slot */
-    uint64_t *dirty; /* 4 bits per slot (one per tracker), 16 slots per word */
-    uint32_t live_words, dirty_words;
-    uint32_t gen;      /* bumped when a row is removed: cached slots must be re-probed */
-    uint64_t rng;      /* eviction sampling */
+    uint32_t last_used; /* slots handed out from the last chunk */
+    uint32_t row_cap;   /* capacity share of this partition, UINT32_MAX = none */
+    uint64_t rng;       /* eviction sampling */
     uint64_t dirty_n[GR_TABLE_TRACKERS];
-    uint64_t hits, misses, admits, rejects, evictions, expirations, applies;
-    uint32_t expire_cursor; /* next slot for gr_table_evict_expired (per pass) */
+    uint64_t admits, rejects, evictions, expirations;
 } __attribute__((aligned(64))) gr_part;
+
+/* A region of address space that index arrays are carved from. */
+#define GR_IREGIONS 40
+typedef struct gr_iregion {
+    uint8_t *base;
+    size_t len, used, committed;
+} gr_iregion;
 
 /* Count-min sketch for admission (depth 4), with aging: counters halve every 8 * width
  * increments so that the sketch forgets keys seen long ago. */
@@ -85,36 +110,41 @@ struct gr_table {
     gr_table_spec spec;
     uint32_t dim, state_floats, wbytes; /* wbytes: bytes of the weights */
     uint32_t stride;                    /* bytes per row slot */
-    uint32_t chunk_shift, chunk_mask;   /* rows per chunk = 1 << chunk_shift */
-    uint32_t chunk_bytes;
+    uint32_t chunk_shift, chunk_rows;   /* rows per chunk = 1 << chunk_shift (>= 64) */
     uint32_t pbits, nparts;
     gr_part *parts;
     uint64_t created_ns;
     atomic_uint pinned_clock;
     atomic_ullong mem_used; /* bytes counted against mem_limit */
     atomic_ullong nrows;    /* live rows, for messages; stats sum the partitions */
-    atomic_uint start_ctr;  /* spreads the first partition each batch visits */
     uint64_t base_bytes;    /* fixed structures (partitions, sketch) */
     gr_cms cms;
     bool use_cms;
     uint64_t admit_threshold; /* probability as a 53-bit fraction */
-    /* Chunk allocator: chunks come from 2 MiB-aligned slabs advised for huge pages once the
-     * table is past a few MiB; small tables use malloc per chunk. */
-    pthread_mutex_t alloc_lock;
-    uint8_t *slab_cur;
-    size_t slab_left;
-    uint64_t malloc_bytes;
-    void **blocks; /* every allocation made for chunks >= 1, freed at destroy */
-    size_t nblocks, blocks_cap;
+    /* The row arena: one reserved range of address space per table, committed as it fills,
+     * so a row's address is rowmem + slot * stride (no lookup on the hot path) and rows never
+     * move. live (1 bit per slot) and dirty (4 bits per slot, one per tracker) are reserved
+     * alongside; chunks are 64-slot aligned, so no two partitions share a bitset word. */
+    uint8_t *rowmem;
+    uint64_t *live, *dirty;
+    void *res_rows, *res_live, *res_dirty; /* the mappings, for munmap */
+    size_t res_rows_len, res_live_len, res_dirty_len;
+    uint32_t max_rows;       /* slots the reservation holds */
+    pthread_mutex_t alloc_lock; /* guards carved, committed's updates and ireg */
+    uint32_t carved;            /* slots handed to partitions (whole chunks) */
+    atomic_uint committed;      /* slots made readable and writable (read without the lock) */
+    gr_iregion ireg[GR_IREGIONS]; /* index memory, see table.c */
+    uint32_t nireg;
 };
 
 /* The table-internal hash; partitions from its high bits, index tag from its low 32 bits. */
 #define GR_TABLE_HASH_SEED 0x67727461626c6531ull
 uint64_t gr_table_hash(uint64_t key);
 
+/* The partition: the top pbits bits of the hash (two shifts so that pbits = 0 is defined). */
 static inline uint32_t gr_part_of(const gr_table *t, uint64_t h)
 {
-    return t->pbits ? (uint32_t)(h >> (64 - t->pbits)) : 0;
+    return (uint32_t)((h >> 32) >> (32 - t->pbits));
 }
 
 static inline uint32_t gr_idx_home(uint32_t tag, uint32_t cap)
@@ -122,9 +152,24 @@ static inline uint32_t gr_idx_home(uint32_t tag, uint32_t cap)
     return (uint32_t)(((uint64_t)tag * cap) >> 32);
 }
 
-static inline uint8_t *gr_row_ptr(const gr_table *t, const gr_part *p, uint32_t slot)
+static inline uint8_t *gr_row_ptr(const gr_table *t, uint32_t slot)
 {
-    return p->chunks[slot >> t->chunk_shift] + (size_t)(slot & t->chunk_mask) * t->stride;
+    return t->rowmem + (size_t)slot * t->stride;
+}
+
+static inline bool gr_live_get(const gr_table *t, uint32_t s)
+{
+    return (t->live[s >> 6] >> (s & 63)) & 1u;
+}
+
+/* Slots a partition has handed out, in its own order: position k of the partition. */
+static inline uint32_t gr_part_span(const gr_table *t, const gr_part *p)
+{
+    return p->nchunks ? (p->nchunks - 1) * t->chunk_rows + p->last_used : 0;
+}
+static inline uint32_t gr_part_slot(const gr_table *t, const gr_part *p, uint32_t k)
+{
+    return (p->chunk_ids[k >> t->chunk_shift] << t->chunk_shift) | (k & (t->chunk_rows - 1));
 }
 
 static inline gr_row_hdr *gr_row_hdr_of(uint8_t *row) { return (gr_row_hdr *)row; }
