@@ -41,7 +41,15 @@ typedef struct ck_writer {
     XXH3_state_t *fh; /* hash of the content written so far */
     XXH3_state_t *sh; /* hash of the section being written */
     uint64_t off;
-    uint64_t wb_off; /* writeback requested up to here */
+    /* The flusher thread asks the kernel to write back what the writer wrote, so the final
+     * fsync stays short; it runs apart because sync_file_range blocks while the device queue
+     * is full, and the writer must keep draining blocks for the scan meanwhile. */
+    pthread_mutex_t fl_mu;
+    pthread_cond_t fl_cv;
+    uint64_t fl_written; /* bytes handed to write() so far */
+    bool fl_closing;
+    pthread_t fl_thr;
+    bool fl_started;
     unsigned char *obuf;
     size_t olen;
     ZSTD_CCtx *zc;
@@ -76,6 +84,47 @@ typedef struct ck_writer {
 
 /* ---- raw output (writer thread, or the caller before/after it runs) ---- */
 
+/* Tells the flusher how far the file has been written (w->off counts bytes passed to
+ * write(); called after each write so the flusher never asks for unwritten ranges). */
+static void note_written(ck_writer *w)
+{
+    pthread_mutex_lock(&w->fl_mu);
+    w->fl_written = w->off - w->olen;
+    pthread_cond_signal(&w->fl_cv);
+    pthread_mutex_unlock(&w->fl_mu);
+}
+
+static void *flusher_main(void *arg)
+{
+    ck_writer *w = arg;
+    uint64_t done = 0;
+    pthread_mutex_lock(&w->fl_mu);
+    for (;;) {
+        while (!w->fl_closing && w->fl_written - done < WRITEBACK_EVERY)
+            pthread_cond_wait(&w->fl_cv, &w->fl_mu);
+        if (w->fl_closing) break;
+        uint64_t upto = w->fl_written;
+        pthread_mutex_unlock(&w->fl_mu);
+        /* Advisory: errors are ignored (the final fsync reports real ones). */
+        (void)sync_file_range(w->fd, (off_t)done, (off_t)(upto - done), SYNC_FILE_RANGE_WRITE);
+        done = upto;
+        pthread_mutex_lock(&w->fl_mu);
+    }
+    pthread_mutex_unlock(&w->fl_mu);
+    return NULL;
+}
+
+static void stop_flusher(ck_writer *w)
+{
+    if (!w->fl_started) return;
+    pthread_mutex_lock(&w->fl_mu);
+    w->fl_closing = true;
+    pthread_cond_signal(&w->fl_cv);
+    pthread_mutex_unlock(&w->fl_mu);
+    pthread_join(w->fl_thr, NULL);
+    w->fl_started = false;
+}
+
 static int out_flush(ck_writer *w)
 {
     size_t done = 0;
@@ -88,13 +137,7 @@ static int out_flush(ck_writer *w)
         done += (size_t)n;
     }
     w->olen = 0;
-    if (w->off - w->wb_off >= WRITEBACK_EVERY) {
-        /* Ask the kernel to start writing back what we wrote so far, so the final fsync does
-         * not have gigabytes of dirty pages to flush at once. Advisory: errors are ignored. */
-        (void)sync_file_range(w->fd, (off_t)w->wb_off, (off_t)(w->off - w->wb_off),
-                              SYNC_FILE_RANGE_WRITE);
-        w->wb_off = w->off;
-    }
+    note_written(w);
     return GR_OK;
 }
 
@@ -196,6 +239,7 @@ static int write_section(ck_writer *w, uint16_t type, uint32_t table, uint64_t c
             left -= (size_t)n;
         }
         w->off += pieces[i].iov_len;
+        note_written(w);
     }
     return rc;
 }
@@ -650,6 +694,8 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv_work, NULL);
     pthread_cond_init(&w->cv_free, NULL);
+    pthread_mutex_init(&w->fl_mu, NULL);
+    pthread_cond_init(&w->fl_cv, NULL);
     w->fh = XXH3_createState();
     w->sh = XXH3_createState();
     w->obuf = malloc(OBUF_BYTES);
@@ -675,6 +721,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         goto out;
     }
     w->thr_started = true;
+    if (pthread_create(&w->fl_thr, NULL, flusher_main, w) == 0) w->fl_started = true;
 
     for (size_t i = 0; i < ntables && rc == GR_OK; i++) {
         const gr_table_spec *sp = &specs[i];
@@ -737,6 +784,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thr, NULL);
     w->thr_started = false;
+    stop_flusher(w);
     if (rc == GR_OK) rc = writer_error(w);
     if (rc == GR_OK) {
         ck_tail tail;
@@ -776,6 +824,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         }
     }
 out:
+    stop_flusher(w);
     if (w->thr_started) {
         pthread_mutex_lock(&w->mu);
         w->closing = true;
@@ -809,6 +858,8 @@ out:
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv_work);
     pthread_cond_destroy(&w->cv_free);
+    pthread_mutex_destroy(&w->fl_mu);
+    pthread_cond_destroy(&w->fl_cv);
     free(w);
     free(specs);
     free(trows);
