@@ -103,6 +103,83 @@ GR_API int gr_client_dense_create(gr_client *c, const char *spec_json);
 GR_API int gr_client_dense_pull(gr_client *c, const char *name, float *out, size_t n);
 GR_API int gr_client_dense_push(gr_client *c, const char *name, const float *grad, size_t n);
 
+/* Starts a pull of a whole dense parameter into out (n floats, valid until the wait returns);
+ * the async form of gr_client_dense_pull, so a worker can fetch rows and dense parameters at
+ * once. */
+GR_API int gr_client_dense_pull_start(gr_client *c, const char *name, float *out, size_t n,
+                                      gr_client_op **op);
+/* Overwrites a dense parameter's values (its initialisation) and resets its optimizer state. */
+GR_API int gr_client_dense_set(gr_client *c, const char *name, const float *values, size_t n);
+
+/* ---- Sync jobs: step tokens for sync, semisync and ssp (docs/sync.md) ----
+ * Every shard runs the job's step state machine on its own. A worker acquires a step from
+ * every shard, pulls, computes, and pushes its gradient to every shard tagged with that
+ * shard's answer (shards without its keys get an empty push, so each counts every worker's
+ * step); when it runs out of data it leaves. Tags are per shard because in semisync two
+ * shards may be at different steps for a moment. */
+
+enum { GR_CLIENT_SYNC_ASYNC = 0, GR_CLIENT_SYNC_SYNC = 1, GR_CLIENT_SYNC_SEMISYNC = 2,
+       GR_CLIENT_SYNC_SSP = 3 };
+
+typedef struct gr_client_sync_config {
+    uint32_t mode;      /* GR_CLIENT_SYNC_* */
+    uint32_t workers;   /* N */
+    uint32_t aggregate; /* K (semisync; sync forces N) */
+    uint32_t staleness; /* semisync: drop bound; ssp: how far ahead a worker may run */
+} gr_client_sync_config;
+
+#define GR_CLIENT_SYNC_RESET 1u /* replace whatever job the shards run (its waiters fail) */
+#define GR_CLIENT_SYNC_CLEAR 2u /* drop the job; cfg is ignored */
+
+/* Installs the job on every shard. Idempotent: the same config again is fine (every worker
+ * process of a job may call it); a different one while a job is installed is GR_EBUSY, unless
+ * flags has GR_CLIENT_SYNC_RESET. *step (may be NULL) gets the highest shard step. */
+GR_API int gr_client_sync_configure(gr_client *c, const gr_client_sync_config *cfg,
+                                    unsigned flags, uint64_t *step);
+
+/* Starts an acquire: on every shard s, waits (on the shard, holding no thread there) until
+ * worker may start step want[s] (for a worker's first step 0, then its last tag there + 1).
+ * When the op completes, tags[s] holds the tag for its push to shard s (sync/semisync: the
+ * shard's step G >= want[s]; ssp and async: want[s]) and current[s] (may be NULL) the shard's
+ * G or, in ssp, its slowest worker's step. A shard that cannot let it start within timeout_ms
+ * fails the op with GR_ETIMEDOUT and a message naming what it waits for ("shard is at step 12
+ * with 2 of 3 gradients"). want may equal tags (read during the call only). Arrays have
+ * gr_client_shards() entries. */
+GR_API int gr_client_sync_acquire_start(gr_client *c, uint32_t worker, const uint64_t *want,
+                                        uint32_t timeout_ms, uint64_t *tags, uint64_t *current,
+                                        gr_client_op **op);
+/* Blocking form; *step (may be NULL) gets the smallest tag, the step this worker computes. */
+GR_API int gr_client_sync_acquire(gr_client *c, uint32_t worker, const uint64_t *want,
+                                  uint32_t timeout_ms, uint64_t *tags, uint64_t *step);
+
+/* A dense parameter's gradient in a step push. */
+typedef struct gr_client_dense_grad {
+    const char *name;
+    const float *grad;
+    size_t n;
+} gr_client_dense_grad;
+
+/* What a shard did with a step push (outcomes[s]). */
+enum { GR_CLIENT_PUSH_APPLIED = 0, GR_CLIENT_PUSH_STAGED = 1, GR_CLIENT_PUSH_DROPPED = 2,
+       GR_CLIENT_PUSH_DUPLICATE = 3 };
+
+/* Starts a step push: one PUSH_STEP frame to every shard, tagged tags[s], carrying that
+ * shard's keys of every table (gradients of repeated keys summed in order of occurrence, as
+ * gr_client_push_start does) and the dense gradients of the parameters it owns; a shard with
+ * none gets an empty push. Each worker sends the mean gradient over its batch. A step is one
+ * frame per shard, never split: GR_ETOOBIG when it does not fit a shard's limits. nb or nd may
+ * be 0. outcomes (may be NULL; gr_client_shards() entries) get GR_CLIENT_PUSH_* per shard
+ * when the op completes. grads are copied during the call. */
+GR_API int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tags,
+                                     const gr_client_batch *b, size_t nb,
+                                     const gr_client_dense_grad *d, size_t nd, uint32_t *outcomes,
+                                     gr_client_op **op);
+GR_API int gr_client_push_step(gr_client *c, uint32_t worker, const uint64_t *tags,
+                               const gr_client_batch *b, size_t nb, const gr_client_dense_grad *d,
+                               size_t nd, uint32_t *outcomes);
+/* Worker has finished: every shard stops waiting for it. */
+GR_API int gr_client_sync_leave(gr_client *c, uint32_t worker);
+
 /* A shard's stats JSON (see docs/server.md); *json malloc'd. */
 GR_API int gr_client_stats(gr_client *c, uint32_t shard, char **json);
 /* Asks one shard (or every shard with shard < 0) to drain and stop. */

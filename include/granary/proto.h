@@ -20,8 +20,9 @@
 #define GR_PROTO_OP_LIMIT 64   /* opcodes are 1..63; counters are sized by this */
 
 /* Every opcode, declared once: X(NAME, number, "name", "summary"). The decoder, the server's
- * dispatcher, its stats counters and docs/protocol.md all come from this table. Numbers
- * 16..63 are free for later operations (step tokens, barriers, checkpoint save/load). */
+ * dispatcher, its stats counters and docs/protocol.md all come from this table. 16..20 are
+ * the sync-job operations; numbers 21..63 are free for later operations (checkpoint
+ * save/load, ...). */
 #define GR_PROTO_OPS(X)                                                                          \
     X(HELLO, 1, "hello", "handshake: reply carries shard layout, limits and the auth nonce")     \
     X(AUTH, 2, "auth", "answer the hello nonce with HMAC-SHA256(secret, nonce || client nonce)") \
@@ -37,7 +38,12 @@
     X(DELETE, 12, "delete", "remove keys from tables")                                           \
     X(EVICT, 13, "evict", "drop rows past their TTL in one or all tables")                       \
     X(STATS, 14, "stats", "shard stats as JSON: tables, rows, memory, request counters")         \
-    X(SHUTDOWN, 15, "shutdown", "drain in-flight requests and stop the shard")
+    X(SHUTDOWN, 15, "shutdown", "drain in-flight requests and stop the shard")                   \
+    X(SYNC_CONFIG, 16, "sync_config", "set, check, reset or clear the shard's sync job (mode, N, K, staleness)") \
+    X(SYNC_ACQUIRE, 17, "sync_acquire", "wait until a worker may start a step; reply: the tag for its push") \
+    X(PUSH_STEP, 18, "push_step", "a worker's step-tagged gradients, sparse and dense, through the step state machine") \
+    X(SYNC_LEAVE, 19, "sync_leave", "a worker has finished its data: steps stop waiting for it")    \
+    X(DENSE_SET, 20, "dense_set", "overwrite a dense parameter's values and reset its optimizer state")
 
 typedef enum {
 #define GR_PROTO_OP_ENUM(name, num, lname, summary) GR_OP_##name = num,
@@ -202,6 +208,70 @@ GR_API int gr_proto_random(uint8_t *buf, size_t n);
  * ranges). A dense parameter lives whole on the shard that owns the slot of its name's hash. */
 GR_API uint32_t gr_proto_default_shard(uint32_t slot, uint32_t shards);
 GR_API uint32_t gr_proto_dense_slot(const char *name, size_t len);
+
+/* ---- Sync jobs (SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE; docs/protocol.md). ---- */
+
+/* Modes, as on the wire. */
+enum { GR_PROTO_SYNC_ASYNC = 0, GR_PROTO_SYNC_SYNC = 1, GR_PROTO_SYNC_SEMISYNC = 2,
+       GR_PROTO_SYNC_SSP = 3 };
+/* SYNC_CONFIG flags. */
+#define GR_PROTO_SYNC_RESET 1u /* drop the current job (waiters fail), then install this one */
+#define GR_PROTO_SYNC_CLEAR 2u /* drop the current job and install nothing */
+
+/* SYNC_CONFIG request body (24 bytes): u32 mode, u32 workers, u32 aggregate, u32 staleness,
+ * u32 flags, u32 reserved (0). */
+typedef struct gr_proto_sync_config {
+    uint32_t mode, workers, aggregate, staleness, flags;
+} gr_proto_sync_config;
+GR_API int gr_proto_put_sync_config(gr_proto_buf *b, const gr_proto_sync_config *c);
+GR_API int gr_proto_decode_sync_config(const void *body, size_t len, gr_proto_sync_config *out);
+
+/* SYNC_ACQUIRE request body (16 bytes): u32 worker, u32 timeout_ms, u64 step. */
+typedef struct gr_proto_sync_acquire {
+    uint32_t worker, timeout_ms;
+    uint64_t step;
+} gr_proto_sync_acquire;
+GR_API int gr_proto_put_sync_acquire(gr_proto_buf *b, const gr_proto_sync_acquire *a);
+GR_API int gr_proto_decode_sync_acquire(const void *body, size_t len, gr_proto_sync_acquire *out);
+
+/* SYNC_LEAVE request body (8 bytes): u32 worker, u32 reserved (0). */
+GR_API int gr_proto_decode_sync_leave(const void *body, size_t len, uint32_t *worker);
+
+/* The replies of SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP and SYNC_LEAVE are one pair (16 bytes):
+ * u64 a, u64 b (what each means: docs/protocol.md). */
+GR_API int gr_proto_put_pair(gr_proto_buf *b, uint64_t first, uint64_t second);
+GR_API int gr_proto_decode_pair(const void *body, size_t len, uint64_t *a, uint64_t *b);
+
+/* PUSH_STEP request body: u32 worker, u32 ndense, u64 step, u64 batch_len, then batch_len
+ * bytes of a KEYS_VALUES batch (0: no sparse sections), then ndense dense parts, each: str
+ * name, u64 size, f32 grad[size], zero pad to 8. */
+typedef struct gr_proto_dense_part {
+    const char *name; /* into the body, not NUL-terminated */
+    uint32_t name_len;
+    uint64_t size;
+    const float *values;
+} gr_proto_dense_part;
+
+typedef struct gr_proto_push_step {
+    uint32_t worker;
+    uint64_t step;
+    gr_proto_batch batch;       /* ntables 0 when the push carries no sparse sections */
+    uint32_t ndense;
+    gr_proto_dense_part *dense; /* malloc'd; gr_proto_push_step_fini frees */
+} gr_proto_push_step;
+
+/* Writes the 24-byte PUSH_STEP prefix; batch_len must be the exact size of the batch that
+ * follows (gr_proto_put_batch_head + sections), 0 for none. */
+GR_API int gr_proto_put_push_step_head(gr_proto_buf *b, uint32_t worker, uint32_t ndense,
+                                       uint64_t step, uint64_t batch_len);
+/* Appends one dense part. */
+GR_API int gr_proto_put_dense_part(gr_proto_buf *b, const char *name, const float *values,
+                                   uint64_t size);
+/* Decodes a PUSH_STEP body (8-byte aligned) with the same checks as the batch decoder; on
+ * failure nothing is allocated. */
+GR_API int gr_proto_decode_push_step(const void *body, size_t len, const gr_proto_limits *lim,
+                                     gr_proto_push_step *out);
+GR_API void gr_proto_push_step_fini(gr_proto_push_step *p);
 
 /* Error response: header status < 0, body = str message. Encodes a whole frame. */
 GR_API int gr_proto_put_error(gr_proto_buf *b, uint16_t op, uint64_t id, int status,

@@ -45,6 +45,15 @@ struct gr_client_op {
     cl_req **reqs;
     size_t nreqs, reqcap;
     bool stream_rows; /* scatter with non-temporal stores (the output is far larger than caches) */
+    /* Results decoded by the reader as replies arrive (the op is freed by the wait): */
+    float *dense_out;       /* async DENSE_PULL */
+    size_t dense_n;
+    uint64_t *tags_out;     /* SYNC_ACQUIRE, per shard */
+    uint64_t *cur_out;
+    uint32_t *outcomes_out; /* PUSH_STEP, per shard */
+    /* The first failed request ends the op (the others are cancelled): an acquire must not
+     * wait out other shards' long holds once one shard is gone. */
+    bool fail_fast;
 };
 
 /* Output larger than this is scattered with streaming stores: the rows would not stay in cache
@@ -317,7 +326,7 @@ void cl_req_complete(cl_req *r, int rc, const char *msg)
         }
     }
     op->remaining--;
-    if (op->remaining == 0) pthread_cond_broadcast(&op->cv);
+    if (op->remaining == 0 || (rc && op->fail_fast)) pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mu); /* after this the waiter may free the op */
 }
 
@@ -401,6 +410,38 @@ int cl_req_handle_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool
             return gr_seterr(GR_EPROTO, "push reply carries a body");
         }
         return GR_OK;
+    case GR_OP_SYNC_ACQUIRE:
+    case GR_OP_PUSH_STEP: {
+        uint64_t a, b;
+        int rc = gr_proto_decode_pair(body, h->body_len, &a, &b);
+        if (rc) {
+            *fatal = true;
+            return rc;
+        }
+        if (r->opcode == GR_OP_SYNC_ACQUIRE) {
+            if (op->tags_out) op->tags_out[r->shard] = a;
+            if (op->cur_out) op->cur_out[r->shard] = b;
+        } else if (op->outcomes_out) {
+            op->outcomes_out[r->shard] = (uint32_t)a;
+        }
+        return GR_OK;
+    }
+    case GR_OP_DENSE_PULL:
+        if (op->dense_out) {
+            uint64_t size = 0;
+            const float *vals = NULL;
+            int rc = gr_proto_decode_dense_values(body, h->body_len, &size, &vals);
+            if (rc) {
+                *fatal = true;
+                return rc;
+            }
+            if (size != op->dense_n)
+                return gr_seterr(GR_EDIM, "dense parameter has %llu floats, the caller expected %zu",
+                                 (unsigned long long)size, op->dense_n);
+            memcpy(op->dense_out, vals, size * sizeof(float));
+            return GR_OK;
+        }
+        /* fall through - the blocking pull decodes the copy */
     default:
         r->reply = malloc(h->body_len ? h->body_len : 8);
         if (!r->reply) return gr_seterr(GR_ENOMEM, "out of memory for a %u-byte reply", h->body_len);
@@ -470,18 +511,21 @@ static int op_wait(gr_client_op *op, int timeout_ms)
         }
     }
     pthread_mutex_lock(&op->mu);
-    while (op->remaining > 0 && mono_ns() < until) {
+    while (op->remaining > 0 && !(op->fail_fast && op->err) && mono_ns() < until) {
         struct timespec ts;
         ts_from_mono(until, &ts);
         pthread_cond_timedwait(&op->cv, &op->mu, &ts);
     }
-    bool done = op->remaining == 0;
+    bool done = op->remaining == 0, failed = op->fail_fast && op->err;
     pthread_mutex_unlock(&op->mu);
     if (done) return GR_OK;
-    if (caller_limit) return GR_EAGAIN;
+    if (caller_limit && !failed) return GR_EAGAIN;
     char msg[96];
-    snprintf(msg, sizeof msg, "no reply within %u ms (the request timeout)",
-             op->cl->cfg.request_timeout_ms);
+    if (failed)
+        snprintf(msg, sizeof msg, "cancelled: another shard's part of this operation failed");
+    else
+        snprintf(msg, sizeof msg, "no reply within %u ms (the request timeout)",
+                 op->cl->cfg.request_timeout_ms);
     for (size_t i = 0; i < op->nreqs; i++) {
         cl_req *r = op->reqs[i];
         if (cl_conn_claim(&op->cl->conns[r->shard], r)) cl_req_complete(r, GR_ETIMEDOUT, msg);
@@ -1132,6 +1176,262 @@ int gr_client_shutdown(gr_client *c, int shard)
     gr_client_op *op;
     int rc = ctl_run(c, shards, n, GR_OP_SHUTDOWN, NULL, &op);
     free(shards);
+    if (rc) return rc;
+    rc = op_result(op);
+    op_free(op);
+    return rc;
+}
+
+/* ---- async dense pull, dense set ---- */
+
+/* Builds a one-request op to the owner of a dense parameter: body = str name [+ u64 n +
+ * floats]. */
+static int dense_op(gr_client *c, uint16_t opcode, const char *name, const float *vals, size_t n,
+                    gr_client_op **out)
+{
+    *out = NULL;
+    int rc = check_name(name);
+    if (rc) return rc;
+    gr_client_op *op = op_new(c, opcode);
+    if (!op) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+    cl_req *r = op_add_req(op, dense_owner(c, name), 0);
+    rc = r ? gr_proto_begin(&r->frame, GR_PROTO_REQUEST, opcode, 0, 0, r->id)
+           : gr_seterr(GR_ENOMEM, "out of memory");
+    if (!rc) rc = gr_proto_put_str(&r->frame, name, strlen(name));
+    if (!rc && vals) rc = gr_proto_put_u64(&r->frame, n);
+    if (!rc && vals) rc = gr_proto_put_bytes(&r->frame, vals, n * sizeof *vals);
+    if (!rc) rc = gr_proto_end(&r->frame, 0);
+    if (rc) {
+        op_free(op);
+        return rc;
+    }
+    *out = op;
+    return GR_OK;
+}
+
+int gr_client_dense_pull_start(gr_client *c, const char *name, float *out, size_t n,
+                               gr_client_op **op)
+{
+    if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
+    *op = NULL;
+    if (n && !out) return gr_seterr(GR_EINVAL, "NULL output");
+    gr_client_op *o;
+    int rc = dense_op(c, GR_OP_DENSE_PULL, name, NULL, 0, &o);
+    if (rc) return rc;
+    o->dense_out = out;
+    o->dense_n = n;
+    rc = op_send(o);
+    if (rc) {
+        op_free(o);
+        return rc;
+    }
+    *op = o;
+    return GR_OK;
+}
+
+int gr_client_dense_set(gr_client *c, const char *name, const float *values, size_t n)
+{
+    if (!values || !n) return gr_seterr(GR_EINVAL, "dense_set needs values");
+    gr_client_op *op;
+    int rc = dense_op(c, GR_OP_DENSE_SET, name, values, n, &op);
+    if (rc) return rc;
+    rc = op_send(op);
+    if (!rc) {
+        op_wait(op, -1);
+        rc = op_result(op);
+    }
+    op_free(op);
+    return rc;
+}
+
+/* ---- sync jobs ---- */
+
+int gr_client_sync_configure(gr_client *c, const gr_client_sync_config *cfg, unsigned flags,
+                             uint64_t *step)
+{
+    if (!cfg && !(flags & GR_CLIENT_SYNC_CLEAR)) return gr_seterr(GR_EINVAL, "NULL sync config");
+    gr_proto_sync_config pc = {0};
+    if (cfg) pc = (gr_proto_sync_config){cfg->mode, cfg->workers, cfg->aggregate, cfg->staleness, 0};
+    pc.flags = (flags & GR_CLIENT_SYNC_RESET ? GR_PROTO_SYNC_RESET : 0) |
+               (flags & GR_CLIENT_SYNC_CLEAR ? GR_PROTO_SYNC_CLEAR : 0);
+    gr_proto_buf body;
+    gr_proto_buf_init(&body);
+    uint32_t *shards = all_shards(c);
+    int rc = shards ? gr_proto_put_sync_config(&body, &pc) : gr_seterr(GR_ENOMEM, "out of memory");
+    gr_client_op *op = NULL;
+    if (!rc) rc = ctl_run(c, shards, c->nshards, GR_OP_SYNC_CONFIG, &body, &op);
+    free(shards);
+    gr_proto_buf_fini(&body);
+    if (rc) return rc;
+    rc = op_result(op);
+    uint64_t top = 0;
+    for (size_t i = 0; !rc && i < op->nreqs; i++) {
+        uint64_t res = 0, g = 0;
+        rc = gr_proto_decode_pair(op->reqs[i]->reply, op->reqs[i]->reply_len, &res, &g);
+        if (g > top) top = g;
+    }
+    op_free(op);
+    if (!rc && step) *step = top;
+    return rc;
+}
+
+int gr_client_sync_acquire_start(gr_client *c, uint32_t worker, const uint64_t *want,
+                                 uint32_t timeout_ms, uint64_t *tags, uint64_t *current,
+                                 gr_client_op **op)
+{
+    if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
+    *op = NULL;
+    if (!want || !tags) return gr_seterr(GR_EINVAL, "acquire needs want and tags arrays");
+    gr_client_op *o = op_new(c, GR_OP_SYNC_ACQUIRE);
+    if (!o) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+    /* The shard may hold the request for timeout_ms: the op's own deadline comes after. */
+    o->deadline_ns += (uint64_t)timeout_ms * 1000000u;
+    o->fail_fast = true;
+    o->tags_out = tags;
+    o->cur_out = current;
+    int rc = GR_OK;
+    for (uint32_t s = 0; s < c->nshards && !rc; s++) {
+        cl_req *r = op_add_req(o, s, 0);
+        if (!r) {
+            rc = gr_seterr(GR_ENOMEM, "out of memory");
+            break;
+        }
+        gr_proto_sync_acquire a = {worker, timeout_ms, want[s]};
+        rc = gr_proto_begin(&r->frame, GR_PROTO_REQUEST, GR_OP_SYNC_ACQUIRE, 0, 0, r->id);
+        if (!rc) rc = gr_proto_put_sync_acquire(&r->frame, &a);
+        if (!rc) rc = gr_proto_end(&r->frame, 0);
+    }
+    if (!rc) rc = op_send(o);
+    if (rc) {
+        op_free(o);
+        return rc;
+    }
+    *op = o;
+    return GR_OK;
+}
+
+int gr_client_sync_acquire(gr_client *c, uint32_t worker, const uint64_t *want,
+                           uint32_t timeout_ms, uint64_t *tags, uint64_t *step)
+{
+    gr_client_op *op;
+    int rc = gr_client_sync_acquire_start(c, worker, want, timeout_ms, tags, NULL, &op);
+    if (!rc) rc = gr_client_wait(op, -1);
+    if (!rc && step) {
+        uint64_t m = UINT64_MAX;
+        for (uint32_t s = 0; s < c->nshards; s++)
+            if (tags[s] < m) m = tags[s];
+        *step = m;
+    }
+    return rc;
+}
+
+int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tags,
+                              const gr_client_batch *b, size_t nb, const gr_client_dense_grad *d,
+                              size_t nd, uint32_t *outcomes, gr_client_op **op)
+{
+    if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
+    *op = NULL;
+    if (!tags) return gr_seterr(GR_EINVAL, "push_step needs the tags from acquire");
+    if ((nb && !b) || (nd && !d)) return gr_seterr(GR_EINVAL, "NULL tables or dense gradients");
+    for (size_t i = 0; i < nd; i++) {
+        int rc = check_name(d[i].name);
+        if (rc) return rc;
+        if (d[i].n && !d[i].grad) return gr_seterr(GR_EINVAL, "dense gradient '%s' is NULL", d[i].name);
+    }
+    gr_client_op *o = op_new(c, GR_OP_PUSH_STEP);
+    if (!o) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+    o->outcomes_out = outcomes;
+    int rc = nb ? prepare_tables(o, b, nb, false, true) : GR_OK;
+    uint32_t *dshard = calloc(nd ? nd : 1, sizeof *dshard);
+    if (!rc && !dshard) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < nd; i++) dshard[i] = dense_owner(c, d[i].name);
+    for (uint32_t s = 0; s < c->nshards && !rc; s++) {
+        const gr_proto_limits *lim = &c->conns[s].limits;
+        cl_req *r = op_add_req(o, s, 0);
+        if (!r) {
+            rc = gr_seterr(GR_ENOMEM, "out of memory");
+            break;
+        }
+        uint32_t cap = 0, ndense = 0;
+        uint64_t keys = 0;
+        size_t blen = 8, size = GR_PROTO_HEADER_SIZE + 24;
+        for (uint32_t bi = 0; bi < o->nb && !rc; bi++) {
+            const cl_tbl *t = &o->tb[bi];
+            uint32_t off = t->shard_start[s], cnt = t->shard_start[s + 1] - off;
+            if (!cnt) continue;
+            rc = req_add_piece(r, (uint32_t)bi, cnt, t->order + off, &cap);
+            blen += gr_proto_section_size(GR_PROTO_KEYS_VALUES, cnt, t->dim);
+            keys += cnt;
+        }
+        if (rc) break;
+        if (r->npieces == 0) blen = 0;
+        size += blen;
+        for (size_t i = 0; i < nd; i++)
+            if (dshard[i] == s) {
+                ndense++;
+                size += 8 + ((strlen(d[i].name) + 4 + 7) & ~(size_t)7) + ((d[i].n * 4 + 7) & ~(size_t)7);
+            }
+        if (size - GR_PROTO_HEADER_SIZE > lim->max_body || keys > lim->max_keys ||
+            r->npieces > lim->max_tables || ndense > lim->max_tables) {
+            rc = gr_seterr(GR_ETOOBIG,
+                           "shard %u (%s): a step push of %llu keys and %zu bytes does not fit "
+                           "the shard's limits (%u keys, %u bytes, %u tables): use smaller batches",
+                           s, c->conns[s].addr, (unsigned long long)keys, size, lim->max_keys,
+                           lim->max_body, lim->max_tables);
+            break;
+        }
+        rc = gr_proto_buf_reserve(&r->frame, size);
+        if (!rc) rc = gr_proto_begin(&r->frame, GR_PROTO_REQUEST, GR_OP_PUSH_STEP, 0, 0, r->id);
+        if (!rc) rc = gr_proto_put_push_step_head(&r->frame, worker, ndense, tags[s], blen);
+        if (!rc && r->npieces) rc = gr_proto_put_batch_head(&r->frame, r->npieces);
+        for (uint32_t k = 0; !rc && k < r->npieces; k++) {
+            const cl_piece *p = &r->pieces[k];
+            const cl_tbl *t = &o->tb[p->bi];
+            uint64_t *kk;
+            float *vals;
+            rc = gr_proto_put_section(&r->frame, GR_PROTO_KEYS_VALUES, t->table, t->dim, p->count,
+                                      &kk, &vals);
+            if (rc) break;
+            for (uint32_t j = 0; j < p->count; j++) {
+                kk[j] = t->uniq[p->uidx[j]];
+                t->dst[p->uidx[j]] = vals + (size_t)j * t->dim;
+            }
+        }
+        for (size_t i = 0; !rc && i < nd; i++)
+            if (dshard[i] == s) rc = gr_proto_put_dense_part(&r->frame, d[i].name, d[i].grad, d[i].n);
+        if (!rc) rc = gr_proto_end(&r->frame, 0);
+    }
+    free(dshard);
+    if (!rc && nb) sum_gradients(o, b);
+    if (!rc) rc = op_send(o);
+    if (rc) {
+        op_free(o);
+        return rc;
+    }
+    *op = o;
+    return GR_OK;
+}
+
+int gr_client_push_step(gr_client *c, uint32_t worker, const uint64_t *tags,
+                        const gr_client_batch *b, size_t nb, const gr_client_dense_grad *d,
+                        size_t nd, uint32_t *outcomes)
+{
+    gr_client_op *op;
+    int rc = gr_client_push_step_start(c, worker, tags, b, nb, d, nd, outcomes, &op);
+    return rc ? rc : gr_client_wait(op, -1);
+}
+
+int gr_client_sync_leave(gr_client *c, uint32_t worker)
+{
+    gr_proto_buf body;
+    gr_proto_buf_init(&body);
+    uint32_t *shards = all_shards(c);
+    int rc = shards ? gr_proto_put_u32(&body, worker) : gr_seterr(GR_ENOMEM, "out of memory");
+    if (!rc) rc = gr_proto_put_u32(&body, 0);
+    gr_client_op *op = NULL;
+    if (!rc) rc = ctl_run(c, shards, c->nshards, GR_OP_SYNC_LEAVE, &body, &op);
+    free(shards);
+    gr_proto_buf_fini(&body);
     if (rc) return rc;
     rc = op_result(op);
     op_free(op);

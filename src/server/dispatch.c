@@ -553,6 +553,7 @@ char *srv_stats_json(gr_server *s)
     }
     cJSON_AddNumberToObject(root, "rows", (double)total_rows);
     cJSON_AddNumberToObject(root, "memory_bytes", (double)total_bytes);
+    srv_sync_stats_json(s, root);
     cJSON *reqs = cJSON_AddObjectToObject(root, "requests");
     for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
         const char *nm = gr_proto_op_name(op);
@@ -591,6 +592,10 @@ static int op_shutdown(req *r)
     return empty_reply(r);
 }
 
+/* SYNC_CONFIG, PUSH_STEP, SYNC_LEAVE, DENSE_SET live in sync.c (SYNC_ACQUIRE never reaches the
+ * pool: the reader answers or parks it). */
+static int op_sync(req *r) { return srv_sync_op(r->s, r->h, r->body, r->out, r->fatal); }
+
 typedef int (*handler_fn)(req *r);
 
 static const handler_fn handlers[GR_PROTO_OP_LIMIT] = {
@@ -607,6 +612,10 @@ static const handler_fn handlers[GR_PROTO_OP_LIMIT] = {
     [GR_OP_EVICT] = op_evict,
     [GR_OP_STATS] = op_stats,
     [GR_OP_SHUTDOWN] = op_shutdown,
+    [GR_OP_SYNC_CONFIG] = op_sync,
+    [GR_OP_PUSH_STEP] = op_sync,
+    [GR_OP_SYNC_LEAVE] = op_sync,
+    [GR_OP_DENSE_SET] = op_sync,
 };
 
 int srv_dispatch(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,

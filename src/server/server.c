@@ -202,6 +202,14 @@ static void send_error(srv_conn *c, uint16_t op, uint64_t id, int rc, const char
     gr_proto_buf_fini(&b);
 }
 
+void srv_conn_get(srv_conn *c) { conn_ref(c); }
+void srv_conn_put(srv_conn *c) { conn_unref(c); }
+void srv_conn_send(srv_conn *c, const void *frame, size_t n, unsigned op) { conn_send(c, frame, n, op); }
+void srv_conn_send_error(srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg)
+{
+    send_error(c, op, id, rc, msg);
+}
+
 /* After a fatal error, read and discard what the peer still sends for a short while, so
  * closing the socket does not reset it before the peer has read our error reply. */
 static void linger_drain(srv_conn *c)
@@ -393,7 +401,7 @@ static void *reader_main(void *arg)
             break;
         }
         if (!gr_proto_op_name(h.op) || h.op == GR_OP_HELLO || h.op == GR_OP_AUTH ||
-            h.op == GR_OP_STATS || (s->secret && !c->authed))
+            h.op == GR_OP_STATS || h.op == GR_OP_SYNC_ACQUIRE || (s->secret && !c->authed))
             conn_release(c, h.body_len); /* handled right here, not queued */
         if (h.op < GR_PROTO_OP_LIMIT)
             atomic_fetch_add(&s->ops[h.op].bytes_in, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
@@ -437,6 +445,25 @@ static void *reader_main(void *arg)
                       "and auth first");
             fatal = true;
             break;
+        }
+        if (h.op == GR_OP_SYNC_ACQUIRE) {
+            /* Inline and never blocking: answered now or parked in sync.c, so waiting workers
+             * hold no pool thread (docs/server.md). */
+            atomic_fetch_add(&s->ops[h.op].count, 1);
+            bool bad = false;
+            rc = srv_sync_acquire(s, c, &h, body, &bad);
+            free(body);
+            if (rc) {
+                atomic_fetch_add(&s->ops[h.op].errors, 1);
+                if (bad) {
+                    atomic_fetch_add(&s->bad_frames, 1);
+                    conn_fail(c, h.op, h.id, rc, gr_errmsg());
+                    fatal = true;
+                    break;
+                }
+                send_error(c, h.op, h.id, rc, gr_errmsg());
+            }
+            continue;
         }
         if (h.op == GR_OP_STATS) {
             /* Inline, so stats answer even while workers are busy (and show the queue). */
@@ -632,6 +659,7 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
     for (uint32_t slot = 0; slot < GR_SLOTS; slot++)
         s->owns[slot] = gr_proto_default_shard(slot, c.shards) == c.shard;
     int rc = srv_registry_init(&s->reg, c.max_tables);
+    if (!rc && (rc = srv_sync_create(s))) srv_registry_fini(&s->reg);
     if (rc) {
         free(s->secret);
         free(s);
@@ -711,6 +739,7 @@ int gr_server_start(gr_server *s)
         return gr_seterr(GR_EINTERNAL, "cannot start server threads");
     }
     s->started = true;
+    if (srv_sync_start(s) != GR_OK) GR_LOGW("shard %u: %s (acquire timeouts will not fire)", s->cfg.shard, gr_errmsg());
     GR_LOGI("shard %u of %u listening on %s:%u (%u worker threads%s)", s->cfg.shard, s->cfg.shards,
             s->host, s->port, s->nworkers, s->secret ? ", auth required" : "");
     return GR_OK;
@@ -770,6 +799,8 @@ int gr_server_stop(gr_server *s)
     pthread_mutex_unlock(&s->q_mu);
     for (uint32_t i = 0; i < s->nworkers; i++) pthread_join(s->workers[i], NULL);
     s->nworkers = 0;
+    /* Acquires still parked now can never be satisfied: answer them. */
+    srv_sync_stop(s);
     s->stopped = true;
     GR_LOGI("shard %u stopped", s->cfg.shard);
     return GR_OK;
@@ -781,6 +812,7 @@ void gr_server_destroy(gr_server *s)
     gr_server_stop(s);
     free(s->workers);
     free(s->exited);
+    srv_sync_destroy(s);
     srv_registry_fini(&s->reg);
     for (int i = 0; i < 2; i++) {
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);

@@ -49,6 +49,7 @@ typedef struct srv_op_stats {
 } srv_op_stats;
 
 struct srv_conn;
+typedef struct srv_sync srv_sync; /* sync.c: the shard's sync job and its parked acquires */
 
 struct gr_server {
     gr_server_config cfg;
@@ -86,6 +87,7 @@ struct gr_server {
     atomic_uint_fast64_t conns_total, conns_rejected, bad_frames, auth_failures;
     atomic_uint_fast64_t inflight;
     uint64_t start_ns;
+    srv_sync *sync;
 };
 
 /* What a connection's state means to the dispatcher. */
@@ -105,5 +107,30 @@ char *srv_stats_json(gr_server *s);
 
 /* Creates a dense parameter from its JSON spec. */
 int srv_dense_create_json(gr_server *s, const char *json, size_t len, bool *created);
+
+/* server.c: connection references and writes for replies sent after the request's own
+ * handler returned (parked SYNC_ACQUIREs). */
+void srv_conn_get(struct srv_conn *c);
+void srv_conn_put(struct srv_conn *c);
+void srv_conn_send(struct srv_conn *c, const void *frame, size_t n, unsigned op);
+void srv_conn_send_error(struct srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg);
+
+/* sync.c: the sync job (SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE, DENSE_SET).
+ * create/destroy with the server; start with its threads; stop (after the worker pool has
+ * drained) answers every parked acquire with GR_ESHUTDOWN. */
+int srv_sync_create(gr_server *s);
+int srv_sync_start(gr_server *s);
+void srv_sync_stop(gr_server *s);
+void srv_sync_destroy(gr_server *s);
+/* SYNC_ACQUIRE, run by the connection's reader: replies now, or parks the request (holding a
+ * reference on c) to be answered when the step may start, at its timeout, or at stop. Returns
+ * an error for the caller to send; *fatal when the body does not decode. */
+int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
+                     const uint8_t *body, bool *fatal);
+/* The other sync opcodes, run by the worker pool like any dispatch handler. */
+int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
+                bool *fatal);
+/* Adds the "sync" object to the STATS JSON (root is a cJSON object). */
+void srv_sync_stats_json(gr_server *s, void *root);
 
 #endif

@@ -1,16 +1,18 @@
 /* Step synchronisation on one shard (see stepsync.h and docs/sync.md). One mutex guards the
- * state; the apply callback runs under it, so an aggregated step is applied atomically with
- * respect to other pushes on this shard. */
+ * state. In sync and semisync the apply callback runs under it, so an aggregated step is
+ * applied atomically with respect to other pushes on this shard; in async and ssp it runs
+ * outside it, so pushes apply in parallel as plain PUSH requests do. */
 #include "server/stepsync.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 typedef struct staged_part {
-    uint32_t id, dim;
+    uint32_t kind, id, dim;
     size_t n;
     uint64_t *keys;
     float *grads;
@@ -27,12 +29,16 @@ struct gr_stepsync {
     gr_sync_config cfg;
     gr_sync_apply_fn apply;
     void *ctx;
+    gr_sync_notify_fn notify;
+    void *notify_ctx;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool shutdown;
     uint64_t g;              /* applied steps */
     uint64_t *last_step;     /* per worker: last step tag seen + 1 (0 = none) */
     uint64_t *clock;         /* per worker: pushes applied (ssp) */
+    bool *left;              /* per worker: has left the job */
+    uint32_t nleft;
     contribution *staged;    /* admitted pushes for step g */
     size_t n_staged, cap_staged;
     gr_sync_stats st;
@@ -71,12 +77,13 @@ int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *
     ss->ctx = ctx;
     ss->last_step = calloc(c.workers, sizeof *ss->last_step);
     ss->clock = calloc(c.workers, sizeof *ss->clock);
-    if (!ss->last_step || !ss->clock) {
+    ss->left = calloc(c.workers, sizeof *ss->left);
+    pthread_mutex_init(&ss->mu, NULL);
+    pthread_cond_init(&ss->cv, NULL);
+    if (!ss->last_step || !ss->clock || !ss->left) {
         gr_stepsync_destroy(ss);
         return gr_seterr(GR_ENOMEM, "stepsync: out of memory");
     }
-    pthread_mutex_init(&ss->mu, NULL);
-    pthread_cond_init(&ss->cv, NULL);
     *out = ss;
     return GR_OK;
 }
@@ -88,6 +95,7 @@ void gr_stepsync_destroy(gr_stepsync *ss)
     free(ss->staged);
     free(ss->last_step);
     free(ss->clock);
+    free(ss->left);
     pthread_mutex_destroy(&ss->mu);
     pthread_cond_destroy(&ss->cv);
     free(ss);
@@ -95,12 +103,26 @@ void gr_stepsync_destroy(gr_stepsync *ss)
 
 const gr_sync_config *gr_stepsync_config(const gr_stepsync *ss) { return &ss->cfg; }
 
+void gr_stepsync_set_notify(gr_stepsync *ss, gr_sync_notify_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&ss->mu);
+    ss->notify = fn;
+    ss->notify_ctx = ctx;
+    pthread_mutex_unlock(&ss->mu);
+}
+
+/* Called after the lock is released. */
+static void notify(gr_stepsync *ss)
+{
+    if (ss->notify) ss->notify(ss->notify_ctx);
+}
+
 static int apply_direct(gr_stepsync *ss, const gr_sync_part *parts, size_t n_parts)
 {
     for (size_t i = 0; i < n_parts; i++) {
         if (parts[i].n == 0) continue;
-        int rc = ss->apply(ss->ctx, parts[i].id, parts[i].dim, parts[i].keys, parts[i].n,
-                           parts[i].grads);
+        int rc = ss->apply(ss->ctx, parts[i].kind, parts[i].id, parts[i].dim, parts[i].keys,
+                           parts[i].n, parts[i].grads);
         if (rc) return rc;
     }
     return GR_OK;
@@ -121,6 +143,7 @@ static int stage(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_
     if (!c.parts) return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
     for (size_t i = 0; i < n_parts; i++) {
         staged_part *p = &c.parts[c.n_parts++];
+        p->kind = parts[i].kind;
         p->id = parts[i].id;
         p->dim = parts[i].dim;
         p->n = parts[i].n;
@@ -146,23 +169,24 @@ static int cmp_contribution(const void *a, const void *b)
     return x->step < y->step ? -1 : x->step > y->step;
 }
 
-/* Sums the staged pushes per id in (worker, step) order, divides by K and applies. */
+/* Sums the staged pushes per (kind, id) in (worker, step) order, divides by the number of
+ * pushes in the step (K, fewer only in a short step) and applies. */
 static int apply_staged(gr_stepsync *ss)
 {
     qsort(ss->staged, ss->n_staged, sizeof *ss->staged, cmp_contribution);
     int rc = GR_OK;
-    float scale = 1.0f / (float)ss->cfg.aggregate;
-    /* Every distinct id, in order of first appearance. */
+    float scale = 1.0f / (float)ss->n_staged;
+    /* Every distinct (kind, id), in order of first appearance. */
     for (size_t ci = 0; ci < ss->n_staged && rc == GR_OK; ci++) {
         for (size_t pi = 0; pi < ss->staged[ci].n_parts && rc == GR_OK; pi++) {
             staged_part *first = &ss->staged[ci].parts[pi];
             if (first->dim == 0) continue; /* already merged */
-            uint32_t id = first->id, dim = first->dim;
+            uint32_t kind = first->kind, id = first->id, dim = first->dim;
+#define SAME(p) ((p)->id == id && (p)->kind == kind && (p)->dim)
             size_t total = 0;
             for (size_t cj = ci; cj < ss->n_staged; cj++)
                 for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++)
-                    if (ss->staged[cj].parts[pj].id == id && ss->staged[cj].parts[pj].dim)
-                        total += ss->staged[cj].parts[pj].n;
+                    if (SAME(&ss->staged[cj].parts[pj])) total += ss->staged[cj].parts[pj].n;
             uint64_t *keys = malloc((total ? total : 1) * sizeof *keys);
             uint64_t *uniq = malloc((total ? total : 1) * sizeof *uniq);
             uint32_t *inv = malloc((total ? total : 1) * sizeof *inv);
@@ -174,7 +198,7 @@ static int apply_staged(gr_stepsync *ss)
                 for (size_t cj = ci; cj < ss->n_staged; cj++)
                     for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
                         staged_part *p = &ss->staged[cj].parts[pj];
-                        if (p->id != id || p->dim == 0) continue;
+                        if (!SAME(p)) continue;
                         if (p->dim != dim) {
                             rc = gr_seterr(GR_EDIM, "stepsync: id %u pushed with dim %u and %u",
                                            id, dim, p->dim);
@@ -188,7 +212,7 @@ static int apply_staged(gr_stepsync *ss)
                 for (size_t cj = ci; cj < ss->n_staged && rc == GR_OK; cj++)
                     for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
                         staged_part *p = &ss->staged[cj].parts[pj];
-                        if (p->id != id || p->dim == 0) continue;
+                        if (!SAME(p)) continue;
                         for (size_t r = 0; r < p->n; r++, at++) {
                             float *dst = sum + (size_t)inv[at] * dim;
                             const float *src = p->grads + r * dim;
@@ -196,9 +220,10 @@ static int apply_staged(gr_stepsync *ss)
                         }
                         p->dim = 0; /* merged */
                     }
+#undef SAME
                 if (rc == GR_OK && nu > 0) {
                     for (size_t i = 0; i < (size_t)nu * dim; i++) sum[i] *= scale;
-                    rc = ss->apply(ss->ctx, id, dim, uniq, (size_t)nu, sum);
+                    rc = ss->apply(ss->ctx, kind, id, dim, uniq, (size_t)nu, sum);
                 }
             }
             free(keys);
@@ -218,6 +243,34 @@ static void count_staleness(gr_sync_stats *st, uint64_t lag)
     st->staleness_hist[b]++;
 }
 
+/* Sync modes: the staged pushes form a step once K arrived, or once every worker that has not
+ * left has one staged (fewer than K remain: a short step). Caller holds mu. */
+static bool step_complete(const gr_stepsync *ss)
+{
+    if (ss->n_staged == 0) return false;
+    if (ss->n_staged >= ss->cfg.aggregate) return true;
+    for (uint32_t w = 0; w < ss->cfg.workers; w++) {
+        if (ss->left[w]) continue;
+        bool has = false;
+        for (size_t i = 0; i < ss->n_staged && !has; i++) has = ss->staged[i].worker == w;
+        if (!has) return false;
+    }
+    return true;
+}
+
+/* Applies the staged step and advances G. Caller holds mu. */
+static int finish_step(gr_stepsync *ss)
+{
+    size_t n = ss->n_staged;
+    if (n < ss->cfg.aggregate) ss->st.short_steps++;
+    int rc = apply_staged(ss);
+    ss->g++;
+    ss->st.applied_steps++;
+    ss->st.admitted += n;
+    pthread_cond_broadcast(&ss->cv);
+    return rc;
+}
+
 int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
                      size_t n_parts, gr_sync_outcome *outcome)
 {
@@ -228,6 +281,7 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
                          worker, ss->cfg.workers);
     gr_sync_outcome out = GR_SYNC_APPLIED;
     int rc = GR_OK;
+    bool wake = false;
     pthread_mutex_lock(&ss->mu);
     ss->st.pushes++;
     if (ss->last_step[worker] > step) {
@@ -238,16 +292,24 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
     }
     switch (ss->cfg.mode) {
     case GR_SYNC_ASYNC:
-        rc = apply_direct(ss, parts, n_parts);
-        break;
     case GR_SYNC_SSP:
+        /* Claim the (worker, step) first so a concurrent retry is a duplicate, then apply
+         * without the lock: async pushes must not serialise on the shard. The ssp clock moves
+         * only after the apply, so a worker allowed to start sees these updates. */
+        ss->last_step[worker] = step + 1;
+        pthread_mutex_unlock(&ss->mu);
         rc = apply_direct(ss, parts, n_parts);
+        pthread_mutex_lock(&ss->mu);
         if (rc == GR_OK) {
-            ss->clock[worker] = step + 1;
+            ss->st.admitted++;
             count_staleness(&ss->st, 0);
-            pthread_cond_broadcast(&ss->cv);
+            if (ss->cfg.mode == GR_SYNC_SSP && ss->clock[worker] < step + 1) {
+                ss->clock[worker] = step + 1;
+                pthread_cond_broadcast(&ss->cv);
+                wake = true;
+            }
         }
-        break;
+        goto done;
     case GR_SYNC_SYNC:
     case GR_SYNC_SEMISYNC:
         if (step > ss->g) {
@@ -266,12 +328,10 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
         if (rc) break;
         count_staleness(&ss->st, ss->g - step);
         out = GR_SYNC_STAGED;
-        if (ss->n_staged >= ss->cfg.aggregate) {
-            rc = apply_staged(ss);
-            ss->g++;
-            ss->st.applied_steps++;
+        if (step_complete(ss)) {
+            rc = finish_step(ss);
             out = GR_SYNC_APPLIED;
-            pthread_cond_broadcast(&ss->cv);
+            wake = true;
         }
         break;
     }
@@ -279,15 +339,17 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
 done:
     ss->st.step = ss->g;
     pthread_mutex_unlock(&ss->mu);
+    if (wake) notify(ss);
     if (outcome) *outcome = out;
     return rc;
 }
 
+/* The slowest clock among workers that have not left (UINT64_MAX when all have). */
 static uint64_t slowest_clock(const gr_stepsync *ss, uint32_t *who)
 {
     uint64_t m = UINT64_MAX;
     for (uint32_t w = 0; w < ss->cfg.workers; w++)
-        if (ss->clock[w] < m) {
+        if (!ss->left[w] && ss->clock[w] < m) {
             m = ss->clock[w];
             if (who) *who = w;
         }
@@ -304,6 +366,64 @@ static bool may_start(const gr_stepsync *ss, uint64_t step)
     }
     default: return ss->g >= step;
     }
+}
+
+static uint64_t current_of(const gr_stepsync *ss)
+{
+    if (ss->cfg.mode != GR_SYNC_SSP) return ss->g;
+    uint64_t m = slowest_clock(ss, NULL);
+    return m == UINT64_MAX ? 0 : m;
+}
+
+static void describe_locked(const gr_stepsync *ss, uint64_t step, char *buf, size_t len)
+{
+    if (ss->cfg.mode == GR_SYNC_SSP) {
+        uint32_t who = 0;
+        uint64_t slow = slowest_clock(ss, &who);
+        snprintf(buf, len, "worker %u is at step %llu (staleness bound %u)", who,
+                 (unsigned long long)(slow == UINT64_MAX ? 0 : slow), ss->cfg.staleness);
+    } else {
+        uint32_t need = ss->cfg.aggregate, remaining = ss->cfg.workers - ss->nleft;
+        if (remaining < need) need = remaining;
+        snprintf(buf, len, "shard is at step %llu with %zu of %u gradients (waiting for step %llu)",
+                 (unsigned long long)ss->g, ss->n_staged, need, (unsigned long long)step);
+    }
+}
+
+void gr_stepsync_describe_wait(gr_stepsync *ss, uint64_t step, char *buf, size_t len)
+{
+    pthread_mutex_lock(&ss->mu);
+    describe_locked(ss, step, buf, len);
+    pthread_mutex_unlock(&ss->mu);
+}
+
+void gr_stepsync_note_wait(gr_stepsync *ss, uint64_t ns)
+{
+    pthread_mutex_lock(&ss->mu);
+    ss->st.wait_ns += ns;
+    pthread_mutex_unlock(&ss->mu);
+}
+
+int gr_stepsync_poll(gr_stepsync *ss, uint32_t worker, uint64_t step, bool count_wait,
+                     bool *ready, uint64_t *tag, uint64_t *current)
+{
+    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (worker >= ss->cfg.workers)
+        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+                         worker, ss->cfg.workers);
+    int rc = GR_OK;
+    pthread_mutex_lock(&ss->mu);
+    if (ss->shutdown) {
+        rc = gr_seterr(GR_ESHUTDOWN, "the sync job was stopped (shard shutting down or job reset)");
+    } else {
+        *ready = may_start(ss, step);
+        if (!*ready && count_wait) ss->st.waits++;
+        bool tag_g = ss->cfg.mode == GR_SYNC_SYNC || ss->cfg.mode == GR_SYNC_SEMISYNC;
+        if (tag) *tag = tag_g ? ss->g : step;
+        if (current) *current = current_of(ss);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    return rc;
 }
 
 int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
@@ -327,29 +447,52 @@ int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigne
     while (!ss->shutdown && !may_start(ss, step)) {
         int e = pthread_cond_timedwait(&ss->cv, &ss->mu, &deadline);
         if (e == ETIMEDOUT && !may_start(ss, step)) {
-            uint32_t who = 0;
-            uint64_t slow = slowest_clock(ss, &who);
-            if (ss->cfg.mode == GR_SYNC_SSP)
-                rc = gr_seterr(GR_ETIMEDOUT,
-                               "timed out after %u ms waiting for step %llu: worker %u is at "
-                               "step %llu (staleness bound %u)",
-                               timeout_ms, (unsigned long long)step, who,
-                               (unsigned long long)slow, ss->cfg.staleness);
-            else
-                rc = gr_seterr(GR_ETIMEDOUT,
-                               "timed out after %u ms waiting for step %llu: shard is at step "
-                               "%llu with %zu of %u gradients",
-                               timeout_ms, (unsigned long long)step, (unsigned long long)ss->g,
-                               ss->n_staged, ss->cfg.aggregate);
+            char why[160];
+            describe_locked(ss, step, why, sizeof why);
+            rc = gr_seterr(GR_ETIMEDOUT, "timed out after %u ms waiting for step %llu: %s",
+                           timeout_ms, (unsigned long long)step, why);
             break;
         }
     }
     if (rc == GR_OK && ss->shutdown)
         rc = gr_seterr(GR_ESHUTDOWN, "shard is shutting down");
-    if (current)
-        *current = ss->cfg.mode == GR_SYNC_SSP ? slowest_clock(ss, NULL) : ss->g;
+    if (current) *current = current_of(ss);
     pthread_mutex_unlock(&ss->mu);
     return rc;
+}
+
+int gr_stepsync_leave(gr_stepsync *ss, uint32_t worker, bool *applied)
+{
+    if (applied) *applied = false;
+    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (worker >= ss->cfg.workers)
+        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+                         worker, ss->cfg.workers);
+    int rc = GR_OK;
+    pthread_mutex_lock(&ss->mu);
+    if (!ss->left[worker]) {
+        ss->left[worker] = true;
+        ss->nleft++;
+        ss->st.left = ss->nleft;
+        bool sync_mode = ss->cfg.mode == GR_SYNC_SYNC || ss->cfg.mode == GR_SYNC_SEMISYNC;
+        if (sync_mode && step_complete(ss)) {
+            rc = finish_step(ss);
+            if (applied) *applied = true;
+        }
+        ss->st.step = ss->g;
+        pthread_cond_broadcast(&ss->cv);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    notify(ss);
+    return rc;
+}
+
+uint32_t gr_stepsync_active(gr_stepsync *ss)
+{
+    pthread_mutex_lock(&ss->mu);
+    uint32_t n = ss->cfg.workers - ss->nleft;
+    pthread_mutex_unlock(&ss->mu);
+    return n;
 }
 
 void gr_stepsync_shutdown(gr_stepsync *ss)
@@ -359,6 +502,7 @@ void gr_stepsync_shutdown(gr_stepsync *ss)
     ss->shutdown = true;
     pthread_cond_broadcast(&ss->cv);
     pthread_mutex_unlock(&ss->mu);
+    notify(ss);
 }
 
 void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st)
@@ -366,5 +510,6 @@ void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st)
     pthread_mutex_lock(&ss->mu);
     *st = ss->st;
     st->step = ss->g;
+    st->left = ss->nleft;
     pthread_mutex_unlock(&ss->mu);
 }

@@ -13,6 +13,7 @@
  *    than the bound are dropped and counted. sync is semisync with K = N and staleness 0.
  *  - ssp: pushes apply on arrival; a worker may start step t only when every worker has pushed
  *    at least t - staleness steps.
+ * Workers that run out of data leave (gr_stepsync_leave); steps then stop waiting for them.
  * A push repeating a (worker, step) already seen is acknowledged and ignored, so a client that
  * retries after a reconnect never applies a gradient twice. */
 #ifndef GRANARY_SERVER_STEPSYNC_H
@@ -34,18 +35,24 @@ typedef struct gr_sync_config {
     uint32_t staleness; /* s: semisync drops older pushes; ssp lets a worker run s steps ahead */
 } gr_sync_config;
 
-/* One table's (or dense tensor's) part of a push. */
+/* What a part's id names: a sparse table's wire id, or a dense tensor the caller numbered. */
+enum { GR_SYNC_SPARSE = 0, GR_SYNC_DENSE = 1 };
+
+/* One table's (or dense tensor's) part of a push. Parts are aggregated per (kind, id). */
 typedef struct gr_sync_part {
     uint32_t id;
     uint32_t dim;
     size_t n;
     const uint64_t *keys;
     const float *grads; /* n * dim */
+    uint32_t kind;      /* GR_SYNC_SPARSE (0, the default) or GR_SYNC_DENSE */
 } gr_sync_part;
 
-/* Applies one aggregated gradient: called with keys unique within the call. */
-typedef int (*gr_sync_apply_fn)(void *ctx, uint32_t id, uint32_t dim, const uint64_t *keys,
-                                size_t n, const float *grads);
+/* Applies one aggregated gradient: called with keys unique within the call. In async and ssp
+ * it runs without the state machine's lock (pushes apply in parallel, like plain PUSH); in
+ * sync and semisync under it, so a step is applied atomically. */
+typedef int (*gr_sync_apply_fn)(void *ctx, uint32_t kind, uint32_t id, uint32_t dim,
+                                const uint64_t *keys, size_t n, const float *grads);
 
 typedef enum {
     GR_SYNC_APPLIED = 0,   /* applied now (async, ssp, or it completed a step) */
@@ -58,9 +65,13 @@ typedef struct gr_sync_stats {
     uint64_t step;          /* G: applied steps (sync modes) */
     uint64_t pushes;
     uint64_t applied_steps;
+    uint64_t admitted;      /* pushes admitted into applied steps (sync modes) or applied */
+    uint64_t short_steps;   /* steps applied with fewer than K pushes because workers had left */
     uint64_t dropped;       /* stale gradients dropped */
     uint64_t duplicates;
     uint64_t waits;         /* acquires that had to block */
+    uint64_t wait_ns;       /* time blocked acquires waited, summed (as reported by callers) */
+    uint64_t left;          /* workers that have left */
     uint64_t staleness_hist[8]; /* admitted pushes by G - tag: 0,1,2,3,4-7,8-15,16-31,32+ */
 } gr_sync_stats;
 
@@ -82,6 +93,34 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
  * *current (may be NULL) gets G (sync modes) or the slowest worker's clock (ssp). */
 int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
                         uint64_t *current);
+
+/* The non-blocking form of acquire, for callers that park waiters themselves (the server
+ * does, so a waiting acquire holds no thread). *ready says whether the worker may start `step`
+ * now; then *tag is what it tags its push with (sync/semisync: G; ssp/async: step) and
+ * *current is G (sync modes) or the slowest active worker's clock (ssp). count_wait: count a
+ * not-ready answer in stats.waits (pass true on a request's first poll only). GR_EINVAL for a
+ * bad worker, GR_ESHUTDOWN after shutdown. */
+int gr_stepsync_poll(gr_stepsync *ss, uint32_t worker, uint64_t step, bool count_wait,
+                     bool *ready, uint64_t *tag, uint64_t *current);
+/* Writes why `step` cannot start yet, e.g. "shard is at step 12 with 2 of 3 gradients" or
+ * "worker 1 is at step 3 (staleness bound 2)", for a timeout message. */
+void gr_stepsync_describe_wait(gr_stepsync *ss, uint64_t step, char *buf, size_t len);
+/* Adds a finished wait's duration to stats.wait_ns. */
+void gr_stepsync_note_wait(gr_stepsync *ss, uint64_t ns);
+
+/* Worker `worker` has finished its data and pushes no more: steps stop waiting for it (sync:
+ * a step needs every worker that has not left; semisync: K, or every remaining worker when
+ * fewer than K remain; ssp: it no longer counts as the slowest). A step that was waiting only
+ * for it is applied now (*applied set, may be NULL). Idempotent. */
+int gr_stepsync_leave(gr_stepsync *ss, uint32_t worker, bool *applied);
+/* Workers that have not left. */
+uint32_t gr_stepsync_active(gr_stepsync *ss);
+
+/* Called (without the state machine's lock) after anything that may let a waiter start: a
+ * step applied, a clock advanced, a worker left, shutdown. The server re-polls its parked
+ * acquires from it. */
+typedef void (*gr_sync_notify_fn)(void *ctx);
+void gr_stepsync_set_notify(gr_stepsync *ss, gr_sync_notify_fn fn, void *ctx);
 
 /* Wakes every waiter with GR_ESHUTDOWN; later acquires fail at once. */
 void gr_stepsync_shutdown(gr_stepsync *ss);

@@ -55,6 +55,29 @@ static void decode_body(const gr_proto_header *h, const uint8_t *body, size_t le
     uint64_t v[8];
     uint32_t cnt;
     gr_proto_decode_u64s(body, len, 8, v, &cnt);
+    /* The sync-job bodies. A PUSH_STEP that decodes must lie inside the body. */
+    gr_proto_sync_config sc;
+    gr_proto_decode_sync_config(body, len, &sc);
+    gr_proto_sync_acquire sa;
+    gr_proto_decode_sync_acquire(body, len, &sa);
+    uint32_t worker;
+    gr_proto_decode_sync_leave(body, len, &worker);
+    uint64_t pa, pb;
+    gr_proto_decode_pair(body, len, &pa, &pb);
+    gr_proto_push_step ps;
+    if (gr_proto_decode_push_step(body, len, lim, &ps) == GR_OK) {
+        volatile float f = 0;
+        for (uint32_t i = 0; i < ps.ndense; i++) {
+            const gr_proto_dense_part *d = &ps.dense[i];
+            if ((const uint8_t *)d->name < body || (const uint8_t *)d->name + d->name_len > body + len) abort();
+            if ((const uint8_t *)(d->values + d->size) > body + len) abort();
+            for (uint64_t k = 0; k < d->size; k++) f += d->values[k];
+        }
+        for (uint32_t i = 0; i < ps.batch.ntables; i++)
+            if (ps.batch.sections[i].n) f += ps.batch.sections[i].values[0];
+        (void)f;
+        gr_proto_push_step_fini(&ps);
+    }
     (void)h;
 }
 

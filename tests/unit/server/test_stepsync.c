@@ -19,10 +19,11 @@ typedef struct store {
     size_t last_n;
 } store;
 
-static int apply_add(void *ctx, uint32_t id, uint32_t dim, const uint64_t *keys, size_t n,
-                     const float *grads)
+static int apply_add(void *ctx, uint32_t kind, uint32_t id, uint32_t dim, const uint64_t *keys,
+                     size_t n, const float *grads)
 {
     store *s = ctx;
+    assert_int_equal(kind, GR_SYNC_SPARSE);
     assert_int_equal(id, 1);
     assert_int_equal(dim, 1);
     for (size_t i = 1; i < n; i++)
@@ -272,6 +273,154 @@ static void test_bad_config(void **state)
     assert_int_equal(gr_stepsync_create(&c3, apply_add, &s, &ss), GR_EINVAL);
 }
 
+/* A store that records (kind, id) of every apply and the sum written. */
+typedef struct kstore {
+    int calls;
+    uint32_t kinds[8], ids[8];
+    float vals[8];
+    int notified;
+} kstore;
+
+static int apply_kinds(void *ctx, uint32_t kind, uint32_t id, uint32_t dim, const uint64_t *keys,
+                       size_t n, const float *grads)
+{
+    kstore *s = ctx;
+    (void)keys;
+    assert_int_equal(dim, 1);
+    assert_int_equal(n, 1);
+    if (s->calls < 8) {
+        s->kinds[s->calls] = kind;
+        s->ids[s->calls] = id;
+        s->vals[s->calls] = grads[0];
+    }
+    s->calls++;
+    return 0;
+}
+
+static void count_notify(void *ctx) { ((kstore *)ctx)->notified++; }
+
+static void test_kinds_aggregate_apart(void **state)
+{
+    (void)state;
+    kstore s = {0};
+    gr_sync_config cfg = {.mode = GR_SYNC_SYNC, .workers = 2};
+    gr_stepsync *ss;
+    assert_int_equal(gr_stepsync_create(&cfg, apply_kinds, &s, &ss), 0);
+    uint64_t k[] = {0};
+    float a[] = {2}, b[] = {6};
+    /* Sparse table 3 and dense tensor 3 share the number but not the kind. */
+    gr_sync_part p0[2] = {{.id = 3, .dim = 1, .n = 1, .keys = k, .grads = a},
+                          {.id = 3, .dim = 1, .n = 1, .keys = k, .grads = b, .kind = GR_SYNC_DENSE}};
+    gr_sync_part p1[2] = {{.id = 3, .dim = 1, .n = 1, .keys = k, .grads = b, .kind = GR_SYNC_DENSE},
+                          {.id = 3, .dim = 1, .n = 1, .keys = k, .grads = a}};
+    assert_int_equal(gr_stepsync_push(ss, 0, 0, p0, 2, NULL), 0);
+    assert_int_equal(gr_stepsync_push(ss, 1, 0, p1, 2, NULL), 0);
+    assert_int_equal(s.calls, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(s.ids[i], 3);
+        assert_true(s.vals[i] == (s.kinds[i] == GR_SYNC_DENSE ? 6.0f : 2.0f)); /* means */
+    }
+    assert_true(s.kinds[0] != s.kinds[1]);
+    gr_stepsync_destroy(ss);
+}
+
+static void test_leave_in_sync(void **state)
+{
+    (void)state;
+    store s = {0};
+    gr_sync_config cfg = {.mode = GR_SYNC_SYNC, .workers = 3};
+    gr_stepsync *ss;
+    assert_int_equal(gr_stepsync_create(&cfg, apply_add, &s, &ss), 0);
+    uint64_t k[] = {0};
+    float g[] = {6};
+    gr_sync_part p = part1(k, g, 1);
+    gr_sync_outcome o;
+    bool applied = true;
+    /* Worker 0 pushes its last step and leaves: the step still waits for 1 and 2. */
+    assert_int_equal(gr_stepsync_push(ss, 0, 0, &p, 1, &o), 0);
+    assert_int_equal(gr_stepsync_leave(ss, 0, &applied), 0);
+    assert_false(applied);
+    assert_int_equal(gr_stepsync_push(ss, 1, 0, &p, 1, &o), 0);
+    assert_int_equal(o, GR_SYNC_STAGED);
+    /* Worker 2 leaves without pushing: the step has every remaining worker's push. */
+    assert_int_equal(gr_stepsync_leave(ss, 2, &applied), 0);
+    assert_true(applied);
+    assert_true(s.w[0] == 6.0f); /* (6 + 6) / 2: divided by the pushes in the step */
+    assert_int_equal(gr_stepsync_active(ss), 1);
+    /* Worker 1 alone now: each push is a step. */
+    assert_int_equal(gr_stepsync_push(ss, 1, 1, &p, 1, &o), 0);
+    assert_int_equal(o, GR_SYNC_APPLIED);
+    assert_true(s.w[0] == 12.0f);
+    assert_int_equal(gr_stepsync_leave(ss, 2, &applied), 0); /* idempotent */
+    gr_sync_stats st;
+    gr_stepsync_get_stats(ss, &st);
+    assert_true(st.step == 2 && st.short_steps == 2 && st.left == 2 && st.admitted == 3);
+    gr_stepsync_destroy(ss);
+}
+
+static void test_poll_tags_and_notify(void **state)
+{
+    (void)state;
+    store s = {0};
+    kstore n = {0};
+    gr_sync_config cfg = {.mode = GR_SYNC_SEMISYNC, .workers = 3, .aggregate = 2};
+    gr_stepsync *ss;
+    assert_int_equal(gr_stepsync_create(&cfg, apply_add, &s, &ss), 0);
+    gr_stepsync_set_notify(ss, count_notify, &n);
+    uint64_t k[] = {0};
+    float g[] = {1};
+    gr_sync_part p = part1(k, g, 1);
+    bool ready = true;
+    uint64_t tag = 99, cur = 99;
+    assert_int_equal(gr_stepsync_poll(ss, 0, 0, true, &ready, &tag, &cur), 0);
+    assert_true(ready && tag == 0 && cur == 0);
+    assert_int_equal(gr_stepsync_push(ss, 0, 0, &p, 1, NULL), 0);
+    assert_int_equal(n.notified, 0); /* staged only: nobody can start anything new */
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, true, &ready, &tag, &cur), 0);
+    assert_false(ready);
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, false, &ready, &tag, &cur), 0);
+    char why[200];
+    gr_stepsync_describe_wait(ss, 1, why, sizeof why);
+    assert_non_null(strstr(why, "1 of 2 gradients"));
+    assert_int_equal(gr_stepsync_push(ss, 1, 0, &p, 1, NULL), 0);
+    assert_int_equal(n.notified, 1);
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, false, &ready, &tag, &cur), 0);
+    assert_true(ready && tag == 1);
+    /* The backup worker (2) asks for step 0 and is told to tag with G = 1. */
+    assert_int_equal(gr_stepsync_poll(ss, 2, 0, true, &ready, &tag, &cur), 0);
+    assert_true(ready && tag == 1 && cur == 1);
+    gr_stepsync_note_wait(ss, 5000);
+    gr_sync_stats st;
+    gr_stepsync_get_stats(ss, &st);
+    assert_true(st.waits == 1 && st.wait_ns == 5000);
+    gr_stepsync_shutdown(ss);
+    assert_int_equal(n.notified, 2);
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, false, &ready, &tag, &cur), GR_ESHUTDOWN);
+    assert_int_equal(gr_stepsync_poll(ss, 9, 1, false, &ready, &tag, &cur), GR_EINVAL);
+    gr_stepsync_destroy(ss);
+}
+
+static void test_ssp_leave_unblocks(void **state)
+{
+    (void)state;
+    store s = {0};
+    gr_sync_config cfg = {.mode = GR_SYNC_SSP, .workers = 2, .staleness = 0};
+    gr_stepsync *ss;
+    assert_int_equal(gr_stepsync_create(&cfg, apply_add, &s, &ss), 0);
+    uint64_t k[] = {0};
+    float g[] = {1};
+    gr_sync_part p = part1(k, g, 1);
+    assert_int_equal(gr_stepsync_push(ss, 0, 0, &p, 1, NULL), 0);
+    bool ready = true;
+    uint64_t tag = 0, cur = 0;
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, true, &ready, &tag, &cur), 0);
+    assert_false(ready); /* worker 1 has pushed nothing */
+    assert_int_equal(gr_stepsync_leave(ss, 1, NULL), 0);
+    assert_int_equal(gr_stepsync_poll(ss, 0, 1, true, &ready, &tag, &cur), 0);
+    assert_true(ready && tag == 1 && cur == 1); /* ssp tags with the step asked for */
+    gr_stepsync_destroy(ss);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +432,10 @@ int main(void)
         cmocka_unit_test(test_ssp_bound),
         cmocka_unit_test(test_blocked_acquire_wakes),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_kinds_aggregate_apart),
+        cmocka_unit_test(test_leave_in_sync),
+        cmocka_unit_test(test_poll_tags_and_notify),
+        cmocka_unit_test(test_ssp_leave_unblocks),
     };
     return cmocka_run_group_tests_name("stepsync", tests, NULL, NULL);
 }

@@ -1,0 +1,778 @@
+/* The shard's sync job: SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE and DENSE_SET, on top
+ * of the step state machine (stepsync.c). A job (mode, N workers, K, staleness) is installed
+ * by SYNC_CONFIG and replaced only by a reset. PUSH_STEP checks every section like PUSH does,
+ * then hands the parts to the state machine, whose apply callback writes into the shard's
+ * tables and dense parameters.
+ *
+ * A waiting SYNC_ACQUIRE holds no thread: the connection's reader polls the state machine and,
+ * when the step cannot start yet, parks the request here with a reference on its connection.
+ * Whoever changes the state (a push completing a step, a leave, a reset) re-polls the parked
+ * requests and answers the ready ones; a timer thread answers those whose timeout passed. So N
+ * blocked workers never occupy the worker pool that must run the pushes that free them
+ * (docs/server.md, "Sync jobs and waiting acquires"). */
+#include "server/server_int.h"
+#include "server/stepsync.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_WAIT_MS (24u * 3600u * 1000u)
+
+/* One installed job. Reference counted: a push holds a reference while it runs, so a reset
+ * never frees a state machine under it. */
+typedef struct sync_job {
+    struct srv_sync *sy;
+    gr_stepsync *ss;
+    gr_sync_config cfg; /* as normalised by stepsync */
+    atomic_int refs;
+} sync_job;
+
+typedef struct srv_waiter {
+    struct srv_waiter *next;
+    struct srv_conn *c;
+    sync_job *job;
+    uint64_t id;
+    uint32_t worker;
+    uint32_t timeout_ms;
+    uint64_t step;
+    uint64_t start_ns, deadline_ns;
+} srv_waiter;
+
+struct srv_sync {
+    gr_server *s;
+    pthread_mutex_t mu; /* job, waiters, dense names, timer state; taken before a stepsync's */
+    pthread_cond_t cv;  /* the timer thread (CLOCK_MONOTONIC) */
+    sync_job *job;      /* NULL: no job */
+    srv_waiter *waiters;
+    size_t nwaiters;
+    pthread_t timer;
+    bool timer_live, stopping;
+    /* Dense parameters get small stable numbers for the state machine (their table ids are
+     * not unique: a dense spec's id defaults to 0). */
+    char (*dense_names)[GR_TABLE_NAME_MAX];
+    uint32_t ndense, capdense;
+    atomic_uint_fast64_t jobs, resets;
+};
+
+static const char *mode_name(uint32_t m)
+{
+    static const char *names[] = {"async", "sync", "semisync", "ssp"};
+    return m < 4 ? names[m] : "unknown";
+}
+
+/* ---- jobs ---- */
+
+static void job_put(sync_job *j)
+{
+    if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
+        gr_stepsync_destroy(j->ss);
+        free(j);
+    }
+}
+
+static sync_job *job_get(srv_sync *sy)
+{
+    pthread_mutex_lock(&sy->mu);
+    sync_job *j = sy->job;
+    if (j) atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_unlock(&sy->mu);
+    return j;
+}
+
+static int dense_name_of(srv_sync *sy, uint32_t idx, char *name)
+{
+    pthread_mutex_lock(&sy->mu);
+    int rc = idx < sy->ndense ? GR_OK : GR_ENOENT;
+    if (!rc) memcpy(name, sy->dense_names[idx], GR_TABLE_NAME_MAX);
+    pthread_mutex_unlock(&sy->mu);
+    return rc ? gr_seterr(rc, "unknown dense parameter number %u", idx) : GR_OK;
+}
+
+static int dense_index(srv_sync *sy, const char *name, uint32_t *idx)
+{
+    int rc = GR_OK;
+    pthread_mutex_lock(&sy->mu);
+    uint32_t i = 0;
+    for (; i < sy->ndense; i++)
+        if (!strcmp(sy->dense_names[i], name)) break;
+    if (i == sy->ndense) {
+        if (sy->ndense == sy->capdense) {
+            uint32_t cap = sy->capdense ? sy->capdense * 2 : 8;
+            void *p = realloc(sy->dense_names, (size_t)cap * GR_TABLE_NAME_MAX);
+            if (!p) rc = gr_seterr(GR_ENOMEM, "out of memory");
+            else {
+                sy->dense_names = p;
+                sy->capdense = cap;
+            }
+        }
+        if (!rc) snprintf(sy->dense_names[sy->ndense++], GR_TABLE_NAME_MAX, "%s", name);
+    }
+    pthread_mutex_unlock(&sy->mu);
+    *idx = i;
+    return rc;
+}
+
+/* The state machine's apply callback: aggregated gradients into a table or dense parameter. */
+static int job_apply(void *ctx, uint32_t kind, uint32_t id, uint32_t dim, const uint64_t *keys,
+                     size_t n, const float *grads)
+{
+    sync_job *j = ctx;
+    gr_server *s = j->sy->s;
+    srv_entry *e;
+    if (kind == GR_SYNC_DENSE) {
+        char name[GR_TABLE_NAME_MAX];
+        int rc = dense_name_of(j->sy, id, name);
+        if (rc) return rc;
+        e = srv_registry_get(&s->reg, true, name, 0);
+        if (!e) return gr_seterr(GR_ENOENT, "dense parameter '%s' was dropped", name);
+    } else {
+        e = srv_registry_get(&s->reg, false, NULL, id);
+        if (!e) return gr_seterr(GR_ENOENT, "no table with id %u on shard %u", id, s->cfg.shard);
+    }
+    int rc = gr_table_get_spec(e->table)->dim == dim
+                 ? gr_table_apply(e->table, keys, n, grads)
+                 : gr_seterr(GR_EDIM, "table '%s': aggregated gradient has dim %u", e->name, dim);
+    srv_entry_put(e);
+    return rc;
+}
+
+/* ---- replies to parked acquires ---- */
+
+static void reply_acquire(srv_waiter *w, int rc, uint64_t tag, uint64_t current, const char *msg)
+{
+    gr_server *s = w->job->sy->s;
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    if (rc) {
+        atomic_fetch_add(&s->ops[GR_OP_SYNC_ACQUIRE].errors, 1);
+        srv_conn_send_error(w->c, GR_OP_SYNC_ACQUIRE, w->id, rc, msg);
+    } else if (!gr_proto_begin(&b, GR_PROTO_RESPONSE, GR_OP_SYNC_ACQUIRE, 0, 0, w->id) &&
+               !gr_proto_put_pair(&b, tag, current) && !gr_proto_end(&b, 0)) {
+        srv_conn_send(w->c, b.data, b.len, GR_OP_SYNC_ACQUIRE);
+    }
+    gr_proto_buf_fini(&b);
+}
+
+static void waiter_free(srv_waiter *w)
+{
+    srv_conn_put(w->c);
+    job_put(w->job);
+    free(w);
+}
+
+/* Re-polls the parked acquires of job j and answers the ready ones (stepsync's notify). */
+static void job_notify(void *ctx)
+{
+    sync_job *j = ctx;
+    srv_sync *sy = j->sy;
+    srv_waiter *ready = NULL;
+    pthread_mutex_lock(&sy->mu);
+    for (srv_waiter **pp = &sy->waiters; *pp;) {
+        srv_waiter *w = *pp;
+        bool ok = false;
+        uint64_t tag = 0, cur = 0;
+        if (w->job == j) {
+            int rc = gr_stepsync_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
+            if (rc) ok = true; /* shut down: answer (with the error) below */
+        }
+        if (ok) {
+            *pp = w->next;
+            sy->nwaiters--;
+            w->next = ready;
+            ready = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&sy->mu);
+    while (ready) {
+        srv_waiter *w = ready;
+        ready = w->next;
+        bool ok = false;
+        uint64_t tag = 0, cur = 0;
+        int rc = gr_stepsync_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
+        gr_stepsync_note_wait(j->ss, gr_now_ns() - w->start_ns);
+        reply_acquire(w, rc, tag, cur, gr_errmsg());
+        waiter_free(w);
+    }
+}
+
+static void ts_at(uint64_t mono_ns, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(mono_ns / 1000000000u);
+    ts->tv_nsec = (long)(mono_ns % 1000000000u);
+}
+
+/* Answers parked acquires whose timeout passed. */
+static void *timer_main(void *arg)
+{
+    srv_sync *sy = arg;
+    pthread_mutex_lock(&sy->mu);
+    while (!sy->stopping) {
+        uint64_t now = gr_now_ns(), next = UINT64_MAX;
+        srv_waiter *expired = NULL;
+        for (srv_waiter **pp = &sy->waiters; *pp;) {
+            srv_waiter *w = *pp;
+            if (w->deadline_ns <= now) {
+                *pp = w->next;
+                sy->nwaiters--;
+                w->next = expired;
+                expired = w;
+            } else {
+                if (w->deadline_ns < next) next = w->deadline_ns;
+                pp = &w->next;
+            }
+        }
+        if (expired) {
+            pthread_mutex_unlock(&sy->mu);
+            while (expired) {
+                srv_waiter *w = expired;
+                expired = w->next;
+                bool ok = false;
+                uint64_t tag = 0, cur = 0;
+                int rc = gr_stepsync_poll(w->job->ss, w->worker, w->step, false, &ok, &tag, &cur);
+                char why[200], msg[320];
+                if (!rc && !ok) {
+                    gr_stepsync_describe_wait(w->job->ss, w->step, why, sizeof why);
+                    snprintf(msg, sizeof msg, "timed out after %u ms waiting for step %llu: %s",
+                             w->timeout_ms, (unsigned long long)w->step, why);
+                    rc = GR_ETIMEDOUT;
+                } else {
+                    snprintf(msg, sizeof msg, "%s", rc ? gr_errmsg() : "");
+                }
+                gr_stepsync_note_wait(w->job->ss, gr_now_ns() - w->start_ns);
+                reply_acquire(w, rc, tag, cur, msg);
+                waiter_free(w);
+            }
+            pthread_mutex_lock(&sy->mu);
+            continue;
+        }
+        if (next == UINT64_MAX) {
+            pthread_cond_wait(&sy->cv, &sy->mu);
+        } else {
+            struct timespec ts;
+            ts_at(next, &ts);
+            pthread_cond_timedwait(&sy->cv, &sy->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&sy->mu);
+    return NULL;
+}
+
+/* Takes every parked acquire of job j (all jobs when j is NULL) off the list and answers it
+ * with rc/msg. Caller holds no lock. */
+static void fail_waiters(srv_sync *sy, sync_job *j, int rc, const char *msg)
+{
+    srv_waiter *out = NULL;
+    pthread_mutex_lock(&sy->mu);
+    for (srv_waiter **pp = &sy->waiters; *pp;) {
+        srv_waiter *w = *pp;
+        if (!j || w->job == j) {
+            *pp = w->next;
+            sy->nwaiters--;
+            w->next = out;
+            out = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&sy->mu);
+    while (out) {
+        srv_waiter *w = out;
+        out = w->next;
+        reply_acquire(w, rc, 0, 0, msg);
+        waiter_free(w);
+    }
+}
+
+/* ---- lifecycle ---- */
+
+int srv_sync_create(gr_server *s)
+{
+    srv_sync *sy = calloc(1, sizeof *sy);
+    if (!sy) return gr_seterr(GR_ENOMEM, "cannot allocate the sync state");
+    sy->s = s;
+    pthread_mutex_init(&sy->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&sy->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    s->sync = sy;
+    return GR_OK;
+}
+
+int srv_sync_start(gr_server *s)
+{
+    srv_sync *sy = s->sync;
+    if (pthread_create(&sy->timer, NULL, timer_main, sy) != 0)
+        return gr_seterr(GR_EINTERNAL, "cannot start the sync timer thread");
+    sy->timer_live = true;
+    return GR_OK;
+}
+
+void srv_sync_stop(gr_server *s)
+{
+    srv_sync *sy = s->sync;
+    if (!sy) return;
+    fail_waiters(sy, NULL, GR_ESHUTDOWN, "shard is shutting down");
+    pthread_mutex_lock(&sy->mu);
+    sy->stopping = true;
+    pthread_cond_broadcast(&sy->cv);
+    pthread_mutex_unlock(&sy->mu);
+    if (sy->timer_live) pthread_join(sy->timer, NULL);
+    sy->timer_live = false;
+    sync_job *j = job_get(sy);
+    if (j) {
+        gr_stepsync_shutdown(j->ss);
+        job_put(j);
+    }
+}
+
+void srv_sync_destroy(gr_server *s)
+{
+    srv_sync *sy = s ? s->sync : NULL;
+    if (!sy) return;
+    srv_sync_stop(s);
+    job_put(sy->job);
+    free(sy->dense_names);
+    pthread_mutex_destroy(&sy->mu);
+    pthread_cond_destroy(&sy->cv);
+    free(sy);
+    s->sync = NULL;
+}
+
+/* ---- SYNC_ACQUIRE (run by the connection's reader) ---- */
+
+int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
+                     const uint8_t *body, bool *fatal)
+{
+    srv_sync *sy = s->sync;
+    *fatal = false;
+    gr_proto_sync_acquire a;
+    int rc = gr_proto_decode_sync_acquire(body, h->body_len, &a);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    if (a.timeout_ms > MAX_WAIT_MS)
+        return gr_seterr(GR_EINVAL, "acquire timeout of %u ms is over the %u ms limit",
+                         a.timeout_ms, MAX_WAIT_MS);
+    pthread_mutex_lock(&sy->mu);
+    sync_job *j = sy->job;
+    if (!j) {
+        pthread_mutex_unlock(&sy->mu);
+        return gr_seterr(GR_ENOENT, "shard %u has no sync job: send sync_config first",
+                         s->cfg.shard);
+    }
+    bool ready = false;
+    uint64_t tag = 0, cur = 0;
+    /* Polled and parked under sy->mu, so a step applied in between cannot be missed: its
+     * notify takes sy->mu after us and finds the waiter parked. */
+    rc = gr_stepsync_poll(j->ss, a.worker, a.step, true, &ready, &tag, &cur);
+    if (!rc && !ready) {
+        if (sy->stopping) {
+            rc = gr_seterr(GR_ESHUTDOWN, "shard is shutting down");
+        } else if (a.timeout_ms == 0) {
+            char why[200];
+            gr_stepsync_describe_wait(j->ss, a.step, why, sizeof why);
+            rc = gr_seterr(GR_ETIMEDOUT, "step %llu cannot start yet: %s",
+                           (unsigned long long)a.step, why);
+        } else if (sy->nwaiters >= 4 * (size_t)j->cfg.workers + 64) {
+            rc = gr_seterr(GR_EBUSY, "shard %u already holds %zu waiting acquires for a job of %u "
+                           "workers", s->cfg.shard, sy->nwaiters, j->cfg.workers);
+        } else {
+            srv_waiter *w = calloc(1, sizeof *w);
+            if (!w) {
+                rc = gr_seterr(GR_ENOMEM, "out of memory parking an acquire");
+            } else {
+                w->c = c;
+                srv_conn_get(c);
+                w->job = j;
+                atomic_fetch_add(&j->refs, 1);
+                w->id = h->id;
+                w->worker = a.worker;
+                w->step = a.step;
+                w->timeout_ms = a.timeout_ms;
+                w->start_ns = gr_now_ns();
+                w->deadline_ns = w->start_ns + (uint64_t)a.timeout_ms * 1000000u;
+                w->next = sy->waiters;
+                sy->waiters = w;
+                sy->nwaiters++;
+                pthread_cond_signal(&sy->cv); /* the timer may need an earlier wake-up */
+            }
+        }
+        pthread_mutex_unlock(&sy->mu);
+        return rc;
+    }
+    pthread_mutex_unlock(&sy->mu);
+    if (rc) return rc;
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    rc = gr_proto_begin(&b, GR_PROTO_RESPONSE, GR_OP_SYNC_ACQUIRE, 0, 0, h->id);
+    if (!rc) rc = gr_proto_put_pair(&b, tag, cur);
+    if (!rc) rc = gr_proto_end(&b, 0);
+    if (!rc) srv_conn_send(c, b.data, b.len, GR_OP_SYNC_ACQUIRE);
+    gr_proto_buf_fini(&b);
+    return rc;
+}
+
+/* ---- requests run by the worker pool ---- */
+
+static int reply_pair(const gr_proto_header *h, gr_proto_buf *out, uint64_t a, uint64_t b)
+{
+    size_t start = out->len;
+    int rc = gr_proto_begin(out, GR_PROTO_RESPONSE, h->op, 0, 0, h->id);
+    if (!rc) rc = gr_proto_put_pair(out, a, b);
+    if (!rc) rc = gr_proto_end(out, start);
+    return rc;
+}
+
+static bool same_config(const gr_sync_config *a, const gr_sync_config *b)
+{
+    return a->mode == b->mode && a->workers == b->workers && a->aggregate == b->aggregate &&
+           a->staleness == b->staleness;
+}
+
+static void describe_config(const gr_sync_config *c, char *buf, size_t len)
+{
+    snprintf(buf, len, "mode %s, %u workers, K %u, staleness %u", mode_name(c->mode), c->workers,
+             c->aggregate, c->staleness);
+}
+
+/* Drops the installed job: its parked acquires fail, its state machine is shut down. */
+static void drop_job(srv_sync *sy, const char *why)
+{
+    pthread_mutex_lock(&sy->mu);
+    sync_job *old = sy->job;
+    sy->job = NULL;
+    pthread_mutex_unlock(&sy->mu);
+    if (!old) return;
+    fail_waiters(sy, old, GR_ESHUTDOWN, why);
+    gr_stepsync_shutdown(old->ss);
+    job_put(old);
+    atomic_fetch_add(&sy->resets, 1);
+}
+
+static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t *body,
+                          gr_proto_buf *out, bool *fatal)
+{
+    srv_sync *sy = s->sync;
+    gr_proto_sync_config pc;
+    int rc = gr_proto_decode_sync_config(body, h->body_len, &pc);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    if (pc.flags & GR_PROTO_SYNC_CLEAR) {
+        drop_job(sy, "the sync job was cleared");
+        GR_LOGI("shard %u: sync job cleared", s->cfg.shard);
+        return reply_pair(h, out, 2, 0);
+    }
+    if (pc.mode > GR_PROTO_SYNC_SSP)
+        return gr_seterr(GR_EINVAL, "unknown sync mode %u", pc.mode);
+    gr_sync_config cfg = {(gr_sync_mode)pc.mode, pc.workers, pc.aggregate, pc.staleness};
+    sync_job *nj = calloc(1, sizeof *nj);
+    if (!nj) return gr_seterr(GR_ENOMEM, "out of memory");
+    nj->sy = sy;
+    atomic_init(&nj->refs, 1);
+    rc = gr_stepsync_create(&cfg, job_apply, nj, &nj->ss);
+    if (rc) {
+        free(nj);
+        return rc;
+    }
+    nj->cfg = *gr_stepsync_config(nj->ss);
+    gr_stepsync_set_notify(nj->ss, job_notify, nj);
+    if (pc.flags & GR_PROTO_SYNC_RESET) drop_job(sy, "the sync job was reset");
+    pthread_mutex_lock(&sy->mu);
+    sync_job *cur = sy->job;
+    uint64_t result = 0, step = 0;
+    if (!cur) {
+        sy->job = nj;
+        nj = NULL;
+        atomic_fetch_add(&sy->jobs, 1);
+    } else if (same_config(&cur->cfg, &nj->cfg)) {
+        gr_sync_stats st;
+        gr_stepsync_get_stats(cur->ss, &st);
+        result = 1;
+        step = st.step;
+    } else {
+        char have[128], want[128];
+        describe_config(&cur->cfg, have, sizeof have);
+        describe_config(&nj->cfg, want, sizeof want);
+        rc = gr_seterr(GR_EBUSY,
+                       "shard %u runs another sync job (%s); this one asks for %s: let it finish "
+                       "and clear it, or reset it (granary train --sync-reset)",
+                       s->cfg.shard, have, want);
+    }
+    pthread_mutex_unlock(&sy->mu);
+    if (nj) job_put(nj);
+    if (rc) return rc;
+    if (result == 0) {
+        char d[128];
+        describe_config(gr_stepsync_config(sy->job->ss), d, sizeof d);
+        GR_LOGI("shard %u: sync job installed (%s)", s->cfg.shard, d);
+    }
+    return reply_pair(h, out, result, step);
+}
+
+static bool owns_key(gr_server *s, uint64_t key) { return s->owns[gr_slot_of(key)]; }
+
+static int check_finite(const float *v, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return gr_seterr(GR_EINVAL, "%s: gradient value %zu is not finite", what, i);
+    return GR_OK;
+}
+
+static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *body,
+                        gr_proto_buf *out, bool *fatal)
+{
+    srv_sync *sy = s->sync;
+    gr_proto_push_step ps;
+    int rc = gr_proto_decode_push_step(body, h->body_len, &s->cfg.limits, &ps);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    atomic_fetch_add(&s->ops[h->op].keys, ps.batch.total_keys);
+    size_t nparts = ps.batch.ntables + ps.ndense;
+    srv_entry **ents = calloc(nparts ? nparts : 1, sizeof *ents);
+    gr_sync_part *parts = calloc(nparts ? nparts : 1, sizeof *parts);
+    uint64_t **dkeys = calloc(ps.ndense ? ps.ndense : 1, sizeof *dkeys);
+    float **dgrads = calloc(ps.ndense ? ps.ndense : 1, sizeof *dgrads);
+    sync_job *j = NULL;
+    if (!ents || !parts || !dkeys || !dgrads) {
+        rc = gr_seterr(GR_ENOMEM, "out of memory for a push_step");
+        goto out;
+    }
+    /* Resolve and check everything before the state machine sees any of it. */
+    for (uint32_t i = 0; i < ps.batch.ntables && !rc; i++) {
+        const gr_proto_section *sec = &ps.batch.sections[i];
+        srv_entry *e = srv_registry_get(&s->reg, false, NULL, sec->table);
+        if (!e) {
+            rc = gr_seterr(GR_ENOENT, "no table with id %u on shard %u", sec->table, s->cfg.shard);
+            break;
+        }
+        ents[i] = e;
+        uint32_t dim = gr_table_get_spec(e->table)->dim;
+        if (dim != sec->dim) {
+            rc = gr_seterr(GR_EDIM, "table '%s' has dim %u, push_step carried dim %u", e->name,
+                           dim, sec->dim);
+            break;
+        }
+        if (s->cfg.shards > 1)
+            for (uint32_t k = 0; k < sec->n && !rc; k++)
+                if (!owns_key(s, sec->keys[k]))
+                    rc = gr_seterr(GR_ESTALE,
+                                   "key %llu (slot %u) belongs to shard %u, not shard %u: the "
+                                   "client's slot map is wrong or stale",
+                                   (unsigned long long)sec->keys[k], gr_slot_of(sec->keys[k]),
+                                   gr_proto_default_shard(gr_slot_of(sec->keys[k]), s->cfg.shards),
+                                   s->cfg.shard);
+        if (!rc) rc = check_finite(sec->values, (size_t)sec->n * sec->dim, e->name);
+        parts[i] = (gr_sync_part){.kind = GR_SYNC_SPARSE, .id = sec->table, .dim = sec->dim,
+                                  .n = sec->n, .keys = sec->keys, .grads = sec->values};
+    }
+    for (uint32_t i = 0; i < ps.ndense && !rc; i++) {
+        const gr_proto_dense_part *d = &ps.dense[i];
+        char name[GR_TABLE_NAME_MAX];
+        if (d->name_len == 0 || d->name_len >= GR_TABLE_NAME_MAX || memchr(d->name, '\0', d->name_len)) {
+            rc = gr_seterr(GR_EINVAL, "bad dense parameter name in push_step");
+            break;
+        }
+        memcpy(name, d->name, d->name_len);
+        name[d->name_len] = '\0';
+        srv_entry *e = srv_registry_get(&s->reg, true, name, 0);
+        if (!e) {
+            uint32_t slot = gr_proto_dense_slot(name, strlen(name));
+            rc = s->owns[slot]
+                     ? gr_seterr(GR_ENOENT, "no dense parameter named '%s' on shard %u", name,
+                                 s->cfg.shard)
+                     : gr_seterr(GR_ESTALE, "dense parameter '%s' belongs to shard %u, not shard %u",
+                                 name, gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
+            break;
+        }
+        ents[ps.batch.ntables + i] = e;
+        if (d->size != e->dense_size) {
+            rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats, push_step carried %llu",
+                           name, (unsigned long long)e->dense_size, (unsigned long long)d->size);
+            break;
+        }
+        if ((rc = check_finite(d->values, d->size, name))) break;
+        uint32_t idx;
+        if ((rc = dense_index(sy, name, &idx))) break;
+        /* As chunk rows keyed 0, 1, ...: the last chunk padded with zero gradients. */
+        uint64_t chunks = (d->size + e->chunk - 1) / e->chunk;
+        dkeys[i] = malloc(chunks * sizeof **dkeys);
+        dgrads[i] = calloc(chunks * e->chunk, sizeof **dgrads);
+        if (!dkeys[i] || !dgrads[i]) {
+            rc = gr_seterr(GR_ENOMEM, "out of memory for a dense gradient");
+            break;
+        }
+        for (uint64_t k = 0; k < chunks; k++) dkeys[i][k] = k;
+        memcpy(dgrads[i], d->values, d->size * sizeof(float));
+        parts[ps.batch.ntables + i] = (gr_sync_part){.kind = GR_SYNC_DENSE, .id = idx,
+                                                     .dim = e->chunk, .n = chunks,
+                                                     .keys = dkeys[i], .grads = dgrads[i]};
+    }
+    if (rc) goto out;
+    j = job_get(sy);
+    if (!j) {
+        rc = gr_seterr(GR_ENOENT, "shard %u has no sync job: send sync_config first", s->cfg.shard);
+        goto out;
+    }
+    gr_sync_outcome oc = GR_SYNC_APPLIED;
+    rc = gr_stepsync_push(j->ss, ps.worker, ps.step, parts, nparts, &oc);
+    if (!rc) {
+        gr_sync_stats st;
+        gr_stepsync_get_stats(j->ss, &st);
+        rc = reply_pair(h, out, (uint64_t)oc, st.step);
+    }
+out:
+    job_put(j);
+    for (size_t i = 0; ents && i < nparts; i++)
+        if (ents[i]) srv_entry_put(ents[i]);
+    for (uint32_t i = 0; dkeys && dgrads && i < ps.ndense; i++) {
+        free(dkeys[i]);
+        free(dgrads[i]);
+    }
+    free(ents);
+    free(parts);
+    free(dkeys);
+    free(dgrads);
+    gr_proto_push_step_fini(&ps);
+    return rc;
+}
+
+static int op_sync_leave(gr_server *s, const gr_proto_header *h, const uint8_t *body,
+                         gr_proto_buf *out, bool *fatal)
+{
+    uint32_t worker;
+    int rc = gr_proto_decode_sync_leave(body, h->body_len, &worker);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    sync_job *j = job_get(s->sync);
+    if (!j) return gr_seterr(GR_ENOENT, "shard %u has no sync job", s->cfg.shard);
+    rc = gr_stepsync_leave(j->ss, worker, NULL);
+    if (!rc) {
+        gr_sync_stats st;
+        gr_stepsync_get_stats(j->ss, &st);
+        rc = reply_pair(h, out, gr_stepsync_active(j->ss), st.step);
+    }
+    job_put(j);
+    return rc;
+}
+
+static int op_dense_set(gr_server *s, const gr_proto_header *h, const uint8_t *body,
+                        gr_proto_buf *out, bool *fatal)
+{
+    const char *nm;
+    uint32_t nlen;
+    uint64_t size;
+    const float *vals;
+    int rc = gr_proto_decode_dense_push(body, h->body_len, &s->cfg.limits, &nm, &nlen, &size, &vals);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    if (nlen == 0 || nlen >= GR_TABLE_NAME_MAX || memchr(nm, '\0', nlen))
+        return gr_seterr(GR_EINVAL, "bad dense parameter name");
+    char name[GR_TABLE_NAME_MAX];
+    memcpy(name, nm, nlen);
+    name[nlen] = '\0';
+    srv_entry *e = srv_registry_get(&s->reg, true, name, 0);
+    if (!e) {
+        uint32_t slot = gr_proto_dense_slot(name, nlen);
+        return s->owns[slot]
+                   ? gr_seterr(GR_ENOENT, "no dense parameter named '%s' on shard %u", name,
+                               s->cfg.shard)
+                   : gr_seterr(GR_ESTALE, "dense parameter '%s' belongs to shard %u, not shard %u",
+                               name, gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
+    }
+    atomic_fetch_add(&s->ops[h->op].keys, size);
+    if (size != e->dense_size) {
+        rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats, dense_set carried %llu",
+                       name, (unsigned long long)e->dense_size, (unsigned long long)size);
+    } else if (!(rc = check_finite(vals, size, name))) {
+        uint64_t chunks = (size + e->chunk - 1) / e->chunk;
+        uint64_t *keys = malloc(chunks * sizeof *keys);
+        float *w = calloc(chunks * e->chunk, sizeof *w);
+        if (!keys || !w) {
+            rc = gr_seterr(GR_ENOMEM, "out of memory for dense_set");
+        } else {
+            for (uint64_t k = 0; k < chunks; k++) keys[k] = k;
+            memcpy(w, vals, size * sizeof *w);
+            /* Whole rows, optimizer state back to its initial value. */
+            rc = gr_table_insert(e->table, keys, chunks, w, NULL, NULL);
+        }
+        free(keys);
+        free(w);
+    }
+    srv_entry_put(e);
+    if (rc) return rc;
+    size_t start = out->len;
+    rc = gr_proto_begin(out, GR_PROTO_RESPONSE, h->op, 0, 0, h->id);
+    if (!rc) rc = gr_proto_end(out, start);
+    return rc;
+}
+
+int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
+                bool *fatal)
+{
+    switch (h->op) {
+    case GR_OP_SYNC_CONFIG: return op_sync_config(s, h, body, out, fatal);
+    case GR_OP_PUSH_STEP: return op_push_step(s, h, body, out, fatal);
+    case GR_OP_SYNC_LEAVE: return op_sync_leave(s, h, body, out, fatal);
+    case GR_OP_DENSE_SET: return op_dense_set(s, h, body, out, fatal);
+    default: return gr_seterr(GR_EPROTO, "opcode %u is not a sync operation", h->op);
+    }
+}
+
+/* ---- stats ---- */
+
+void srv_sync_stats_json(gr_server *s, void *root_json)
+{
+    cJSON *root = root_json;
+    srv_sync *sy = s->sync;
+    if (!sy) return;
+    cJSON *o = cJSON_AddObjectToObject(root, "sync");
+    if (!o) return;
+    pthread_mutex_lock(&sy->mu);
+    size_t nw = sy->nwaiters;
+    pthread_mutex_unlock(&sy->mu);
+    sync_job *j = job_get(sy);
+    cJSON_AddBoolToObject(o, "job", j != NULL);
+    cJSON_AddNumberToObject(o, "jobs", (double)atomic_load(&sy->jobs));
+    cJSON_AddNumberToObject(o, "resets", (double)atomic_load(&sy->resets));
+    cJSON_AddNumberToObject(o, "waiting", (double)nw);
+    if (j) {
+        gr_sync_stats st;
+        gr_stepsync_get_stats(j->ss, &st);
+        cJSON_AddStringToObject(o, "mode", mode_name(j->cfg.mode));
+        cJSON_AddNumberToObject(o, "workers", j->cfg.workers);
+        cJSON_AddNumberToObject(o, "aggregate", j->cfg.aggregate);
+        cJSON_AddNumberToObject(o, "staleness", j->cfg.staleness);
+        cJSON_AddNumberToObject(o, "step", (double)st.step);
+        cJSON_AddNumberToObject(o, "pushes", (double)st.pushes);
+        cJSON_AddNumberToObject(o, "applied_steps", (double)st.applied_steps);
+        cJSON_AddNumberToObject(o, "admitted", (double)st.admitted);
+        cJSON_AddNumberToObject(o, "short_steps", (double)st.short_steps);
+        cJSON_AddNumberToObject(o, "dropped", (double)st.dropped);
+        cJSON_AddNumberToObject(o, "duplicates", (double)st.duplicates);
+        cJSON_AddNumberToObject(o, "waits", (double)st.waits);
+        cJSON_AddNumberToObject(o, "wait_s", (double)st.wait_ns / 1e9);
+        cJSON_AddNumberToObject(o, "left", (double)st.left);
+        double h[8];
+        for (int i = 0; i < 8; i++) h[i] = (double)st.staleness_hist[i];
+        cJSON_AddItemToObject(o, "staleness_hist", cJSON_CreateDoubleArray(h, 8));
+        job_put(j);
+    }
+}
