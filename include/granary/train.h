@@ -204,6 +204,23 @@ typedef struct gr_train_backend {
     int (*step_commit)(void *ctx, uint32_t worker, uint64_t token);
     /* Frees ctx. */
     void (*destroy)(void *ctx);
+    /* ---- Optional; the parameter-server backend has them (NULL elsewhere). ---- */
+    /* Pulls the unique rows and the whole dense parameter together (both requests in flight
+     * at once). Used in the sync modes, where the dense parameters are fetched with the rows
+     * right after the step token. */
+    int (*fetch)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                 const char *dense, float *params, size_t np);
+    /* The step's whole gradient in one message per shard, tagged with the token from
+     * step_begin: row gradients and (dense != NULL) the dense gradient. Replaces push +
+     * dense_push + step_commit in the sync modes. *dropped: a shard dropped it as stale. */
+    int (*push_step)(void *ctx, uint32_t worker, uint64_t token, uint32_t table,
+                     const uint64_t *keys, size_t n, const float *grads, const char *dense,
+                     const float *dgrad, size_t dn, bool *dropped);
+    /* The worker has finished its data: steps stop waiting for it. */
+    int (*worker_done)(void *ctx, uint32_t worker);
+    /* After a failure: make calls blocked in other threads (step_begin) return an error
+     * promptly. */
+    void (*cancel)(void *ctx);
 } gr_train_backend;
 
 typedef enum { GR_DENSE_OPT_ADAM = 0, GR_DENSE_OPT_ADAGRAD = 1, GR_DENSE_OPT_SGD = 2 } gr_dense_opt;
@@ -213,6 +230,46 @@ typedef struct gr_local_backend_opts {
     float dense_lr;
     float beta1, beta2, eps; /* Adam; eps also Adagrad */
 } gr_local_backend_opts;
+
+/* Forward declaration: the parameter-server backend talks through a client. */
+typedef struct gr_client gr_client;
+
+/* A backend over the parameter-server client: tables and dense parameters live on the
+ * shards (dense parameters as dense tensors with their optimizer, run by the shard). In the
+ * sync modes it installs the job on every shard (SYNC_CONFIG), hands out step tokens
+ * (SYNC_ACQUIRE on every shard, per-shard tags kept per worker), pushes rows and dense
+ * gradients of a step in one PUSH_STEP per shard, and makes a finished worker leave. */
+typedef struct gr_ps_backend_opts {
+    gr_client *client;     /* the client to use (not owned), or NULL to connect to ... */
+    const char *servers;   /* ... "host:port,..." (owned connection) */
+    const char *auth_file; /* with servers: the shared secret, or NULL */
+    int mode;              /* gr_train_mode (async: plain pushes, no job) */
+    uint32_t workers;      /* N (sync modes) */
+    uint32_t aggregate;    /* semisync K; 0 = N - 1 when N > 1, else 1 */
+    uint32_t staleness;    /* semisync: drop bound; ssp: the bound */
+    uint32_t timeout_ms;   /* how long a step may wait for the others; 0 = 60000 */
+    bool reset;            /* replace a different job the shards run (else that is an error) */
+    gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
+    float dense_lr, beta1, beta2, eps;
+} gr_ps_backend_opts;
+
+/* Fills o with defaults: async, Adam lr 1e-3 (0.9, 0.999, 1e-8) for dense parameters. */
+GR_API void gr_ps_backend_opts_default(gr_ps_backend_opts *o);
+/* Connects (or uses o->client), installs the sync job when the mode needs one, and fills
+ * *out. GR_EBUSY when the shards run a different job and reset is false. */
+GR_API int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out);
+/* Drops the sync job from the shards (at the end of a run; the trainer does not). */
+GR_API int gr_ps_backend_finish(gr_train_backend *b);
+
+/* An embedded cluster: S shards as in-process gr_servers on free loopback ports, for
+ * `granary train` without --servers, the benchmark and tests. */
+typedef struct gr_local_cluster gr_local_cluster;
+/* threads: worker threads per shard (0 = 2). */
+GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
+/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
+GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
+/* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
+GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 
 /* A backend in this process over gr_table (tables created by table_init) and dense
  * parameters held in memory with their optimizer (Adam by default, lr 1e-3). Free it with
@@ -247,18 +304,32 @@ typedef struct gr_train_opts {
     unsigned epochs, workers;
     gr_train_mode mode;
     bool pipeline;       /* false: each worker does read, pull, compute, push in turn */
-    unsigned queue_depth; /* batches between pipeline stages; 0 = 2 */
+    unsigned queue_depth; /* batches between pipeline stages; 0 = 1 */
     unsigned parse_threads; /* per worker reader; 0 = parse in the reader stage's thread */
     bool strict;         /* refuse bad lines instead of skipping them */
     gr_table_spec emb;   /* embedding table (name, dim, init, optimizer); see defaults */
     double progress_s;   /* progress line on stderr every so often; 0 = never */
     uint64_t max_examples; /* stop after this many training examples; 0 = no limit */
+    /* How workers share the training file. STATIC: worker i reads the i-th of W contiguous
+     * ranges (per epoch). SHARED: the file is cut into 64 W chunks that workers take in turn,
+     * so a fast worker reads more (stragglers do not leave a tail). AUTO: STATIC for sync and
+     * for one worker, SHARED otherwise. */
+    int data;            /* GR_TRAIN_DATA_* */
+    /* A straggler for tests and benchmarks: worker `straggler` sleeps (straggler_factor - 1)
+     * times its compute time after each step's compute. straggler_factor <= 1: none. */
+    unsigned straggler;
+    double straggler_factor;
 } gr_train_opts;
 
-/* Defaults for a model kind: batch 1024, 1 epoch, 2 workers, async, pipeline on, progress
- * every 5 s; the embedding table: DLRM -> Adagrad lr 0.05, init uniform +-0.05, dim 16;
- * LR -> FTRL (alpha 0.05, beta 1, l1 0.1, l2 1), zeros, dim 1. */
+enum { GR_TRAIN_DATA_AUTO = 0, GR_TRAIN_DATA_STATIC = 1, GR_TRAIN_DATA_SHARED = 2 };
+
+/* Defaults for a model kind: batch 1024, 1 epoch, 2 workers, async, pipeline on (depth 1),
+ * progress every 5 s; the embedding table: DLRM -> Adagrad lr 0.05 (initial accumulator
+ * 1e-7), init uniform +-0.05, dim 16; LR -> FTRL (alpha 0.05, beta 1, l1 0.1, l2 1), zeros,
+ * dim 1. */
 GR_API void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind);
+
+#define GR_TRAIN_MAX_REPORTED_WORKERS 16
 
 typedef struct gr_train_result {
     uint64_t examples;        /* training examples processed (all epochs, all workers) */
@@ -270,6 +341,8 @@ typedef struct gr_train_result {
     uint64_t test_examples;
     uint64_t dropped_gradients; /* commits refused as stale (semisync); 0 otherwise */
     uint64_t bad_lines;
+    double wait_seconds;      /* time workers spent waiting for step tokens, summed */
+    uint64_t worker_steps[GR_TRAIN_MAX_REPORTED_WORKERS]; /* batches pushed per worker */
 } gr_train_result;
 
 /* Trains with W worker threads against the backend, then evaluates on the test file.
