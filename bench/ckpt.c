@@ -255,7 +255,7 @@ int gr_bench_ckpt(int argc, char **argv)
     double save_bps = bytes / save_s, restore_bps = bytes / restore_s, cp_bps = bytes / cp_s;
     printf("checkpoint of %" PRIu64 " rows x dim %d, Adagrad (%.2f GB, %s)\n", o.rows, DIM,
            bytes / 1e9, o.zstd ? "zstd" : "raw sections");
-    printf("  %-34s %8.2f s  %8.0f MB/s  (%.2f x cp)\n", "save (scan, write, fsync)", save_s,
+    printf("  %-34s %8.2f s  %8.0f MB/s  (%.2f x cp)\n", "save (read rows, write, fsync)", save_s,
            save_bps / 1e6, save_bps / cp_bps);
     printf("  %-34s %8.2f s  %8.0f MB/s  (%.2f x cp)\n", "restore (read, verify, insert)",
            restore_s, restore_bps / 1e6, restore_bps / cp_bps);
@@ -264,7 +264,6 @@ int gr_bench_ckpt(int argc, char **argv)
     printf("  %-34s %8.2f ms  (idle: %.2f ms; %" PRIu64 " lookups during the save)\n",
            "longest lookup during the save", max_pause_ms, idle_max_ms, pb.calls);
     printf("  %-34s %8.2f s\n", "  of which the final fsync", fi.sync_seconds);
-    printf("  %-34s %8.2f ms\n", "longest scan wait for the disk", fi.stall_ns / 1e6);
     printf("  %-34s %8.2f s  %8.1f MB  (%" PRIu64 " changed rows + %" PRIu64 " live keys)\n",
            "delta save after 1% changed", delta_s, di.size / 1e6, di.rows, di.keys);
     if (o.json) {

@@ -73,17 +73,18 @@ typedef struct gr_ckpt_file_info {
     uint64_t keys;        /* live keys written (deltas), all tables */
     double seconds;       /* wall time of the write, fsyncs included */
     double sync_seconds;  /* of which the final fsync of the file */
-    uint64_t stall_ns;    /* longest time a scan callback waited for the disk (table lock held) */
 } gr_ckpt_file_info;
 
 /* Writes the rows of tables[0..ntables) as one shard file into dir (created if missing).
- *  FULL:   clears the tables' checkpoint dirty marks (tracker 0), then scans every row, so
- *          rows updated during the save are both in this file and in the next delta.
+ *  FULL:   clears the tables' checkpoint dirty marks (tracker 0), lists every key
+ *          (gr_table_scan), then reads the rows in batches (gr_table_get); rows updated during
+ *          the save are in this file or the next delta (or both), rows created during it are
+ *          in the next delta.
  *  DELTA:  gr_table_scan_dirty(t, 0, ...): the rows applied to or inserted since the previous
  *          save of these tables, then every live key (so a restore drops deleted rows).
- *  EXPORT: scans every row, writes key and weights only; dirty marks are left alone.
- * Each table is read one partition at a time (lookups and applies wait at most for one
- * partition's copy); a writer thread checksums, compresses and writes behind the scan.
+ *  EXPORT: like FULL, key and weights only; dirty marks are left alone.
+ * Table locks are held only to copy a slice of rows or keys, never while waiting for the
+ * disk; a writer thread checksums, compresses and writes behind the reads.
  * If a FULL or DELTA save fails, dirty marks may already be consumed: the next save of these
  * tables must be FULL (gr_ckpt_saver does this by itself). info may be NULL. */
 GR_API int gr_ckpt_write_shard(const char *dir, gr_table *const *tables, size_t ntables,

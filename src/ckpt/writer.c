@@ -1,8 +1,10 @@
-/* The shard file writer. The caller's thread scans the tables (one partition lock at a time)
- * and copies rows into 1 MiB column blocks; a writer thread checksums, optionally compresses
- * (zstd, streamed over the block's columns) and writes them behind it, so a partition lock is
- * held only for a memory copy unless the block pool (64 MiB) is full. The file is written
- * under a temporary name, fsynced, renamed and its directory fsynced. */
+/* The shard file writer. The caller's thread reads the tables into 1 MiB column blocks and a
+ * writer thread checksums, optionally compresses (zstd, streamed over the block's columns) and
+ * writes them behind it; a flusher thread starts writeback. Table locks are never held while
+ * waiting for the disk: full saves list the keys (a scan that only copies keys) and read rows
+ * in batches with gr_table_get, waiting between batches; delta saves stop their dirty scan
+ * when the blocks run out and resume it after waiting. The file is written under a temporary
+ * name, fsynced, renamed and its directory fsynced. */
 #include "ckpt/ckpt_internal.h"
 
 #include <errno.h>
@@ -19,9 +21,9 @@
 #include <zstd.h>
 
 #define OBUF_BYTES (1u << 20)
-#define POOL_MIB 64        /* default blocks kept for reuse (1 MiB each) */
-#define HARD_FACTOR 3      /* blocks in flight at most: 3x the pool, then the scan waits */
+#define POOL_MIB 64        /* default blocks in flight at most (1 MiB each) */
 #define SCAN_PAUSE 1       /* scan callback result: stop here, resume after the writer caught up */
+#define KEY_CHUNK (1u << 17) /* keys per chunk of a key list (1 MiB) */
 #define WRITEBACK_EVERY (64ull << 20) /* start writeback every 64 MiB (keeps fsync short) */
 
 typedef struct ck_job {
@@ -64,7 +66,7 @@ typedef struct ck_writer {
     ck_job *free_blocks;
     int nblocks; /* allocated, pooled or in flight */
     int nfree;   /* in the free list */
-    int pool_blocks, hard_blocks;
+    int pool_blocks;
     bool closing;
     int err;          /* first error of the writer thread */
     char errmsg[512]; /* its message (gr_errmsg is per thread) */
@@ -77,9 +79,7 @@ typedef struct ck_writer {
     uint32_t table;
     uint64_t rows, keys, fault_after;
     uint64_t table_rows, table_keys;
-    uint64_t stall_max_ns;
     int cb_err;
-    bool can_pause; /* the running scan is a dirty scan, which can stop and resume */
 } ck_writer;
 
 /* ---- raw output (writer thread, or the caller before/after it runs) ---- */
@@ -358,14 +358,13 @@ static void wait_inflight(ck_writer *w, int max_inflight)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* A block for the scan callback (which holds a partition lock). Reuses a pooled block, or
- * allocates one (past the pool, up to HARD_FACTOR times it in flight, so the lock is not
- * held while waiting for the disk). With can_pause, returns NULL with *pause set instead of
- * growing past the pool: the dirty scan then stops and resumes after wait_inflight. Waiting
- * under the lock happens only past the hard limit; that time is recorded as the stall. */
-static ck_job *get_block(ck_writer *w, bool can_pause, bool *pause)
+/* A block to fill: a pooled one, or a new one while fewer than pool_blocks exist. When all
+ * are in flight, a caller holding no table lock waits for the writer; the dirty-scan callback,
+ * which holds a partition lock, gets NULL with *pause set instead, stops its scan, and waits
+ * after the lock is released (wait_inflight), so no table lock is ever held across a wait for
+ * the disk. */
+static ck_job *get_block(ck_writer *w, bool under_lock, bool *pause)
 {
-    uint64_t t0 = 0;
     *pause = false;
     pthread_mutex_lock(&w->mu);
     for (;;) {
@@ -378,23 +377,14 @@ static ck_job *get_block(ck_writer *w, bool can_pause, bool *pause)
             w->free_blocks = j->next;
             w->nfree--;
             pthread_mutex_unlock(&w->mu);
-            if (t0) {
-                uint64_t d = gr_now_ns() - t0;
-                if (d > w->stall_max_ns) w->stall_max_ns = d;
-            }
             return j;
         }
-        if (can_pause && w->nblocks >= w->pool_blocks) {
-            pthread_mutex_unlock(&w->mu);
-            *pause = true;
-            return NULL;
-        }
-        if (w->nblocks < w->hard_blocks) {
+        if (w->nblocks < w->pool_blocks) {
             w->nblocks++;
             pthread_mutex_unlock(&w->mu);
             ck_job *j = calloc(1, sizeof *j);
             void *buf = NULL;
-            if (j && posix_memalign(&buf, 64, CK_BLOCK_BYTES) == 0) {
+            if (j && posix_memalign(&buf, 4096, CK_BLOCK_BYTES) == 0) {
                 j->buf = buf;
                 return j;
             }
@@ -406,11 +396,24 @@ static ck_job *get_block(ck_writer *w, bool can_pause, bool *pause)
                 gr_seterr(GR_ENOMEM, "out of memory for checkpoint blocks (%s)", w->path);
                 return NULL;
             }
-            /* fall through: wait for a block to come back */
         }
-        if (!t0) t0 = gr_now_ns();
+        if (under_lock) {
+            pthread_mutex_unlock(&w->mu);
+            *pause = true;
+            return NULL;
+        }
         pthread_cond_wait(&w->cv_free, &w->mu);
     }
+}
+
+static void put_block(ck_writer *w, ck_job *j)
+{
+    pthread_mutex_lock(&w->mu);
+    j->next = w->free_blocks;
+    w->free_blocks = j;
+    w->nfree++;
+    pthread_cond_broadcast(&w->cv_free);
+    pthread_mutex_unlock(&w->mu);
 }
 
 static int writer_error(ck_writer *w)
@@ -450,7 +453,7 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
     }
     if (!w->cur) {
         bool pause;
-        w->cur = get_block(w, w->can_pause, &pause);
+        w->cur = get_block(w, true, &pause);
         if (pause) return SCAN_PAUSE; /* this row stays dirty and is visited after the wait */
         if (!w->cur) return block_failed(w);
         w->cur->type = CK_SEC_ROWS;
@@ -488,31 +491,167 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
     return 0;
 }
 
-static int key_cb(void *ctx, uint64_t key, const float *weights, const float *state,
-                  const gr_row_meta *meta)
+/* Keys collected by a scan, in chunks (never moved, so appending under a partition lock
+ * costs a store, and a new chunk is only an allocation). */
+typedef struct keylist {
+    uint64_t **chunks;
+    size_t nchunks, cap_chunks;
+    uint64_t n;
+    bool failed;
+} keylist;
+
+static void keylist_free(keylist *kl)
+{
+    for (size_t i = 0; i < kl->nchunks; i++) free(kl->chunks[i]);
+    free(kl->chunks);
+    memset(kl, 0, sizeof *kl);
+}
+
+static int keylist_cb(void *ctx, uint64_t key, const float *weights, const float *state,
+                      const gr_row_meta *meta)
 {
     (void)weights;
     (void)state;
     (void)meta;
-    ck_writer *w = ctx;
-    if (!w->cur) {
-        bool pause;
-        w->cur = get_block(w, false, &pause);
-        if (!w->cur) return block_failed(w);
-        w->cur->type = CK_SEC_KEYS;
-        w->cur->table = w->table;
-        w->cur->count = 0;
-        w->cur->cap = CK_BLOCK_BYTES / 8;
+    keylist *kl = ctx;
+    size_t c = (size_t)(kl->n / KEY_CHUNK);
+    if (c == kl->nchunks) {
+        if (kl->nchunks == kl->cap_chunks) {
+            size_t nc = kl->cap_chunks ? 2 * kl->cap_chunks : 16;
+            uint64_t **p = realloc(kl->chunks, nc * sizeof *p);
+            if (!p) goto oom;
+            kl->chunks = p;
+            kl->cap_chunks = nc;
+        }
+        kl->chunks[c] = malloc((size_t)KEY_CHUNK * sizeof(uint64_t));
+        if (!kl->chunks[c]) goto oom;
+        kl->nchunks++;
     }
-    ck_job *j = w->cur;
-    ((uint64_t *)j->buf)[j->count++] = key;
-    w->keys++;
-    w->table_keys++;
-    if (j->count == j->cap) {
-        submit(w, j);
-        w->cur = NULL;
-    }
+    kl->chunks[c][kl->n % KEY_CHUNK] = key;
+    kl->n++;
     return 0;
+oom:
+    kl->failed = true;
+    return gr_seterr(GR_ENOMEM, "out of memory listing the keys of a table");
+}
+
+/* Every key of t, read with gr_table_scan: the partition locks are held only to copy keys. */
+static int collect_keys(gr_table *t, keylist *kl)
+{
+    memset(kl, 0, sizeof *kl);
+    gr_table_stats st;
+    gr_table_get_stats(t, &st);
+    /* Chunk pointers for the current size and some growth, so the scan rarely reallocates. */
+    size_t want = (size_t)((st.rows + st.rows / 8) / KEY_CHUNK) + 2;
+    kl->chunks = malloc(want * sizeof *kl->chunks);
+    if (!kl->chunks) return gr_seterr(GR_ENOMEM, "out of memory listing the keys of a table");
+    kl->cap_chunks = want;
+    int rc = gr_table_scan(t, keylist_cb, kl);
+    if (rc != 0) {
+        keylist_free(kl);
+        return rc < 0 ? rc : GR_EINTERNAL;
+    }
+    return GR_OK;
+}
+
+static uint64_t keylist_at(const keylist *kl, uint64_t i)
+{
+    return kl->chunks[i / KEY_CHUNK][i % KEY_CHUNK];
+}
+
+/* KEYS sections from a key list (no table lock is held: waiting for blocks is fine). */
+static int write_keys(ck_writer *w, const keylist *kl)
+{
+    uint64_t per = CK_BLOCK_BYTES / 8;
+    for (uint64_t at = 0; at < kl->n;) {
+        bool pause;
+        ck_job *j = get_block(w, false, &pause);
+        if (!j) return block_failed(w);
+        uint64_t n = kl->n - at < per ? kl->n - at : per;
+        uint64_t *dst = (uint64_t *)j->buf;
+        for (uint64_t i = 0; i < n; i++) dst[i] = keylist_at(kl, at + i);
+        j->type = CK_SEC_KEYS;
+        j->table = w->table;
+        j->count = n;
+        j->cap = per;
+        submit(w, j);
+        at += n;
+        w->keys += n;
+        w->table_keys += n;
+    }
+    return GR_OK;
+}
+
+/* Full and export files: the rows of the listed keys, read in block-sized batches with
+ * gr_table_get (which locks each partition only for its part of the batch). Waiting for the
+ * disk happens between batches, holding no lock. Keys deleted since they were listed are
+ * skipped; rows created since are left to the next delta (their dirty marks are set). */
+static int write_rows_by_key(ck_writer *w, gr_table *t, const keylist *kl)
+{
+    const ck_table_info *ti = &w->ti;
+    uint64_t cap = CK_BLOCK_BYTES / ck_row_bytes(ti);
+    if (cap == 0) cap = 1;
+    uint32_t dim = ti->dim, sf = ti->state_floats;
+    bool f16 = ti->weight_type == CK_W_F16;
+    float *wtmp = f16 ? malloc(cap * dim * sizeof *wtmp) : NULL;
+    bool *found = malloc(cap * sizeof *found);
+    int rc = GR_OK;
+    if ((f16 && !wtmp) || !found) rc = gr_seterr(GR_ENOMEM, "out of memory writing %s", w->path);
+    for (uint64_t at = 0; rc == GR_OK && at < kl->n;) {
+        bool pause;
+        ck_job *j = get_block(w, false, &pause);
+        if (!j) {
+            rc = block_failed(w);
+            break;
+        }
+        uint64_t n = kl->n - at < cap ? kl->n - at : cap;
+        j->type = CK_SEC_ROWS;
+        j->table = w->table;
+        j->ti = *ti;
+        j->cap = cap;
+        uint64_t *keys;
+        unsigned char *wcol;
+        float *scol;
+        gr_row_meta *mcol;
+        block_columns(ti, j->buf, cap, &keys, &wcol, &scol, &mcol);
+        for (uint64_t i = 0; i < n; i++) keys[i] = keylist_at(kl, at + i);
+        float *wout = f16 ? wtmp : (float *)wcol;
+        rc = gr_table_get(t, keys, n, wout, sf ? scol : NULL, ti->has_meta ? mcol : NULL, found);
+        if (rc != GR_OK) {
+            put_block(w, j);
+            break;
+        }
+        uint64_t m = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            if (!found[i]) continue;
+            if (m != i) {
+                keys[m] = keys[i];
+                memmove(wout + m * dim, wout + i * dim, 4ull * dim);
+                if (sf) memmove(scol + m * sf, scol + i * sf, 4ull * sf);
+                if (ti->has_meta) mcol[m] = mcol[i];
+            }
+            m++;
+        }
+        if (f16) {
+            uint16_t *h = (uint16_t *)wcol;
+            for (uint64_t i = 0; i < m * dim; i++) h[i] = ck_f32_to_f16(wtmp[i]);
+        }
+        if (w->fault_after && w->rows + m > w->fault_after) {
+            put_block(w, j);
+            rc = gr_seterr(GR_EIO, "injected failure after %llu rows (testing hook)",
+                           (unsigned long long)w->rows);
+            break;
+        }
+        j->count = m;
+        w->rows += m;
+        w->table_rows += m;
+        if (m) submit(w, j);
+        else put_block(w, j);
+        at += n;
+    }
+    free(wtmp);
+    free(found);
+    return rc;
 }
 
 static int noop_cb(void *ctx, uint64_t key, const float *weights, const float *state,
@@ -526,30 +665,17 @@ static int noop_cb(void *ctx, uint64_t key, const float *weights, const float *s
     return 0;
 }
 
-/* Every row of t through fn. It first waits, holding no lock, until half the pool is free;
- * during the scan the callback (under a partition lock) reuses pooled blocks or allocates past
- * the pool, up to HARD_FACTOR times it, and waits for the disk only past that. (With a
- * partition-range scan in the table API this would pace between partitions and never wait
- * under a lock; see docs/checkpoints.md.) */
-static int paced_scan(ck_writer *w, gr_table *t, gr_table_scan_fn fn)
-{
-    wait_inflight(w, w->pool_blocks / 2);
-    return gr_table_scan(t, fn, w);
-}
-
 /* The dirty rows of t. The scan stops (SCAN_PAUSE) when the pool is used up; the row it
  * refused stays marked, so after waiting for the writer, holding no lock, the next pass
  * continues where it stopped. */
 static int dirty_scan(ck_writer *w, gr_table *t)
 {
     int rc;
-    w->can_pause = true;
     for (;;) {
         rc = gr_table_scan_dirty(t, 0, row_cb, w);
         if (rc != SCAN_PAUSE) break;
         wait_inflight(w, w->pool_blocks / 2);
     }
-    w->can_pause = false;
     return rc;
 }
 
@@ -689,7 +815,6 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     w->fd = -1;
     w->level = o->zstd_level;
     w->pool_blocks = o->buffer_mib ? (int)o->buffer_mib : POOL_MIB;
-    w->hard_blocks = HARD_FACTOR * w->pool_blocks;
     w->fault_after = o->fault_after_rows;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv_work, NULL);
@@ -739,36 +864,35 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         w->ti = ti;
         w->table = (uint32_t)i;
         w->table_rows = w->table_keys = 0;
-        int src;
+        keylist kl;
         if (o->kind == GR_CKPT_DELTA) {
-            src = dirty_scan(w, tables[i]);
-        } else {
-            if (o->kind == GR_CKPT_FULL) {
-                /* Clear the marks first: a row updated after this point is in this file if
-                 * its partition is scanned later, and in the next delta in any case. */
-                src = gr_table_scan_dirty(tables[i], 0, noop_cb, NULL);
-                if (src != 0) {
-                    rc = src < 0 ? src : GR_EINTERNAL;
-                    break;
-                }
-            }
-            src = paced_scan(w, tables[i], row_cb);
-        }
-        flush_block(w);
-        if (src != 0) {
-            rc = w->cb_err ? w->cb_err : (src < 0 ? src : GR_EINTERNAL);
-            break;
-        }
-        if (o->kind == GR_CKPT_DELTA) {
-            /* Deltas also list every live key, so a restore can drop rows deleted or evicted
-             * since an older checkpoint (the table does not track deletions). */
-            src = paced_scan(w, tables[i], key_cb);
+            int src = dirty_scan(w, tables[i]);
             flush_block(w);
             if (src != 0) {
                 rc = w->cb_err ? w->cb_err : (src < 0 ? src : GR_EINTERNAL);
                 break;
             }
+            /* Deltas also list every live key, so a restore can drop rows deleted or evicted
+             * since an older checkpoint (the table does not track deletions). */
+            rc = collect_keys(tables[i], &kl);
+            if (rc != GR_OK) break;
+            rc = write_keys(w, &kl);
+        } else {
+            if (o->kind == GR_CKPT_FULL) {
+                /* Clear the marks first: a row updated after this point is in this file if
+                 * it is read later, and in the next delta in any case. */
+                int src = gr_table_scan_dirty(tables[i], 0, noop_cb, NULL);
+                if (src != 0) {
+                    rc = src < 0 ? src : GR_EINTERNAL;
+                    break;
+                }
+            }
+            rc = collect_keys(tables[i], &kl);
+            if (rc != GR_OK) break;
+            rc = write_rows_by_key(w, tables[i], &kl);
         }
+        keylist_free(&kl);
+        if (rc != GR_OK) break;
         trows[i] = w->table_rows;
         tkeys[i] = w->table_keys;
     }
@@ -820,7 +944,6 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
             info->keys = w->keys;
             info->seconds = (double)(gr_now_ns() - t0) / 1e9;
             info->sync_seconds = (double)sync_ns / 1e9;
-            info->stall_ns = w->stall_max_ns;
         }
     }
 out:
