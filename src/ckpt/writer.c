@@ -385,6 +385,8 @@ static ck_job *get_block(ck_writer *w, bool under_lock, bool *pause)
             ck_job *j = calloc(1, sizeof *j);
             void *buf = NULL;
             if (j && posix_memalign(&buf, 4096, CK_BLOCK_BYTES) == 0) {
+                /* Touch it now: see prefault_blocks. */
+                memset(buf, 0, CK_BLOCK_BYTES);
                 j->buf = buf;
                 return j;
             }
@@ -495,7 +497,7 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
  * costs a store, and a new chunk is only an allocation). */
 typedef struct keylist {
     uint64_t **chunks;
-    size_t nchunks, cap_chunks;
+    size_t nchunks, cap_chunks; /* chunks allocated, room for pointers */
     uint64_t n;
     bool failed;
 } keylist;
@@ -515,7 +517,7 @@ static int keylist_cb(void *ctx, uint64_t key, const float *weights, const float
     (void)meta;
     keylist *kl = ctx;
     size_t c = (size_t)(kl->n / KEY_CHUNK);
-    if (c == kl->nchunks) {
+    if (c == kl->nchunks) { /* past the pre-faulted chunks: the table grew during the scan */
         if (kl->nchunks == kl->cap_chunks) {
             size_t nc = kl->cap_chunks ? 2 * kl->cap_chunks : 16;
             uint64_t **p = realloc(kl->chunks, nc * sizeof *p);
@@ -541,11 +543,23 @@ static int collect_keys(gr_table *t, keylist *kl)
     memset(kl, 0, sizeof *kl);
     gr_table_stats st;
     gr_table_get_stats(t, &st);
-    /* Chunk pointers for the current size and some growth, so the scan rarely reallocates. */
-    size_t want = (size_t)((st.rows + st.rows / 8) / KEY_CHUNK) + 2;
-    kl->chunks = malloc(want * sizeof *kl->chunks);
+    /* Chunks for the current size and some growth, allocated and touched here, so the scan
+     * callback (under a partition lock) never page-faults: under memory pressure a fault can
+     * wait for reclaim, which waits for the disk. */
+    size_t want = (size_t)((st.rows + st.rows / 16) / KEY_CHUNK) + 1;
+    kl->chunks = malloc((want + 8) * sizeof *kl->chunks);
     if (!kl->chunks) return gr_seterr(GR_ENOMEM, "out of memory listing the keys of a table");
-    kl->cap_chunks = want;
+    kl->cap_chunks = want + 8;
+    for (; kl->nchunks < want; kl->nchunks++) {
+        size_t bytes = (size_t)KEY_CHUNK * sizeof(uint64_t);
+        if (kl->nchunks == 0 && st.rows < KEY_CHUNK) bytes = (size_t)(st.rows + 64) * 8;
+        kl->chunks[kl->nchunks] = malloc((size_t)KEY_CHUNK * sizeof(uint64_t));
+        if (!kl->chunks[kl->nchunks]) {
+            keylist_free(kl);
+            return gr_seterr(GR_ENOMEM, "out of memory listing the keys of a table");
+        }
+        memset(kl->chunks[kl->nchunks], 0, bytes);
+    }
     int rc = gr_table_scan(t, keylist_cb, kl);
     if (rc != 0) {
         keylist_free(kl);
@@ -665,11 +679,38 @@ static int noop_cb(void *ctx, uint64_t key, const float *weights, const float *s
     return 0;
 }
 
+/* Allocates (and touches) the blocks for about `bytes` of rows ahead of a dirty scan, whose
+ * callback runs under a partition lock: a first touch there could page-fault, and under
+ * memory pressure a fault can wait for reclaim, which waits for the disk. */
+static void prefault_blocks(ck_writer *w, uint64_t bytes)
+{
+    uint64_t want = bytes / CK_BLOCK_BYTES + 1;
+    if (want > (uint64_t)w->pool_blocks) want = (uint64_t)w->pool_blocks;
+    ck_job *got = NULL;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        bool more = (uint64_t)w->nblocks < want;
+        pthread_mutex_unlock(&w->mu);
+        if (!more) break;
+        bool pause;
+        ck_job *j = get_block(w, false, &pause);
+        if (!j) break;
+        j->next = got;
+        got = j;
+    }
+    while (got) {
+        ck_job *n = got->next;
+        put_block(w, got);
+        got = n;
+    }
+}
+
 /* The dirty rows of t. The scan stops (SCAN_PAUSE) when the pool is used up; the row it
  * refused stays marked, so after waiting for the writer, holding no lock, the next pass
  * continues where it stopped. */
 static int dirty_scan(ck_writer *w, gr_table *t)
 {
+    prefault_blocks(w, gr_table_dirty_count(t, 0) * ck_row_bytes(&w->ti));
     int rc;
     for (;;) {
         rc = gr_table_scan_dirty(t, 0, row_cb, w);

@@ -1181,7 +1181,7 @@ static void test_save_while_serving(void **state)
     free(keys);
 }
 
-/* A 1 MiB writer buffer: full saves allocate past the pool and wait for the disk, delta
+/* A 1 MiB writer buffer: full saves wait for the writer between row batches, delta
  * saves stop and resume their dirty scan many times; nothing is lost or duplicated. */
 static void test_small_buffer(void **state)
 {
