@@ -680,15 +680,6 @@ static inline void apply_row(gr_table *t, gr_part *p, uint8_t *row, uint32_t s, 
     p->applies++;
 }
 
-static inline void prefetch_span(const void *p, size_t bytes, int write)
-{
-    const char *b = p;
-    for (size_t off = 0; off < bytes; off += 64) {
-        if (write) __builtin_prefetch(b + off, 1, 3);
-        else __builtin_prefetch(b + off, 0, 3);
-    }
-}
-
 /* Stage A: prefetches a key's partition line and index bucket without the lock. */
 static inline void prefetch_stage(const gr_part *p, uint64_t h)
 {
@@ -700,14 +691,15 @@ static inline void prefetch_stage(const gr_part *p, uint64_t h)
 }
 
 /* Runs one op over a batch, keys in the caller's order, as a three-stage software pipeline:
- * stage A hashes key j + 2D and prefetches its index bucket and partition lock; stage B
- * locks key j + D's partition, finds the slot whose tag matches, notes the row and the
- * partition generation, unlocks and prefetches the row; stage C locks key j's partition and
- * does the work. Rows move or vanish only when the generation changes, so stage C uses the
- * noted row after checking its key; otherwise it searches again. Each lock is held for one
- * key, so other threads wait at most one key's work. The caller's arrays are walked in order,
- * which the hardware prefetchers stream. `op` is a constant at every call site, so each op
- * gets its own specialised copy. */
+ * stage A hashes key j + 2D and prefetches its partition's first cache line (lock and hot
+ * counters, for writing) and its index bucket; stage B reads key j + D's bucket without any
+ * lock (a hint, see "index memory") and prefetches the row it names; stage C takes key j's
+ * partition lock, checks the hint (or searches properly) and does the work. Each lock is held
+ * for one key, so other threads wait at most one key's work, and the caller's arrays are
+ * walked in order, which the hardware prefetchers stream. (Grouping a window of keys by
+ * partition, to take each lock once per group, measured no faster here, with one or two
+ * threads; see docs/table.md.) `op` is a constant at every call site, so each op gets its
+ * own specialised copy. */
 static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c, size_t n,
                                                           const int op)
 {

@@ -353,6 +353,12 @@ static void test_shadow_many_partitions(void **state)
     run_shadow(64, 20000, 1500);
 }
 
+static void test_shadow_huge_partition_count(void **state)
+{
+    (void)state;
+    run_shadow(65536, 3000, 300); /* more partitions than the counting sort handles */
+}
+
 static void test_growth_large(void **state)
 {
     (void)state;
@@ -836,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_insert_get_roundtrip),
         cmocka_unit_test(test_shadow_one_partition),
         cmocka_unit_test(test_shadow_many_partitions),
+        cmocka_unit_test(test_shadow_huge_partition_count),
         cmocka_unit_test(test_growth_large),
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_dirty_tracking),
