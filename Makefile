@@ -77,12 +77,16 @@ demo: setup
 	@bash scripts/demo $(BUILD)
 
 # libFuzzer targets (clang). `make fuzz` builds them; `make fuzz-replay` replays each corpus.
+# The library is compiled once with the fuzz instrumentation into build/fuzz/obj.
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
-FUZZ_LIB_SRC := $(LIB_SRC)
-build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
+FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fvisibility=hidden -pthread
+FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fvisibility=hidden \
-	  -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
+	clang $(CPPFLAGS) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(CPPFLAGS) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 fuzz: $(FUZZ_BIN)
 fuzz-replay: fuzz
 	@bash scripts/fuzz-replay $(FUZZ_BIN)
