@@ -1,7 +1,10 @@
 /* `granary train`: trains LR or DLRM on Criteo-layout files with W worker threads against a
- * backend (for now the local in-process one), prints progress on stderr, and reports test
- * AUC/logloss and throughput, also as JSON (--metrics-out). */
+ * parameter-server cluster (an embedded one of S in-process shards by default, or remote
+ * servers), in async, sync, semisync or ssp mode, or against the in-process local backend
+ * (--local). Prints progress on stderr and reports test AUC/logloss and throughput, also as
+ * JSON (--metrics-out). */
 #include "cli/cli.h"
+#include "granary/client.h"
 #include "granary/train.h"
 
 #include <cjson/cJSON.h>
@@ -22,10 +25,24 @@ static void usage(FILE *f)
             "  --top LIST           DLRM top hidden sizes (default 128,64; output is 1)\n"
             "  --batch B            examples per worker step (default 1024)\n"
             "  --epochs E           passes over the training file (default 1)\n"
-            "  --workers W          worker threads, each reading its part of the file (default 2)\n"
-            "  --mode M             async (default); sync, semisync, ssp need the parameter server\n"
-            "  --shards S           local shards (default 1)\n"
-            "  --servers LIST       remote parameter servers host:port,... (not built yet)\n"
+            "  --workers W          worker threads (default 2)\n"
+            "  --mode M             async (default), sync, semisync or ssp (docs/sync.md)\n"
+            "  --aggregate K        semisync: gradients per applied step (default N-1, N > 1)\n"
+            "  --backup B           semisync: B backup workers, i.e. K = N - B\n"
+            "  --staleness S        semisync: drop gradients older than S steps (default 0);\n"
+            "                       ssp: run at most S steps ahead of the slowest (default 2)\n"
+            "  --straggler W:F      slow worker W down F times (sleeps (F-1) x its compute time)\n"
+            "  --sync-timeout MS    a step waiting longer than this for the others fails\n"
+            "                       (default 60000)\n"
+            "  --sync-reset         replace a different sync job the servers still run\n"
+            "  --data static|shared how workers split the file (default: static for sync and one\n"
+            "                       worker, shared chunks otherwise)\n"
+            "  --shards S           shards of the embedded local cluster (default 2)\n"
+            "  --shard-threads T    worker threads per embedded shard (default 2)\n"
+            "  --servers LIST       use these parameter servers host:port,... instead\n"
+            "  --auth-file F        the servers' shared secret (with --servers)\n"
+            "  --local              no parameter server: the in-process local backend (async\n"
+            "                       only; same as --shards 0)\n"
             "  --lr X               embedding learning rate (Adagrad lr; LR: FTRL alpha)\n"
             "                       (default 0.05)\n"
             "  --dense-lr X         dense parameters' learning rate (default dlrm 0.001, lr 0.01)\n"
@@ -59,7 +76,40 @@ static int parse_num(const char *opt, const char *s, double lo, double hi, doubl
     return 0;
 }
 
-static int write_metrics(const char *path, const gr_train_opts *o, const gr_train_result *r)
+/* What ran, for the metrics file. */
+typedef struct run_info {
+    const char *backend; /* "cluster", "servers", "local" */
+    unsigned shards;
+    uint32_t aggregate, staleness;
+    bool have_sync;      /* the shards' sync counters below were read */
+    double applied_steps, admitted, short_steps, dropped, waits;
+} run_info;
+
+/* Sums the shards' sync counters (the job is still installed). */
+static void read_sync_stats(gr_client *c, run_info *ri)
+{
+    for (uint32_t s = 0; s < gr_client_shards(c); s++) {
+        char *txt = NULL;
+        if (gr_client_stats(c, s, &txt)) continue;
+        cJSON *root = cJSON_Parse(txt);
+        free(txt);
+        cJSON *sy = cJSON_GetObjectItemCaseSensitive(root, "sync");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sy, "job"))) {
+            double a = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sy, "applied_steps"));
+            /* Every shard applies the same steps: report the most any shard applied. */
+            if (a > ri->applied_steps) ri->applied_steps = a;
+            ri->admitted += cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sy, "admitted"));
+            ri->short_steps += cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sy, "short_steps"));
+            ri->dropped += cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sy, "dropped"));
+            ri->waits += cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sy, "waits"));
+            ri->have_sync = true;
+        }
+        cJSON_Delete(root);
+    }
+}
+
+static int write_metrics(const char *path, const gr_train_opts *o, const gr_train_result *r,
+                         const run_info *ri)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j) return gr_seterr(GR_ENOMEM, "out of memory");
@@ -90,6 +140,29 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "train_loss", r->last_loss);
     cJSON_AddNumberToObject(j, "test_examples", (double)r->test_examples);
     cJSON_AddNumberToObject(j, "bad_lines", (double)r->bad_lines);
+    cJSON_AddStringToObject(j, "backend", ri->backend);
+    cJSON_AddNumberToObject(j, "shards", ri->shards);
+    if (o->mode == GR_MODE_SEMISYNC) cJSON_AddNumberToObject(j, "aggregate", ri->aggregate);
+    if (o->mode == GR_MODE_SEMISYNC || o->mode == GR_MODE_SSP)
+        cJSON_AddNumberToObject(j, "staleness", ri->staleness);
+    if (o->straggler_factor > 1) {
+        cJSON_AddNumberToObject(j, "straggler", o->straggler);
+        cJSON_AddNumberToObject(j, "straggler_factor", o->straggler_factor);
+    }
+    cJSON_AddNumberToObject(j, "wait_seconds", r->wait_seconds);
+    cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
+    for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
+        cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)r->worker_steps[i]));
+    if (ri->have_sync) {
+        /* The shards' view: steps applied, pushes admitted into them (summed over shards),
+         * steps short of K because workers had left, stale pushes dropped. */
+        cJSON *sy = cJSON_AddObjectToObject(j, "sync");
+        cJSON_AddNumberToObject(sy, "applied_steps", ri->applied_steps);
+        cJSON_AddNumberToObject(sy, "admitted", ri->admitted);
+        cJSON_AddNumberToObject(sy, "short_steps", ri->short_steps);
+        cJSON_AddNumberToObject(sy, "dropped", ri->dropped);
+        cJSON_AddNumberToObject(sy, "waits", ri->waits);
+    }
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     if (!text) return gr_seterr(GR_ENOMEM, "out of memory");
@@ -106,6 +179,8 @@ int gr_cli_train(int argc, char **argv)
         O_TRAIN = 256, O_TEST, O_MODEL, O_DIM, O_BATCH, O_EPOCHS, O_MODE, O_WORKERS, O_SHARDS,
         O_SERVERS, O_METRICS, O_NOPIPE, O_SEED, O_LR, O_DLR, O_BOTTOM, O_TOP, O_PARSE, O_STRICT,
         O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT, O_DEPTH,
+        O_AGG, O_BACKUP, O_STALE, O_STRAG, O_STIMEOUT, O_SRESET, O_DATA, O_SHTHREADS, O_AUTH,
+        O_LOCAL,
     };
     static const struct option opts[] = {
         {"train", required_argument, NULL, O_TRAIN},     {"test", required_argument, NULL, O_TEST},
@@ -126,6 +201,13 @@ int gr_cli_train(int argc, char **argv)
         {"dense-optimizer", required_argument, NULL, O_DENSEOPT},
         {"admit-min-count", required_argument, NULL, O_ADMIT},
         {"queue-depth", required_argument, NULL, O_DEPTH},
+        {"aggregate", required_argument, NULL, O_AGG},   {"backup", required_argument, NULL, O_BACKUP},
+        {"staleness", required_argument, NULL, O_STALE},
+        {"straggler", required_argument, NULL, O_STRAG},
+        {"sync-timeout", required_argument, NULL, O_STIMEOUT},
+        {"sync-reset", no_argument, NULL, O_SRESET},     {"data", required_argument, NULL, O_DATA},
+        {"shard-threads", required_argument, NULL, O_SHTHREADS},
+        {"auth-file", required_argument, NULL, O_AUTH},  {"local", no_argument, NULL, O_LOCAL},
         {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
     };
     /* First pass: the model kind decides the defaults the other options change. */
@@ -146,9 +228,11 @@ int gr_cli_train(int argc, char **argv)
      * the bias to the base rate within one epoch. */
     gr_local_backend_opts bo = {GR_DENSE_OPT_ADAM, kind == GR_MODEL_LR ? 1e-2f : 1e-3f, 0.9f,
                                 0.999f, 1e-8f};
-    const char *metrics = NULL, *servers = NULL;
+    const char *metrics = NULL, *servers = NULL, *auth_file = NULL;
     double v;
-    long shards = 1;
+    long shards = 2, shard_threads = 2, aggregate = -1, backup = -1, staleness = -1;
+    double sync_timeout = 60000;
+    bool sync_reset = false;
     bool dim_set = false;
     uint64_t seed = 1;
     optind = 1;
@@ -182,7 +266,7 @@ int gr_cli_train(int argc, char **argv)
             o.workers = (unsigned)v;
             break;
         case O_SHARDS:
-            if (parse_num("--shards", optarg, 1, 4096, &v)) return 2;
+            if (parse_num("--shards", optarg, 0, 256, &v)) return 2;
             shards = (long)v;
             break;
         case O_SERVERS: servers = optarg; break;
@@ -261,6 +345,51 @@ int gr_cli_train(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_AGG:
+            if (parse_num("--aggregate", optarg, 1, 65536, &v)) return 2;
+            aggregate = (long)v;
+            break;
+        case O_BACKUP:
+            if (parse_num("--backup", optarg, 0, 65535, &v)) return 2;
+            backup = (long)v;
+            break;
+        case O_STALE:
+            if (parse_num("--staleness", optarg, 0, 1e6, &v)) return 2;
+            staleness = (long)v;
+            break;
+        case O_STRAG: {
+            char *colon = strchr(optarg, ':'), *end;
+            errno = 0;
+            unsigned long w = strtoul(optarg, &end, 10);
+            double f = colon ? strtod(colon + 1, &end) : 0;
+            if (!colon || colon == optarg || *end || errno || w > 255 || !(f >= 1 && f <= 1000)) {
+                fprintf(stderr, "granary train: --straggler wants WORKER:FACTOR (e.g. 3:3), got "
+                                "'%s'\n", optarg);
+                return 2;
+            }
+            o.straggler = (unsigned)w;
+            o.straggler_factor = f;
+            break;
+        }
+        case O_STIMEOUT:
+            if (parse_num("--sync-timeout", optarg, 1, 86400000, &v)) return 2;
+            sync_timeout = v;
+            break;
+        case O_SRESET: sync_reset = true; break;
+        case O_DATA:
+            if (!strcmp(optarg, "static")) o.data = GR_TRAIN_DATA_STATIC;
+            else if (!strcmp(optarg, "shared")) o.data = GR_TRAIN_DATA_SHARED;
+            else {
+                fprintf(stderr, "granary train: --data static or shared, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_SHTHREADS:
+            if (parse_num("--shard-threads", optarg, 1, 256, &v)) return 2;
+            shard_threads = (long)v;
+            break;
+        case O_AUTH: auth_file = optarg; break;
+        case O_LOCAL: shards = 0; break;
         case O_DEPTH:
             if (parse_num("--queue-depth", optarg, 1, 64, &v)) return 2;
             o.queue_depth = (unsigned)v;
@@ -282,19 +411,36 @@ int gr_cli_train(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (servers) {
-        fprintf(stderr, "granary train: --servers is not built yet (the parameter-server client "
-                        "backend comes with the client); train locally without it\n");
+    bool local = !servers && shards == 0;
+    if (local && o.mode != GR_MODE_ASYNC) {
+        fprintf(stderr, "granary train: --mode %s needs the parameter server's step tokens: drop "
+                        "--local (the embedded cluster has them)\n", gr_train_mode_name(o.mode));
         return 2;
     }
-    if (shards > 1) {
-        fprintf(stderr, "granary train: --shards %ld is not built yet: the local backend holds "
-                        "one in-process table (--shards 1)\n", shards);
+    if (aggregate >= 0 && backup >= 0) {
+        fprintf(stderr, "granary train: give --aggregate K or --backup B, not both\n");
         return 2;
     }
-    if (o.mode != GR_MODE_ASYNC) {
-        fprintf(stderr, "granary train: --mode %s is not built yet (it needs the parameter "
-                        "server's step tokens); use --mode async\n", gr_train_mode_name(o.mode));
+    if (backup >= 0 && backup >= (long)o.workers) {
+        fprintf(stderr, "granary train: --backup %ld leaves no worker to aggregate (%u workers)\n",
+                backup, o.workers);
+        return 2;
+    }
+    uint32_t k = aggregate >= 0 ? (uint32_t)aggregate
+               : backup >= 0   ? o.workers - (uint32_t)backup
+               : o.workers > 1 ? o.workers - 1 : 1;
+    if (o.mode == GR_MODE_SEMISYNC && k > o.workers) {
+        fprintf(stderr, "granary train: --aggregate %u is more than the %u workers\n", k, o.workers);
+        return 2;
+    }
+    if ((aggregate >= 0 || backup >= 0) && o.mode != GR_MODE_SEMISYNC)
+        fprintf(stderr, "granary train: --aggregate/--backup only apply to --mode semisync\n");
+    uint32_t stale = staleness >= 0 ? (uint32_t)staleness : o.mode == GR_MODE_SSP ? 2 : 0;
+    if (staleness >= 0 && o.mode != GR_MODE_SEMISYNC && o.mode != GR_MODE_SSP)
+        fprintf(stderr, "granary train: --staleness only applies to semisync and ssp\n");
+    if (o.straggler_factor > 1 && o.straggler >= o.workers) {
+        fprintf(stderr, "granary train: --straggler %u: there are only %u workers\n", o.straggler,
+                o.workers);
         return 2;
     }
     if (kind == GR_MODEL_LR && dim_set && o.model.dim != 1)
@@ -303,22 +449,89 @@ int gr_cli_train(int argc, char **argv)
     o.emb.seed = seed ^ 0x656d62;
     if (kind == GR_MODEL_DLRM) o.emb.dim = o.model.dim;
 
+    run_info ri = {.backend = local ? "local" : servers ? "servers" : "cluster",
+                   .shards = local ? 0 : (unsigned)shards, .aggregate = k, .staleness = stale};
+    gr_local_cluster *cluster = NULL;
+    gr_client *client = NULL;
     gr_train_backend be;
-    int rc = gr_local_backend_create(&bo, &be);
+    memset(&be, 0, sizeof be);
+    int rc;
+    if (local) {
+        rc = gr_local_backend_create(&bo, &be);
+    } else {
+        if (!servers) {
+            /* The embedded cluster: S shards in this process on free loopback ports. */
+            rc = gr_local_cluster_start((unsigned)shards, (unsigned)shard_threads, &cluster);
+            if (rc) {
+                fprintf(stderr, "granary train: %s\n", gr_errmsg());
+                return 1;
+            }
+            servers = gr_local_cluster_servers(cluster);
+        }
+        gr_client_config cc;
+        gr_client_config_default(&cc);
+        cc.servers = servers;
+        cc.auth_file = auth_file;
+        rc = gr_client_create(&cc, &client);
+        if (!rc) {
+            ri.shards = gr_client_shards(client);
+            gr_ps_backend_opts po;
+            gr_ps_backend_opts_default(&po);
+            po.client = client;
+            po.mode = o.mode;
+            po.workers = o.workers;
+            po.aggregate = k;
+            po.staleness = stale;
+            po.timeout_ms = (uint32_t)sync_timeout;
+            po.reset = sync_reset;
+            po.dense_opt = bo.dense_opt;
+            po.dense_lr = bo.dense_lr;
+            po.beta1 = bo.beta1;
+            po.beta2 = bo.beta2;
+            po.eps = bo.eps;
+            rc = gr_ps_backend_create(&po, &be);
+        }
+    }
     if (rc) {
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
+        gr_client_destroy(client);
+        gr_local_cluster_stop(cluster);
         return 1;
     }
-    fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s\n",
-            kind == GR_MODEL_LR ? "lr" : "dlrm", o.emb.dim, o.batch, o.workers, o.epochs,
-            gr_train_mode_name(o.mode), o.pipeline ? "pipelined" : "sequential");
+    char modebuf[96];
+    if (o.mode == GR_MODE_SEMISYNC)
+        snprintf(modebuf, sizeof modebuf, "semisync (K %u of %u, staleness %u)", k, o.workers, stale);
+    else if (o.mode == GR_MODE_SSP)
+        snprintf(modebuf, sizeof modebuf, "ssp (staleness %u)", stale);
+    else
+        snprintf(modebuf, sizeof modebuf, "%s", gr_train_mode_name(o.mode));
+    fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s, %s\n",
+            kind == GR_MODEL_LR ? "lr" : "dlrm", o.emb.dim, o.batch, o.workers, o.epochs, modebuf,
+            o.pipeline ? "pipelined" : "sequential",
+            local ? "local backend" : cluster ? "embedded cluster" : "remote servers");
+    if (!local)
+        fprintf(stderr, "train: %u shard(s) at %s\n", ri.shards, servers);
+    if (o.straggler_factor > 1)
+        fprintf(stderr, "train: worker %u is a straggler (x%g)\n", o.straggler, o.straggler_factor);
     gr_train_result r;
     rc = gr_train_run(&o, &be, &r);
+    char errbuf[600] = "";
+    if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
+    if (client && o.mode != GR_MODE_ASYNC) {
+        if (!rc) read_sync_stats(client, &ri);
+        gr_ps_backend_finish(&be); /* drop the job from the shards */
+    }
     gr_train_backend_destroy(&be);
+    gr_client_destroy(client);
+    gr_local_cluster_stop(cluster);
     if (rc) {
-        fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), gr_errmsg());
+        fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
         return 1;
     }
+    if (o.mode != GR_MODE_ASYNC)
+        fprintf(stderr, "train: waited %.1f s for steps (all workers), %llu gradients dropped%s\n",
+                r.wait_seconds, (unsigned long long)r.dropped_gradients,
+                ri.have_sync ? "" : " (shard stats unavailable)");
     fprintf(stderr,
             "train: done: %llu examples in %.1f s (%.0f examples/s), last train loss %.5f, "
             "%llu bad lines\n",
@@ -330,7 +543,7 @@ int gr_cli_train(int argc, char **argv)
     printf("auc %.6f logloss %.6f examples_per_sec %.1f examples %llu mode %s\n", r.test_auc,
            r.test_logloss, r.examples_per_sec, (unsigned long long)r.examples,
            gr_train_mode_name(o.mode));
-    if (metrics && (rc = write_metrics(metrics, &o, &r))) {
+    if (metrics && (rc = write_metrics(metrics, &o, &r, &ri))) {
         fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
         return 1;
     }

@@ -44,7 +44,7 @@ typedef struct srv_waiter {
 
 struct srv_sync {
     gr_server *s;
-    pthread_mutex_t mu; /* job, waiters, dense names, timer state; taken before a stepsync's */
+    pthread_mutex_t mu; /* job, waiters, timer state; taken before a stepsync's */
     pthread_cond_t cv;  /* the timer thread (CLOCK_MONOTONIC) */
     sync_job *job;      /* NULL: no job */
     srv_waiter *waiters;
@@ -52,7 +52,9 @@ struct srv_sync {
     pthread_t timer;
     bool timer_live, stopping;
     /* Dense parameters get small stable numbers for the state machine (their table ids are
-     * not unique: a dense spec's id defaults to 0). */
+     * not unique: a dense spec's id defaults to 0). names_mu guards them and is innermost:
+     * the apply callback, which runs under a state machine's mutex, takes it. */
+    pthread_mutex_t names_mu;
     char (*dense_names)[GR_TABLE_NAME_MAX];
     uint32_t ndense, capdense;
     atomic_uint_fast64_t jobs, resets;
@@ -85,17 +87,17 @@ static sync_job *job_get(srv_sync *sy)
 
 static int dense_name_of(srv_sync *sy, uint32_t idx, char *name)
 {
-    pthread_mutex_lock(&sy->mu);
+    pthread_mutex_lock(&sy->names_mu);
     int rc = idx < sy->ndense ? GR_OK : GR_ENOENT;
     if (!rc) memcpy(name, sy->dense_names[idx], GR_TABLE_NAME_MAX);
-    pthread_mutex_unlock(&sy->mu);
+    pthread_mutex_unlock(&sy->names_mu);
     return rc ? gr_seterr(rc, "unknown dense parameter number %u", idx) : GR_OK;
 }
 
 static int dense_index(srv_sync *sy, const char *name, uint32_t *idx)
 {
     int rc = GR_OK;
-    pthread_mutex_lock(&sy->mu);
+    pthread_mutex_lock(&sy->names_mu);
     uint32_t i = 0;
     for (; i < sy->ndense; i++)
         if (!strcmp(sy->dense_names[i], name)) break;
@@ -111,7 +113,7 @@ static int dense_index(srv_sync *sy, const char *name, uint32_t *idx)
         }
         if (!rc) snprintf(sy->dense_names[sy->ndense++], GR_TABLE_NAME_MAX, "%s", name);
     }
-    pthread_mutex_unlock(&sy->mu);
+    pthread_mutex_unlock(&sy->names_mu);
     *idx = i;
     return rc;
 }
@@ -297,6 +299,7 @@ int srv_sync_create(gr_server *s)
     if (!sy) return gr_seterr(GR_ENOMEM, "cannot allocate the sync state");
     sy->s = s;
     pthread_mutex_init(&sy->mu, NULL);
+    pthread_mutex_init(&sy->names_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -341,6 +344,7 @@ void srv_sync_destroy(gr_server *s)
     job_put(sy->job);
     free(sy->dense_names);
     pthread_mutex_destroy(&sy->mu);
+    pthread_mutex_destroy(&sy->names_mu);
     pthread_cond_destroy(&sy->cv);
     free(sy);
     s->sync = NULL;

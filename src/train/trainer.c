@@ -1,8 +1,11 @@
-/* The worker loop. W workers (threads of this process) each read a disjoint byte range of
- * the training file per epoch and run read/parse -> dedup + pull -> forward/backward -> push
- * as a pipeline of four threads joined by bounded queues, so batch i+1 is read and pulled
- * while batch i computes and batch i-1 is pushed (or all four in turn with pipeline off).
- * A step is: step_begin (token, sync modes) -> pull -> compute -> push -> step_commit. */
+/* The worker loop. W workers (threads of this process) read the training file (each its own
+ * byte range, or chunks taken in turn from a shared list) and run read/parse -> dedup + pull
+ * -> forward/backward -> push as a pipeline of four threads joined by bounded queues, so
+ * batch i+1 is read and pulled while batch i computes and batch i-1 is pushed (or all four in
+ * turn with pipeline off). A step is: step_begin (token, sync modes) -> pull -> compute ->
+ * push -> step_commit, or with the parameter-server backend in a sync mode: step_begin ->
+ * fetch (rows and dense parameters at once) -> compute -> push_step (one message per shard).
+ * A worker that runs out of data leaves the job (worker_done). */
 #include "granary/train.h"
 
 #include <cblas.h>
@@ -103,7 +106,8 @@ typedef struct trainer trainer;
 typedef struct worker {
     trainer *tr;
     unsigned id;
-    uint64_t start, end, first_line; /* byte range of the training file */
+    uint64_t start, end, first_line; /* byte range of the training file (static data) */
+    uint64_t steps;                  /* batches pushed (push stage only) */
     item *items;
     unsigned nitems;
     queue free_q, read_q, fetch_q, push_q;
@@ -130,17 +134,29 @@ struct trainer {
     uint64_t examples, steps, dropped, bad_lines;
     double loss_sum;        /* since the last progress line: sum of loss * n */
     uint64_t loss_n;
+    double wait_s;          /* in step_begin, summed over workers */
     atomic_uint_fast64_t read_examples; /* for max_examples */
+    /* How the data is cut: sync modes fetch dense parameters with the rows right after the
+     * token and push everything with push_step; async pulls/pushes dense around compute. */
+    bool stepped;
+    bool shared;            /* workers take chunks in turn */
+    uint64_t *chunk_off, *chunk_line; /* nchunks + 1 entries */
+    unsigned nchunks;
+    atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
+    atomic_bool cancelled;
 };
 
 static void fail(trainer *tr, worker *w, int rc)
 {
     pthread_mutex_lock(&tr->mu);
+    bool first = !tr->err;
     if (!tr->err) {
         tr->err = rc;
         snprintf(tr->errmsg, sizeof tr->errmsg, "worker %u: %s", w->id, gr_errmsg());
     }
     pthread_mutex_unlock(&tr->mu);
+    /* Workers blocked on a step token would wait out their timeout: wake them. */
+    if (first && tr->be->cancel && !atomic_exchange(&tr->cancelled, true)) tr->be->cancel(tr->be->ctx);
     /* Stop every worker: one failed step fails the job. */
     for (unsigned i = 0; i < tr->o->workers; i++) {
         worker *x = &tr->workers[i];
@@ -198,20 +214,46 @@ static void item_fini(item *it)
  * from `pool` (pipeline) or are the single `it` (sequential: fn is called per batch). */
 typedef int (*batch_fn)(worker *w, item *it);
 
+/* The next byte range this worker reads: its own range once per epoch (static data), or the
+ * next chunk of the shared list. false when there is none left. */
+static bool next_range(worker *w, unsigned *epoch, uint64_t *start, uint64_t *end, uint64_t *line)
+{
+    trainer *tr = w->tr;
+    if (!tr->shared) {
+        if (*epoch >= tr->o->epochs || w->start >= w->end) return false;
+        *start = w->start;
+        *end = w->end;
+        *line = w->first_line;
+        (*epoch)++;
+        return true;
+    }
+    for (;;) {
+        uint64_t c = atomic_fetch_add(&tr->next_chunk, 1);
+        if (c >= (uint64_t)tr->o->epochs * tr->nchunks) return false;
+        unsigned k = (unsigned)(c % tr->nchunks);
+        if (tr->chunk_off[k] >= tr->chunk_off[k + 1]) continue; /* empty chunk */
+        *start = tr->chunk_off[k];
+        *end = tr->chunk_off[k + 1];
+        *line = tr->chunk_line[k];
+        return true;
+    }
+}
+
 static int read_epochs(worker *w, queue *pool, queue *out, item *single, batch_fn each)
 {
     trainer *tr = w->tr;
     const gr_train_opts *o = tr->o;
-    for (unsigned e = 0; e < o->epochs; e++) {
-        if (w->start >= w->end) break;
+    unsigned epoch = 0;
+    uint64_t start, end, line;
+    while (next_range(w, &epoch, &start, &end, &line)) {
         gr_criteo_opts ro;
         gr_criteo_opts_default(&ro);
         ro.batch = o->batch;
         ro.threads = o->parse_threads;
         ro.strict = o->strict;
-        ro.start = w->start;
-        ro.end = w->end;
-        ro.first_line = w->first_line;
+        ro.start = start;
+        ro.end = end;
+        ro.first_line = line;
         gr_criteo_reader *r;
         int rc = gr_criteo_open(o->train_path, &ro, &r);
         if (rc) return rc;
@@ -252,12 +294,36 @@ static int stage_fetch(worker *w, item *it)
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     int rc;
-    if (be->step_begin && (rc = be->step_begin(be->ctx, w->id, &it->token))) return rc;
     size_t occ = it->batch.n * GR_CRITEO_SPARSE;
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
-    return be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
+    if (be->step_begin) {
+        double t0 = gr_now_s();
+        rc = be->step_begin(be->ctx, w->id, &it->token);
+        double waited = gr_now_s() - t0;
+        pthread_mutex_lock(&tr->mu);
+        tr->wait_s += waited;
+        pthread_mutex_unlock(&tr->mu);
+        if (rc) return rc;
+    }
+    /* In the sync modes the token orders everything: the dense parameters fetched right after
+     * it are exactly the current step's, so they come with the rows (one round trip). */
+    if (tr->stepped && be->fetch)
+        return be->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, tr->dense_name,
+                         it->params, tr->np);
+    rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
+    if (!rc && tr->stepped) rc = be->dense_pull(be->ctx, tr->dense_name, it->params, tr->np);
+    return rc;
+}
+
+/* Sleeps seconds (a straggler's extra time). */
+static void sleep_s(double secs)
+{
+    if (secs <= 0) return;
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
 }
 
 static int stage_compute(worker *w, item *it)
@@ -265,10 +331,12 @@ static int stage_compute(worker *w, item *it)
     trainer *tr = w->tr;
     const uint32_t d = tr->dim;
     size_t occ = it->batch.n * GR_CRITEO_SPARSE;
+    double t0 = gr_now_s();
     /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
      * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
-     * 0.77 after 100 k rows), while a given embedding row is touched rarely. */
-    int rc = tr->be->dense_pull(tr->be->ctx, tr->dense_name, it->params, tr->np);
+     * 0.77 after 100 k rows), while a given embedding row is touched rarely. (In the sync
+     * modes the step token already orders them: stage_fetch pulled them.) */
+    int rc = tr->stepped ? GR_OK : tr->be->dense_pull(tr->be->ctx, tr->dense_name, it->params, tr->np);
     if (rc) return rc;
     for (size_t i = 0; i < occ; i++)
         memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
@@ -278,8 +346,9 @@ static int stage_compute(worker *w, item *it)
     if (!isfinite(it->loss))
         return gr_seterr(GR_EINVAL, "training loss is not finite (learning rate too high?)");
     /* The dense gradient goes out at once, for the same reason the pull came late: the next
-     * batch's compute then sees this step's dense update. */
-    if ((rc = tr->be->dense_push(tr->be->ctx, tr->dense_name, it->gdense, tr->np))) return rc;
+     * batch's compute then sees this step's dense update. (Sync modes: with the step.) */
+    if (!tr->stepped && (rc = tr->be->dense_push(tr->be->ctx, tr->dense_name, it->gdense, tr->np)))
+        return rc;
     /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
     memset(it->rows, 0, it->nuniq * d * sizeof(float));
     for (size_t i = 0; i < occ; i++) {
@@ -287,6 +356,8 @@ static int stage_compute(worker *w, item *it)
         const float *src = it->gemb + i * d;
         for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
     }
+    if (w->id == tr->o->straggler && tr->o->straggler_factor > 1)
+        sleep_s((tr->o->straggler_factor - 1) * (gr_now_s() - t0));
     return GR_OK;
 }
 
@@ -294,9 +365,14 @@ static int stage_push(worker *w, item *it)
 {
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
-    int rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
     bool dropped = false;
-    if (!rc && be->step_commit) {
+    int rc;
+    if (tr->stepped)
+        rc = be->push_step(be->ctx, w->id, it->token, tr->o->emb.id, it->uniq, it->nuniq,
+                           it->rows, tr->dense_name, it->gdense, tr->np, &dropped);
+    else
+        rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
+    if (!rc && !tr->stepped && be->step_commit) {
         rc = be->step_commit(be->ctx, w->id, it->token);
         if (rc == GR_ESTALE) {
             dropped = true;
@@ -304,6 +380,7 @@ static int stage_push(worker *w, item *it)
         }
     }
     if (rc) return rc;
+    w->steps++;
     pthread_mutex_lock(&tr->mu);
     tr->examples += it->batch.n;
     tr->steps++;
@@ -378,6 +455,15 @@ static void *push_main(void *arg)
     return NULL;
 }
 
+/* After a worker's last push: it leaves the sync job so the others stop waiting for it. */
+static void leave_job(worker *w)
+{
+    trainer *tr = w->tr;
+    if (!tr->be->worker_done || aborted(w)) return;
+    int rc = tr->be->worker_done(tr->be->ctx, w->id);
+    if (rc) fail(tr, w, rc);
+}
+
 static void worker_done(trainer *tr)
 {
     pthread_mutex_lock(&tr->mu);
@@ -391,6 +477,7 @@ static void *sequential_main(void *arg)
     worker *w = arg;
     int rc = read_epochs(w, NULL, NULL, &w->items[0], sequential_step);
     if (rc) fail(w->tr, w, rc);
+    else leave_job(w);
     worker_done(w->tr);
     return NULL;
 }
@@ -412,6 +499,7 @@ static void *pipeline_main(void *arg)
         }
     push_main(w);
     for (unsigned i = 0; i < started; i++) pthread_join(t[i], NULL);
+    leave_job(w);
     worker_done(w->tr);
     return NULL;
 }
@@ -548,11 +636,16 @@ static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
     if (!be || !be->pull || !be->push || !be->dense_pull || !be->dense_push || !be->table_init ||
         !be->dense_init)
         return gr_seterr(GR_EINVAL, "train: the backend lacks a function");
-    if (o->mode != GR_MODE_ASYNC && (!be->step_begin || !be->step_commit))
+    if (o->mode != GR_MODE_ASYNC && (!be->step_begin || (!be->step_commit && !be->push_step)))
         return gr_seterr(GR_EINVAL,
-                         "train: mode %s needs a backend with step tokens (the parameter-server "
-                         "client); not built yet for the local backend",
+                         "train: mode %s needs a backend with step tokens: the parameter-server "
+                         "backend (the local in-process backend is async only)",
                          gr_train_mode_name(o->mode));
+    if (o->straggler_factor > 1 && o->straggler >= o->workers)
+        return gr_seterr(GR_EINVAL, "train: straggler worker %u does not exist (%u workers)",
+                         o->straggler, o->workers);
+    if (o->data < GR_TRAIN_DATA_AUTO || o->data > GR_TRAIN_DATA_SHARED)
+        return gr_seterr(GR_EINVAL, "train: unknown data assignment %d", o->data);
     uint32_t want_dim = o->model.kind == GR_MODEL_LR ? 1 : o->model.dim;
     if (o->emb.dim != want_dim)
         return gr_seterr(GR_EDIM, "train: embedding table '%s' has dim %u, the model needs %u",
@@ -597,7 +690,23 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
         rc = gr_seterr(GR_ENOMEM, "train: out of memory");
         goto out;
     }
-    if ((rc = gr_criteo_split(o->train_path, o->workers, offsets, first))) goto out;
+    tr.stepped = be->step_begin && be->push_step;
+    tr.shared = o->data == GR_TRAIN_DATA_SHARED ||
+                (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC);
+    if (tr.shared) {
+        /* Small chunks taken in turn: a fast worker reads more of the file, so a straggler
+         * does not leave a tail of its own range for the end of the run. */
+        tr.nchunks = o->workers * 64;
+        tr.chunk_off = calloc(tr.nchunks + 1, sizeof *tr.chunk_off);
+        tr.chunk_line = calloc(tr.nchunks + 1, sizeof *tr.chunk_line);
+        if (!tr.chunk_off || !tr.chunk_line) {
+            rc = gr_seterr(GR_ENOMEM, "train: out of memory");
+            goto out;
+        }
+        if ((rc = gr_criteo_split(o->train_path, tr.nchunks, tr.chunk_off, tr.chunk_line))) goto out;
+    } else if ((rc = gr_criteo_split(o->train_path, o->workers, offsets, first))) {
+        goto out;
+    }
     for (unsigned i = 0; i < o->workers; i++) {
         if ((rc = worker_init(&tr, &tr.workers[i], i))) goto out;
         tr.workers[i].start = offsets[i];
@@ -650,6 +759,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     res->last_loss = window_loss;
     res->dropped_gradients = tr.dropped;
     res->bad_lines = tr.bad_lines;
+    res->wait_seconds = tr.wait_s;
+    for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
+        res->worker_steps[i] = tr.workers[i].steps;
     if (tr.err) {
         rc = gr_seterr(tr.err, "%s", tr.errmsg);
         goto out;
@@ -662,6 +774,8 @@ out:
     if (tr.workers)
         for (unsigned i = 0; i < o->workers; i++) worker_fini(&tr.workers[i]);
     free(tr.workers);
+    free(tr.chunk_off);
+    free(tr.chunk_line);
     free(tids);
     free(offsets);
     free(first);

@@ -256,7 +256,7 @@ static void test_step_tokens(void **state)
     assert_int_equal(gr_local_backend_create(NULL, &local), GR_OK);
     o.mode = GR_MODE_SYNC;
     assert_int_equal(gr_train_run(&o, &local, &r), GR_EINVAL);
-    assert_non_null(strstr(gr_errmsg(), "not built yet"));
+    assert_non_null(strstr(gr_errmsg(), "step tokens"));
     gr_train_backend_destroy(&local);
 }
 

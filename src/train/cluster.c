@@ -1,0 +1,66 @@
+/* The embedded local cluster: S parameter-server shards as gr_servers inside this process, on
+ * free loopback ports, so `granary train` without --servers (and the benchmark and tests) run
+ * the real wire protocol and shard code with nothing to deploy. This is the one place where
+ * the train part uses the server part; the trainer itself only sees the client backend. */
+#include "granary/server.h"
+#include "granary/train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gr_local_cluster {
+    gr_server **s;
+    unsigned n;
+    char *servers;
+};
+
+int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out)
+{
+    *out = NULL;
+    if (shards == 0 || shards > 256)
+        return gr_seterr(GR_EINVAL, "a local cluster has 1..256 shards, not %u", shards);
+    gr_local_cluster *c = calloc(1, sizeof *c);
+    if (!c) return gr_seterr(GR_ENOMEM, "out of memory");
+    c->s = calloc(shards, sizeof *c->s);
+    c->servers = calloc(shards, 24);
+    int rc = c->s && c->servers ? GR_OK : gr_seterr(GR_ENOMEM, "out of memory");
+    for (unsigned i = 0; i < shards && !rc; i++) {
+        gr_server_config cfg;
+        gr_server_config_default(&cfg);
+        cfg.host = "127.0.0.1";
+        cfg.shard = i;
+        cfg.shards = shards;
+        cfg.threads = threads ? threads : 2;
+        rc = gr_server_create(&cfg, &c->s[i]);
+        if (!rc) {
+            c->n++;
+            rc = gr_server_start(c->s[i]);
+        }
+        if (!rc) {
+            char a[24];
+            snprintf(a, sizeof a, "%s127.0.0.1:%u", i ? "," : "", gr_server_port(c->s[i]));
+            strcat(c->servers, a);
+        }
+    }
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gr_errmsg());
+        gr_local_cluster_stop(c);
+        return gr_seterr(rc, "local cluster: %s", msg);
+    }
+    *out = c;
+    return GR_OK;
+}
+
+const char *gr_local_cluster_servers(const gr_local_cluster *c) { return c ? c->servers : NULL; }
+
+void gr_local_cluster_stop(gr_local_cluster *c)
+{
+    if (!c) return;
+    for (unsigned i = 0; i < c->n; i++) gr_server_stop(c->s[i]);
+    for (unsigned i = 0; i < c->n; i++) gr_server_destroy(c->s[i]);
+    free(c->s);
+    free(c->servers);
+    free(c);
+}

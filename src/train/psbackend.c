@@ -1,0 +1,311 @@
+/* The parameter-server training backend: gr_train_backend over the client library. Tables and
+ * dense parameters live on the shards (a dense parameter is a dense tensor on its owner
+ * shard, updated there by its optimizer). In async mode pushes are plain PUSH / DENSE_PUSH.
+ * In sync, semisync and ssp it installs the job on every shard and runs the step protocol of
+ * docs/sync.md: step_begin acquires the step on every shard and keeps the per-shard tags
+ * under a token, fetch pulls rows and dense parameters with two requests in flight at once,
+ * push_step sends the step's whole gradient in one PUSH_STEP per shard, worker_done leaves. */
+#include "granary/client.h"
+#include "granary/train.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tokens a worker may hold at once (pipeline items in flight; the trainer's are at most
+ * 3 * 64 + 4). */
+#define RING 256
+#define MAX_TABLES 64
+
+typedef struct ps_ctx {
+    gr_client *c;
+    bool own_client;
+    gr_ps_backend_opts o;
+    uint32_t shards;
+    bool stepped;
+    pthread_mutex_t mu; /* the table list */
+    uint32_t table_ids[MAX_TABLES], table_dims[MAX_TABLES], ntables;
+    uint64_t *want;     /* [worker][shard]: the step to ask for next (fetch thread only) */
+    uint64_t *next;     /* [worker]: next token (fetch thread only) */
+    uint64_t *tags;     /* [worker][RING][shard] */
+    atomic_bool cancelled;
+} ps_ctx;
+
+void gr_ps_backend_opts_default(gr_ps_backend_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = GR_MODE_ASYNC;
+    o->dense_opt = GR_DENSE_OPT_ADAM;
+    o->dense_lr = 1e-3f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.999f;
+    o->eps = 1e-8f;
+}
+
+static int dim_of(ps_ctx *p, uint32_t table, uint32_t *dim)
+{
+    pthread_mutex_lock(&p->mu);
+    int rc = GR_ENOENT;
+    for (uint32_t i = 0; i < p->ntables; i++)
+        if (p->table_ids[i] == table) {
+            *dim = p->table_dims[i];
+            rc = GR_OK;
+        }
+    pthread_mutex_unlock(&p->mu);
+    return rc ? gr_seterr(rc, "table %u was not declared with table_init", table) : GR_OK;
+}
+
+static int ps_table_init(void *ctx, const gr_table_spec *spec)
+{
+    ps_ctx *p = ctx;
+    char *json = gr_table_spec_to_json(spec);
+    if (!json) return gr_seterr(GR_ENOMEM, "out of memory");
+    int rc = gr_client_create_table(p->c, json);
+    free(json);
+    if (rc) return rc;
+    pthread_mutex_lock(&p->mu);
+    bool known = false;
+    for (uint32_t i = 0; i < p->ntables; i++) known |= p->table_ids[i] == spec->id;
+    if (!known && p->ntables == MAX_TABLES)
+        rc = gr_seterr(GR_ECAPACITY, "the parameter-server backend tracks at most %d tables",
+                       MAX_TABLES);
+    else if (!known) {
+        p->table_ids[p->ntables] = spec->id;
+        p->table_dims[p->ntables++] = spec->dim;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static int ps_pull(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                   unsigned flags)
+{
+    ps_ctx *p = ctx;
+    if (n == 0) return GR_OK;
+    uint32_t dim = 0;
+    int rc = dim_of(p, table, &dim);
+    if (rc) return rc;
+    gr_client_batch b = {table, dim, n, keys, rows, NULL};
+    return gr_client_pull_many(p->c, &b, 1, (flags & GR_PULL_READONLY) ? GR_CLIENT_READONLY : 0);
+}
+
+static int ps_push(void *ctx, uint32_t table, const uint64_t *keys, size_t n, const float *grads)
+{
+    ps_ctx *p = ctx;
+    if (n == 0) return GR_OK;
+    uint32_t dim = 0;
+    int rc = dim_of(p, table, &dim);
+    if (rc) return rc;
+    gr_client_batch b = {table, dim, n, keys, NULL, grads};
+    return gr_client_push_many(p->c, &b, 1);
+}
+
+/* The shard-side spec of a dense parameter: zeros, the configured optimizer. The values are
+ * then set with DENSE_SET (the model's own initialisation). */
+static int dense_spec(const ps_ctx *p, const char *name, size_t n, char *buf, size_t cap)
+{
+    const gr_ps_backend_opts *o = &p->o;
+    char opt[256];
+    switch (o->dense_opt) {
+    case GR_DENSE_OPT_ADAM:
+        snprintf(opt, sizeof opt, "{\"kind\":\"adam\",\"lr\":%.9g,\"beta1\":%.9g,\"beta2\":%.9g,\"eps\":%.9g}",
+                 o->dense_lr, o->beta1, o->beta2, o->eps);
+        break;
+    case GR_DENSE_OPT_ADAGRAD:
+        snprintf(opt, sizeof opt, "{\"kind\":\"adagrad\",\"lr\":%.9g,\"eps\":%.9g}", o->dense_lr,
+                 o->eps);
+        break;
+    case GR_DENSE_OPT_SGD:
+        snprintf(opt, sizeof opt, "{\"kind\":\"sgd\",\"lr\":%.9g}", o->dense_lr);
+        break;
+    default: return gr_seterr(GR_EINVAL, "unknown dense optimizer %d", (int)o->dense_opt);
+    }
+    int w = snprintf(buf, cap, "{\"name\":\"%s\",\"size\":%zu,\"optimizer\":%s}", name, n, opt);
+    return w > 0 && (size_t)w < cap ? GR_OK : gr_seterr(GR_EINVAL, "dense spec too long");
+}
+
+static int ps_dense_init(void *ctx, const char *name, const float *init, size_t n)
+{
+    ps_ctx *p = ctx;
+    char spec[512];
+    int rc = dense_spec(p, name, n, spec, sizeof spec);
+    if (!rc) rc = gr_client_dense_create(p->c, spec);
+    /* The run starts from the model's initialisation (Xavier weights the shard's initializers
+     * cannot express): set it, which also resets the optimizer state. */
+    if (!rc && init) rc = gr_client_dense_set(p->c, name, init, n);
+    return rc;
+}
+
+static int ps_dense_pull(void *ctx, const char *name, float *out, size_t n)
+{
+    return gr_client_dense_pull(((ps_ctx *)ctx)->c, name, out, n);
+}
+
+static int ps_dense_push(void *ctx, const char *name, const float *grad, size_t n)
+{
+    return gr_client_dense_push(((ps_ctx *)ctx)->c, name, grad, n);
+}
+
+static int ps_fetch(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                    const char *dense, float *params, size_t np)
+{
+    ps_ctx *p = ctx;
+    uint32_t dim = 0;
+    int rc = dim_of(p, table, &dim);
+    if (rc) return rc;
+    gr_client_op *rop = NULL, *dop = NULL;
+    gr_client_batch b = {table, dim, n, keys, rows, NULL};
+    /* Both requests in flight at once: one round trip for the step's parameters. */
+    if (n && (rc = gr_client_pull_start(p->c, &b, 1, 0, &rop))) return rc;
+    rc = gr_client_dense_pull_start(p->c, dense, params, np, &dop);
+    int r1 = rop ? gr_client_wait(rop, -1) : GR_OK;
+    char msg[512] = "";
+    if (r1) snprintf(msg, sizeof msg, "%s", gr_errmsg());
+    int r2 = rc ? rc : gr_client_wait(dop, -1);
+    if (r1) return gr_seterr(r1, "%s", msg);
+    return r2;
+}
+
+static uint64_t *tag_slot(ps_ctx *p, uint32_t worker, uint64_t token)
+{
+    return p->tags + ((size_t)worker * RING + token % RING) * p->shards;
+}
+
+static int ps_step_begin(void *ctx, uint32_t worker, uint64_t *token)
+{
+    ps_ctx *p = ctx;
+    if (worker >= p->o.workers)
+        return gr_seterr(GR_EINVAL, "worker %u out of range (job of %u workers)", worker,
+                         p->o.workers);
+    if (atomic_load(&p->cancelled)) return gr_seterr(GR_ESHUTDOWN, "the job was cancelled");
+    uint64_t t = p->next[worker]++;
+    uint64_t *want = p->want + (size_t)worker * p->shards, *tags = tag_slot(p, worker, t);
+    int rc = gr_client_sync_acquire(p->c, worker, want, p->o.timeout_ms, tags, NULL);
+    if (rc) return rc;
+    for (uint32_t s = 0; s < p->shards; s++) want[s] = tags[s] + 1;
+    *token = t;
+    return GR_OK;
+}
+
+static int ps_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t table,
+                        const uint64_t *keys, size_t n, const float *grads, const char *dense,
+                        const float *dgrad, size_t dn, bool *dropped)
+{
+    ps_ctx *p = ctx;
+    uint32_t dim = 0;
+    int rc = dim_of(p, table, &dim);
+    if (rc) return rc;
+    gr_client_batch b = {table, dim, n, keys, NULL, grads};
+    gr_client_dense_grad d = {dense, dgrad, dn};
+    uint32_t *out = calloc(p->shards, sizeof *out);
+    if (!out) return gr_seterr(GR_ENOMEM, "out of memory");
+    rc = gr_client_push_step(p->c, worker, tag_slot(p, worker, token), &b, n ? 1 : 0, &d,
+                             dense ? 1 : 0, out);
+    bool drop = false;
+    for (uint32_t s = 0; !rc && s < p->shards; s++) drop |= out[s] == GR_CLIENT_PUSH_DROPPED;
+    free(out);
+    if (dropped) *dropped = drop;
+    return rc;
+}
+
+static int ps_worker_done(void *ctx, uint32_t worker)
+{
+    return gr_client_sync_leave(((ps_ctx *)ctx)->c, worker);
+}
+
+static void ps_cancel(void *ctx)
+{
+    ps_ctx *p = ctx;
+    atomic_store(&p->cancelled, true);
+    /* Dropping the job answers every parked acquire at once (GR_ESHUTDOWN). */
+    (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR, NULL);
+}
+
+static void ps_destroy(void *ctx)
+{
+    ps_ctx *p = ctx;
+    if (!p) return;
+    if (p->own_client) gr_client_destroy(p->c);
+    pthread_mutex_destroy(&p->mu);
+    free(p->want);
+    free(p->next);
+    free(p->tags);
+    free(p);
+}
+
+int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!o || (!o->client && !o->servers))
+        return gr_seterr(GR_EINVAL, "parameter-server backend: give a client or a server list");
+    if (o->mode < GR_MODE_ASYNC || o->mode > GR_MODE_SSP)
+        return gr_seterr(GR_EINVAL, "parameter-server backend: unknown mode %d", o->mode);
+    ps_ctx *p = calloc(1, sizeof *p);
+    if (!p) return gr_seterr(GR_ENOMEM, "out of memory");
+    p->o = *o;
+    if (!p->o.timeout_ms) p->o.timeout_ms = 60000;
+    pthread_mutex_init(&p->mu, NULL);
+    int rc = GR_OK;
+    if (o->client) {
+        p->c = o->client;
+    } else {
+        gr_client_config cc;
+        gr_client_config_default(&cc);
+        cc.servers = o->servers;
+        cc.auth_file = o->auth_file;
+        rc = gr_client_create(&cc, &p->c);
+        p->own_client = rc == GR_OK;
+    }
+    p->stepped = o->mode != GR_MODE_ASYNC;
+    if (!rc && p->stepped) {
+        if (p->o.workers == 0 || p->o.workers > 65536)
+            rc = gr_seterr(GR_EINVAL, "mode %s needs 1..65536 workers, got %u",
+                           gr_train_mode_name((gr_train_mode)o->mode), p->o.workers);
+        if (!rc && o->mode == GR_MODE_SEMISYNC && p->o.aggregate == 0)
+            p->o.aggregate = p->o.workers > 1 ? p->o.workers - 1 : 1;
+        p->shards = rc ? 0 : gr_client_shards(p->c);
+        if (!rc) {
+            p->want = calloc((size_t)p->o.workers * p->shards, sizeof *p->want);
+            p->next = calloc(p->o.workers, sizeof *p->next);
+            p->tags = calloc((size_t)p->o.workers * RING * p->shards, sizeof *p->tags);
+            if (!p->want || !p->next || !p->tags) rc = gr_seterr(GR_ENOMEM, "out of memory");
+        }
+        if (!rc) {
+            gr_client_sync_config sc = {(uint32_t)o->mode, p->o.workers, p->o.aggregate,
+                                        p->o.staleness};
+            rc = gr_client_sync_configure(p->c, &sc, o->reset ? GR_CLIENT_SYNC_RESET : 0, NULL);
+        }
+    }
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gr_errmsg());
+        ps_destroy(p);
+        return gr_seterr(rc, "%s", msg);
+    }
+    out->ctx = p;
+    out->table_init = ps_table_init;
+    out->pull = ps_pull;
+    out->push = ps_push;
+    out->dense_init = ps_dense_init;
+    out->dense_pull = ps_dense_pull;
+    out->dense_push = ps_dense_push;
+    out->destroy = ps_destroy;
+    if (p->stepped) {
+        out->step_begin = ps_step_begin;
+        out->fetch = ps_fetch;
+        out->push_step = ps_push_step;
+        out->worker_done = ps_worker_done;
+        out->cancel = ps_cancel;
+    }
+    return GR_OK;
+}
+
+int gr_ps_backend_finish(gr_train_backend *b)
+{
+    if (!b || b->destroy != ps_destroy) return gr_seterr(GR_EINVAL, "not a parameter-server backend");
+    ps_ctx *p = b->ctx;
+    if (!p->stepped) return GR_OK;
+    return gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR, NULL);
+}
