@@ -74,7 +74,7 @@ typedef struct gr_table_spec {
 /* Row metadata, as the table keeps it. */
 typedef struct gr_row_meta {
     uint32_t last_update; /* table clock (seconds) of the last apply or insert */
-    uint32_t hits;        /* lookups + applies, saturating */
+    uint32_t hits;        /* lookups + applies, saturating at UINT32_MAX - 1 */
 } gr_row_meta;
 
 typedef struct gr_table_stats {
@@ -128,7 +128,8 @@ GR_API const gr_table_spec *gr_table_get_spec(const gr_table *t);
 /* Gathers the rows of n keys into out (n * dim floats, row i at out + i*dim). Missing keys
  * are created by the initializer (subject to admission) unless GR_LOOKUP_READONLY; keys not
  * stored read zeros. Duplicated keys are fine. GR_ENOMEM when the memory cap stops a row
- * from being created (rows before it in the batch are filled and stay created). */
+ * from being created (rows before it in the batch are filled and stay created; the rest of
+ * the batch is still served, keys that could not be created reading zeros). */
 GR_API int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *out,
                            unsigned flags);
 
@@ -136,7 +137,9 @@ GR_API int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *o
  * optimizer step for its key; a key repeated in the batch gets one step per occurrence (sum
  * duplicates first, with gr_dedup, for the usual semantics). Missing keys are created by the
  * initializer first, subject to admission; gradients for keys not admitted are dropped and
- * counted as rejects. Non-finite gradients are GR_EINVAL and nothing in the batch is applied. */
+ * counted as rejects. Non-finite gradients are GR_EINVAL and nothing in the batch is applied.
+ * GR_ENOMEM when the memory cap stops a row from being created: that key's gradient is
+ * dropped, every other key is applied. */
 GR_API int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads);
 
 /* Removes keys; *deleted (may be NULL) gets how many were present. */
