@@ -17,7 +17,7 @@ static void usage(FILE *f)
             "       granary ckpt verify DIR [--json] [--no-chain]\n"
             "       granary ckpt reshard DIR --shards N --out DIR2 [--zstd LEVEL]\n"
             "       granary ckpt export DIR --out DIR2 [--f16] [--zstd LEVEL]\n"
-            "       granary ckpt latest ROOT\n"
+            "       granary ckpt latest ROOT [--json]\n"
             "       granary ckpt retain ROOT --keep N\n"
             "  inspect  manifest summary: kind, step, parent chain, tables, rows per table and shard\n"
             "  verify   read every byte: file sizes and checksums, every section checksum, row\n"
