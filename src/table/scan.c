@@ -122,6 +122,16 @@ uint64_t gr_table_dirty_count(gr_table *t, unsigned tracker)
     return n;
 }
 
+static void note_slice(gr_table *t, uint32_t slots)
+{
+    atomic_fetch_add_explicit(&t->expire_holds, 1, memory_order_relaxed);
+    unsigned cur = atomic_load_explicit(&t->expire_max_slice, memory_order_relaxed);
+    while (slots > cur && !atomic_compare_exchange_weak_explicit(&t->expire_max_slice, &cur,
+                                                                 slots, memory_order_relaxed,
+                                                                 memory_order_relaxed)) {
+    }
+}
+
 int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
 {
     if (evicted) *evicted = 0;
@@ -143,6 +153,7 @@ int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
                 break;
             }
             uint64_t t0 = gr_now_ns();
+            const uint32_t slice_start = k;
             uint32_t end = span - k > EXPIRE_SLICE ? k + EXPIRE_SLICE : span;
             for (uint32_t start = k; k < end; k++) {
                 if (k != start && (k & 63) == 0 && gr_now_ns() - t0 > EXPIRE_SLICE_NS) break;
@@ -158,6 +169,7 @@ int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
                 total++;
             }
             gr_spin_unlock(&p->lock);
+            note_slice(t, k - slice_start);
         }
     }
     if (evicted) *evicted = total;

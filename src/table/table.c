@@ -512,6 +512,8 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     atomic_init(&t->mem_used, 0);
     atomic_init(&t->nrows, 0);
     atomic_init(&t->committed, 0);
+    atomic_init(&t->expire_holds, 0);
+    atomic_init(&t->expire_max_slice, 0);
     pthread_mutex_init(&t->alloc_lock, NULL);
     t->max_rows = arena_slots(t);
     t->res_rows_len = page_up((size_t)t->max_rows * t->stride) + HUGE_PAGE;

@@ -135,6 +135,9 @@ struct gr_table {
     atomic_uint committed;      /* slots made readable and writable (read without the lock) */
     gr_iregion ireg[GR_IREGIONS]; /* index memory, see table.c */
     uint32_t nireg;
+    /* TTL passes: lock holds so far and the most slots one hold visited (checked by tests). */
+    atomic_ullong expire_holds;
+    atomic_uint expire_max_slice;
 };
 
 /* The table-internal hash; partitions from its high bits, index tag from its low 32 bits. */

@@ -552,6 +552,39 @@ static void test_ttl(void **state)
     gr_table_destroy(t);
 }
 
+/* A TTL pass holds a partition lock for bounded slices: one partition of 20000 expired rows
+ * takes many holds of at most 1024 slots each (and at most ~200 us each), so lookups racing
+ * with it never wait for the whole pass. */
+static void test_ttl_bounded_slices(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    gr_table_spec_default(&s, "ttlslice", 4);
+    s.ttl_s = 10;
+    s.partitions = 1;
+    gr_table *t = make(&s);
+    gr_table_set_clock(t, 5);
+    const size_t n = 20000;
+    uint64_t *keys = malloc(n * 8);
+    float *w = calloc(n * 4, 4);
+    for (size_t i = 0; i < n; i++) keys[i] = i * 7 + 3;
+    assert_int_equal(gr_table_insert(t, keys, n, w, NULL, NULL), GR_OK);
+    gr_table_set_clock(t, 100);
+    uint64_t ev = 0;
+    assert_int_equal(gr_table_evict_expired(t, &ev), GR_OK);
+    assert_int_equal(ev, n);
+    uint64_t holds = atomic_load(&t->expire_holds);
+    unsigned max_slice = atomic_load(&t->expire_max_slice);
+    assert_true(holds >= n / 1024);
+    assert_true(max_slice >= 1 && max_slice <= 1024);
+    gr_table_stats st;
+    gr_table_get_stats(t, &st);
+    assert_int_equal(st.rows, 0);
+    free(keys);
+    free(w);
+    gr_table_destroy(t);
+}
+
 static void test_capacity_lru_exact(void **state)
 {
     (void)state;
@@ -847,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_dirty_tracking),
         cmocka_unit_test(test_ttl),
+        cmocka_unit_test(test_ttl_bounded_slices),
         cmocka_unit_test(test_capacity_lru_exact),
         cmocka_unit_test(test_capacity_sampled),
         cmocka_unit_test(test_admission_min_count),
