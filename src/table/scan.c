@@ -196,7 +196,8 @@ void gr_table_get_stats(gr_table *t, gr_table_stats *st)
     }
     st->bytes = t->base_bytes + atomic_load_explicit(&t->mem_used, memory_order_relaxed);
     st->row_bytes = t->stride;
-    st->payload_bytes = (uint64_t)t->wbytes + 4ull * t->state_floats;
+    st->payload_bytes = (uint64_t)t->dim * (t->spec.dtype == GR_DTYPE_F16 ? 2u : 4u) +
+                        4ull * t->state_floats;
     st->bytes_per_row = st->rows ? (double)st->bytes / (double)st->rows : 0.0;
     st->mem_limit = t->spec.mem_limit;
 }

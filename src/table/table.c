@@ -494,7 +494,9 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     if (t->spec.partitions == 0) t->spec.partitions = 256;
     t->dim = spec->dim;
     t->state_floats = gr_table_state_floats(spec);
-    t->wbytes = spec->dim * (spec->dtype == GR_DTYPE_F16 ? 2u : 4u);
+    /* f16 weights of an odd dim are padded to 4 bytes so the f32 state after them is
+     * aligned. */
+    t->wbytes = spec->dtype == GR_DTYPE_F16 ? (spec->dim * 2u + 3u) & ~3u : spec->dim * 4u;
     uint32_t stride = (uint32_t)sizeof(gr_row_hdr) + t->wbytes + 4u * t->state_floats;
     t->stride = (stride + 7u) & ~7u;
     uint32_t rows = 64;
