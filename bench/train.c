@@ -1,28 +1,52 @@
-/* `granary bench train`: end-to-end training throughput and quality on generated data. Runs
- * DLRM with the local backend pipelined and sequential (the in-run baseline), the reader alone
- * (parse ceiling), and PyTorch's DLRM on the same files (bench/torch_dlrm.py) when
- * /usr/bin/python3 has torch; reports examples/s and test AUC beside the teacher's AUC. */
+/* `granary bench train`: end-to-end DLRM training over the parameter server on generated data,
+ * beside its baselines measured in the same run on the same files: PyTorch's DLRM
+ * (bench/torch_dlrm.py), the in-process local backend, and the reader alone. It measures
+ *  - the main run: async, 2 workers, an embedded cluster of 2 shards (examples/s, test AUC);
+ *  - a straggler run: 4 workers, worker 3 three times slower, in sync, semisync (K = 3) and
+ *    async;
+ *  - pipelined vs --no-pipeline with the shards behind an emulated datacenter link: a network
+ *    namespace + veth + netem delay when the kernel has netem, else a userspace relay that
+ *    holds every chunk of bytes for the same one-way delay (the output says which).
+ * The last line with --json holds every figure. */
 #include "bench/bench.h"
+#include "granary/client.h"
 #include "granary/train.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: granary bench train [--json] [--full] [--rows N] [--test-rows M] "
-               "[--workers W] [--no-torch]\n"
-               "  --rows N       training rows generated (default 200000; --full: 1000000)\n"
-               "  --test-rows M  test rows (default 20000; --full: 100000)\n"
-               "  --workers W    worker threads (default 2)\n"
-               "  --no-torch     skip the PyTorch baseline\n"
-               "  --json         print a final JSON line with the figures\n");
+    fprintf(f,
+            "usage: granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
+            "                           [--delay-us D] [--skip-link] [--skip-straggler]\n"
+            "  --rows N        training rows generated (default 200000; --full: 1000000)\n"
+            "  --test-rows M   test rows (default 20000; --full: 100000)\n"
+            "  --delay-us D    one-way delay of the emulated link (default 200)\n"
+            "  --no-torch      skip the PyTorch baseline\n"
+            "  --skip-link     skip the pipelined vs --no-pipeline runs over the delayed link\n"
+            "  --skip-straggler skip the 4-worker straggler runs\n"
+            "  --json          print a final JSON line with the figures\n");
 }
+
+/* ---- PyTorch baseline ---- */
 
 static bool find_script(char *path, size_t cap)
 {
@@ -48,18 +72,22 @@ static bool find_script(char *path, size_t cap)
     return false;
 }
 
-/* PyTorch DLRM on the same files: examples/s and AUC, or -1 when unavailable. */
-static void run_torch(const char *dir, unsigned threads, double *eps, double *auc)
+/* PyTorch DLRM on the same files with granary's DLRM defaults (dim 16, bottom 64,32, top
+ * 128,64, Adagrad 0.05 for embeddings, Adam 1e-3 dense, batch 1024, 2 threads): examples/s
+ * and AUC, or -1 when unavailable. */
+static void run_torch(const char *dir, double *eps, double *auc)
 {
     *eps = *auc = -1;
     if (access("/usr/bin/python3", X_OK) != 0) return;
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return;
     char script[PATH_MAX];
     if (!find_script(script, sizeof script)) return;
-    char cmd[2 * PATH_MAX + 256];
+    char cmd[2 * PATH_MAX + 512];
     snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 '%s' --train '%s/train.tsv' --test '%s/test.tsv' --threads %u 2>&1",
-             script, dir, dir, threads);
+             "/usr/bin/python3 '%s' --train '%s/train.tsv' --test '%s/test.tsv' --threads 2 "
+             "--dim 16 --bottom 64,32 --top 128,64 --lr-emb 0.05 --lr-dense 0.001 --batch 1024 "
+             "2>&1",
+             script, dir, dir);
     FILE *f = popen(cmd, "r");
     if (!f) return;
     char line[2048];
@@ -94,7 +122,20 @@ static double run_reader(const char *path)
     return secs > 0 ? (double)n / secs : -1;
 }
 
-static int run_granary(const char *dir, unsigned workers, bool pipeline, gr_train_result *res)
+/* ---- one training run ---- */
+
+typedef struct run_spec {
+    const char *label;
+    gr_train_mode mode;
+    unsigned workers;
+    uint32_t aggregate;
+    bool pipeline;
+    bool local;          /* the in-process local backend instead of the PS */
+    const char *servers; /* use these shards instead of an embedded cluster */
+    int straggler;       /* -1: none */
+} run_spec;
+
+static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res)
 {
     char train[PATH_MAX], test[PATH_MAX];
     snprintf(train, sizeof train, "%s/train.tsv", dir);
@@ -103,53 +144,400 @@ static int run_granary(const char *dir, unsigned workers, bool pipeline, gr_trai
     gr_train_opts_default(&o, GR_MODEL_DLRM);
     o.train_path = train;
     o.test_path = test;
-    o.workers = workers;
-    o.pipeline = pipeline;
+    o.workers = rs->workers;
+    o.pipeline = rs->pipeline;
+    o.mode = rs->mode;
     o.progress_s = 0;
+    if (rs->straggler >= 0) {
+        o.straggler = (unsigned)rs->straggler;
+        o.straggler_factor = 3;
+    }
     gr_train_backend be;
-    int rc = gr_local_backend_create(NULL, &be);
-    if (rc) return rc;
-    rc = gr_train_run(&o, &be, res);
-    gr_train_backend_destroy(&be);
+    gr_local_cluster *cl = NULL;
+    gr_client *client = NULL;
+    int rc;
+    if (rs->local) {
+        rc = gr_local_backend_create(NULL, &be);
+    } else {
+        const char *servers = rs->servers;
+        if (!servers) {
+            rc = gr_local_cluster_start(2, 2, &cl);
+            if (rc) return rc;
+            servers = gr_local_cluster_servers(cl);
+        }
+        gr_client_config cc;
+        gr_client_config_default(&cc);
+        cc.servers = servers;
+        rc = gr_client_create(&cc, &client);
+        if (!rc) {
+            gr_ps_backend_opts po;
+            gr_ps_backend_opts_default(&po);
+            po.client = client;
+            po.mode = rs->mode;
+            po.workers = rs->workers;
+            po.aggregate = rs->aggregate;
+            po.reset = true;
+            rc = gr_ps_backend_create(&po, &be);
+        }
+    }
+    if (!rc) {
+        fprintf(stderr, "bench train: %s ...\n", rs->label);
+        rc = gr_train_run(&o, &be, res);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rc ? gr_errmsg() : "");
+        if (!rs->local) gr_ps_backend_finish(&be);
+        gr_train_backend_destroy(&be);
+        if (rc) gr_seterr(rc, "%s: %s", rs->label, msg);
+    }
+    gr_client_destroy(client);
+    gr_local_cluster_stop(cl);
     return rc;
 }
 
-/* A figure, or `missing` when it was not measured (negative). */
-static void num(char *buf, size_t cap, double v, const char *fmt, const char *missing)
+/* ---- the emulated datacenter link ---- */
+
+/* Userspace relay: every chunk of bytes read from one side is written to the other no earlier
+ * than delay after it was read, in both directions, without limiting bandwidth (what netem
+ * delay does in the kernel). One relay per shard; each accepted connection gets four threads
+ * (a reader and a delayed writer per direction). */
+typedef struct chunk {
+    struct chunk *next;
+    uint64_t due_ns;
+    size_t len; /* 0 = end of stream */
+    uint8_t data[];
+} chunk;
+
+typedef struct pipe_dir {
+    int from, to;
+    uint64_t delay_ns;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    chunk *head, *tail;
+} pipe_dir;
+
+typedef struct relay {
+    int lfd;
+    uint16_t port;
+    char target[64];
+    uint16_t target_port;
+    uint64_t delay_ns;
+    pthread_t acceptor;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_t threads[64];
+    pipe_dir *dirs[16];
+    unsigned nthreads, ndirs;
+} relay;
+
+static void *dir_reader(void *arg)
 {
-    if (v < 0)
-        snprintf(buf, cap, "%s", missing);
+    pipe_dir *d = arg;
+    for (;;) {
+        chunk *c = malloc(sizeof *c + 262144);
+        if (!c) break;
+        ssize_t r = recv(d->from, c->data, 262144, 0);
+        if (r < 0 && errno == EINTR) {
+            free(c);
+            continue;
+        }
+        c->len = r > 0 ? (size_t)r : 0;
+        c->due_ns = gr_now_ns() + d->delay_ns;
+        c->next = NULL;
+        pthread_mutex_lock(&d->mu);
+        if (d->tail) d->tail->next = c;
+        else d->head = c;
+        d->tail = c;
+        pthread_cond_signal(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (r <= 0) break;
+    }
+    return NULL;
+}
+
+static void *dir_writer(void *arg)
+{
+    pipe_dir *d = arg;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->head) pthread_cond_wait(&d->cv, &d->mu);
+        chunk *c = d->head;
+        d->head = c->next;
+        if (!d->head) d->tail = NULL;
+        pthread_mutex_unlock(&d->mu);
+        uint64_t now = gr_now_ns();
+        if (c->due_ns > now) {
+            uint64_t w = c->due_ns - now;
+            struct timespec ts = {(time_t)(w / 1000000000u), (long)(w % 1000000000u)};
+            while (nanosleep(&ts, &ts) != 0) {
+            }
+        }
+        if (c->len == 0) {
+            free(c);
+            shutdown(d->to, SHUT_WR);
+            break;
+        }
+        size_t off = 0;
+        bool dead = false;
+        while (off < c->len) {
+            ssize_t w = send(d->to, c->data + off, c->len - off, MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                dead = true;
+                break;
+            }
+            off += (size_t)w;
+        }
+        free(c);
+        if (dead) {
+            shutdown(d->from, SHUT_RDWR);
+            break;
+        }
+    }
+    return NULL;
+}
+
+static int tcp_listen(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) ||
+        getsockname(fd, (struct sockaddr *)&a, &sl)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void tune(int fd)
+{
+    int one = 1, buf = 4 << 20;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+static void *relay_accept(void *arg)
+{
+    relay *r = arg;
+    while (!atomic_load(&r->stop)) {
+        struct pollfd p = {r->lfd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        int c = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(r->target_port)};
+        inet_pton(AF_INET, r->target, &a.sin_addr);
+        if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+            close(c);
+            if (s >= 0) close(s);
+            continue;
+        }
+        tune(c);
+        tune(s);
+        pthread_mutex_lock(&r->mu);
+        if (r->ndirs + 2 <= 16 && r->nthreads + 4 <= 64) {
+            int ends[2][2] = {{c, s}, {s, c}};
+            for (int k = 0; k < 2; k++) {
+                pipe_dir *d = calloc(1, sizeof *d);
+                d->from = ends[k][0];
+                d->to = ends[k][1];
+                d->delay_ns = r->delay_ns;
+                pthread_mutex_init(&d->mu, NULL);
+                pthread_cond_init(&d->cv, NULL);
+                r->dirs[r->ndirs++] = d;
+                pthread_create(&r->threads[r->nthreads++], NULL, dir_reader, d);
+                pthread_create(&r->threads[r->nthreads++], NULL, dir_writer, d);
+            }
+        } else {
+            close(c);
+            close(s);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    return NULL;
+}
+
+static int relay_start(relay *r, const char *target, uint16_t port, uint64_t delay_ns)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->target, sizeof r->target, "%s", target);
+    r->target_port = port;
+    r->delay_ns = delay_ns;
+    pthread_mutex_init(&r->mu, NULL);
+    r->lfd = tcp_listen(&r->port);
+    if (r->lfd < 0) return -1;
+    return pthread_create(&r->acceptor, NULL, relay_accept, r) == 0 ? 0 : -1;
+}
+
+static void relay_stop(relay *r)
+{
+    atomic_store(&r->stop, true);
+    pthread_join(r->acceptor, NULL);
+    close(r->lfd);
+    /* The client has closed its side: readers see EOF, writers pass it on and exit. */
+    for (unsigned i = 0; i < r->ndirs; i++) shutdown(r->dirs[i]->from, SHUT_RDWR);
+    for (unsigned i = 0; i < r->nthreads; i++) pthread_join(r->threads[i], NULL);
+    for (unsigned i = 0; i < r->ndirs; i++) {
+        pipe_dir *d = r->dirs[i];
+        for (chunk *c = d->head, *n; c; c = n) {
+            n = c->next;
+            free(c);
+        }
+        close(d->from);
+        free(d);
+    }
+}
+
+/* netem: shards as `granary server` children inside a network namespace behind a veth pair
+ * with `tc qdisc ... netem delay` on both ends. Returns false (after cleaning up) when any step
+ * fails, e.g. a kernel without netem. */
+typedef struct netem_env {
+    char ns[32], veth[16];
+    pid_t pids[2];
+    FILE *out[2]; /* the shards' stdout, kept open so they never write to a closed pipe */
+    char servers[128];
+} netem_env;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[600];
+    snprintf(full, sizeof full, "%s >/dev/null 2>&1", cmd);
+    int st = system(full);
+    return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+static void netem_down(netem_env *e)
+{
+    for (int i = 0; i < 2; i++) {
+        if (e->pids[i] > 0) {
+            kill(e->pids[i], SIGTERM);
+            waitpid(e->pids[i], NULL, 0);
+            e->pids[i] = 0;
+        }
+        if (e->out[i]) fclose(e->out[i]);
+        e->out[i] = NULL;
+    }
+    sh("ip link del %s", e->veth);
+    sh("ip netns del %s", e->ns);
+}
+
+static bool netem_up(netem_env *e, unsigned delay_us, char *why, size_t cap)
+{
+    memset(e, 0, sizeof *e);
+    unsigned tag = (unsigned)getpid() % 10000;
+    snprintf(e->ns, sizeof e->ns, "grbench%u", tag);
+    snprintf(e->veth, sizeof e->veth, "grb%u", tag);
+    unsigned net = 200 + tag % 50;
+    if (sh("ip netns add %s", e->ns) || sh("ip link add %s type veth peer name %sp", e->veth, e->veth) ||
+        sh("ip link set %sp netns %s", e->veth, e->ns) ||
+        sh("ip addr add 10.%u.0.1/24 dev %s", net, e->veth) || sh("ip link set %s up", e->veth) ||
+        sh("ip netns exec %s ip addr add 10.%u.0.2/24 dev %sp", e->ns, net, e->veth) ||
+        sh("ip netns exec %s ip link set %sp up", e->ns, e->veth) ||
+        sh("ip netns exec %s ip link set lo up", e->ns)) {
+        snprintf(why, cap, "cannot set up a network namespace with a veth pair (needs root and "
+                           "iproute2)");
+        netem_down(e);
+        return false;
+    }
+    if (sh("tc qdisc add dev %s root netem delay %uus", e->veth, delay_us) ||
+        sh("ip netns exec %s tc qdisc add dev %sp root netem delay %uus", e->ns, e->veth, delay_us)) {
+        snprintf(why, cap, "netem is not available in this kernel (`tc qdisc add ... netem` "
+                           "fails: \"Specified qdisc kind is unknown\" here)");
+        netem_down(e);
+        return false;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        netem_down(e);
+        return false;
+    }
+    exe[n] = '\0';
+    e->servers[0] = '\0';
+    for (int i = 0; i < 2; i++) {
+        int p[2];
+        if (pipe(p) != 0) break;
+        pid_t pid = fork();
+        if (pid == 0) {
+            dup2(p[1], 1);
+            close(p[0]);
+            close(p[1]);
+            char listen[32], shard[4];
+            snprintf(listen, sizeof listen, "10.%u.0.2:0", net);
+            snprintf(shard, sizeof shard, "%d", i);
+            execlp("ip", "ip", "netns", "exec", e->ns, exe, "server", "--listen", listen,
+                   "--shard", shard, "--shards", "2", "--threads", "2", "--insecure", (char *)NULL);
+            _exit(127);
+        }
+        close(p[1]);
+        e->pids[i] = pid;
+        FILE *f = fdopen(p[0], "r");
+        e->out[i] = f;
+        char line[256], *at = NULL;
+        while (f && fgets(line, sizeof line, f))
+            if ((at = strstr(line, "listening on "))) break;
+        if (!at) {
+            snprintf(why, cap, "a shard inside the namespace did not start");
+            netem_down(e);
+            return false;
+        }
+        at += strlen("listening on ");
+        at[strcspn(at, "\r\n")] = '\0';
+        if (i) strcat(e->servers, ",");
+        strcat(e->servers, at);
+    }
+    return true;
+}
+
+/* ---- main ---- */
+
+static void num(char *buf, size_t cap, double v, const char *fmt)
+{
+    if (v < 0 || v != v)
+        snprintf(buf, cap, "null");
     else
         snprintf(buf, cap, fmt, v);
 }
 
+static void row(const char *name, const gr_train_result *r)
+{
+    printf("%-44s %12.0f %9.4f %9.4f %8llu\n", name, r->examples_per_sec, r->test_auc,
+           r->test_logloss, (unsigned long long)r->dropped_gradients);
+}
+
 int gr_bench_train(int argc, char **argv)
 {
-    bool json = false, full = false, torch = true;
-    uint64_t rows = 0, test_rows = 0;
-    unsigned workers = 2;
+    bool json = false, full = false, torch = true, link = true, strag = true;
+    uint64_t rows = 0, test_rows = 0, delay_us = 200;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!strcmp(a, "--full")) {
-            full = true;
-        } else if (!strcmp(a, "--no-torch")) {
-            torch = false;
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--full")) full = true;
+        else if (!strcmp(a, "--no-torch")) torch = false;
+        else if (!strcmp(a, "--skip-link")) link = false;
+        else if (!strcmp(a, "--skip-straggler")) strag = false;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
-        } else if ((!strcmp(a, "--rows") || !strcmp(a, "--test-rows") || !strcmp(a, "--workers")) &&
+        } else if ((!strcmp(a, "--rows") || !strcmp(a, "--test-rows") || !strcmp(a, "--delay-us")) &&
                    i + 1 < argc) {
             char *end;
             unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || !*argv[i] || v == 0 || (!strcmp(a, "--workers") && v > 64)) {
+            if (*end || !*argv[i] || v == 0) {
                 fprintf(stderr, "granary bench train: bad value '%s' for %s\n", argv[i], a);
                 return 2;
             }
             if (!strcmp(a, "--rows")) rows = v;
             else if (!strcmp(a, "--test-rows")) test_rows = v;
-            else workers = (unsigned)v;
+            else delay_us = v;
         } else {
             fprintf(stderr, "granary bench train: unknown option '%s'\n", a);
             usage(stderr);
@@ -167,53 +555,190 @@ int gr_bench_train(int argc, char **argv)
     int status = 1;
     gr_datagen_opts go = {.train_rows = rows, .test_rows = test_rows, .seed = 1, .threads = 2};
     gr_datagen_result gd;
-    printf("granary bench train: DLRM (dim 16, 13-64-32-16, 367-128-64-1), batch 1024, %u "
-           "workers, 1 epoch; datagen seed 1, %llu train / %llu test rows\n",
-           workers, (unsigned long long)rows, (unsigned long long)test_rows);
+    printf("granary bench train: DLRM (dim 16, 13-64-32-16, 367-128-64-1), batch 1024 per worker, "
+           "1 epoch, embedded cluster of 2 shards (2 threads each); datagen seed 1, %llu train / "
+           "%llu test rows%s\n",
+           (unsigned long long)rows, (unsigned long long)test_rows,
+           full ? "" : " (default size; --full: 1 M)");
     if (gr_datagen_run(dir, &go, &gd)) {
         fprintf(stderr, "granary bench train: datagen: %s\n", gr_errmsg());
         goto out;
     }
-    printf("datagen: %.2f s (%.0f rows/s); teacher test AUC %.4f logloss %.4f\n", gd.seconds,
-           (double)(rows + test_rows) / gd.seconds, gd.teacher_auc, gd.teacher_logloss);
+    printf("datagen: %.2f s; teacher test AUC %.4f logloss %.4f\n", gd.seconds, gd.teacher_auc,
+           gd.teacher_logloss);
     char train[PATH_MAX];
     snprintf(train, sizeof train, "%s/train.tsv", dir);
     double parse = run_reader(train);
-    printf("reader alone (1 thread, parse only): %.0f rows/s\n", parse);
-    gr_train_result pipe, seq;
-    if (run_granary(dir, workers, true, &pipe) || run_granary(dir, workers, false, &seq)) {
+
+    gr_train_result main_r, local_r, s_sync, s_semi, s_async, l_pipe, l_seq, l1_pipe, l1_seq;
+    memset(&s_sync, 0, sizeof s_sync);
+    memset(&s_semi, 0, sizeof s_semi);
+    memset(&s_async, 0, sizeof s_async);
+    memset(&l_pipe, 0, sizeof l_pipe);
+    memset(&l_seq, 0, sizeof l_seq);
+    memset(&l1_pipe, 0, sizeof l1_pipe);
+    memset(&l1_seq, 0, sizeof l1_seq);
+    run_spec main_spec = {"async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, true, false, NULL, -1};
+    run_spec local_spec = {"local backend, 2 workers", GR_MODE_ASYNC, 2, 0, true, true, NULL, -1};
+    if (run_granary(dir, &main_spec, &main_r) || run_granary(dir, &local_spec, &local_r)) {
         fprintf(stderr, "granary bench train: %s\n", gr_errmsg());
         goto out;
     }
+    if (strag) {
+        run_spec a = {"straggler: sync, 4 workers", GR_MODE_SYNC, 4, 0, true, false, NULL, 3};
+        run_spec b = {"straggler: semisync K=3, 4 workers", GR_MODE_SEMISYNC, 4, 3, true, false, NULL, 3};
+        run_spec c = {"straggler: async, 4 workers", GR_MODE_ASYNC, 4, 0, true, false, NULL, 3};
+        if (run_granary(dir, &a, &s_sync) || run_granary(dir, &b, &s_semi) ||
+            run_granary(dir, &c, &s_async)) {
+            fprintf(stderr, "granary bench train: %s\n", gr_errmsg());
+            goto out;
+        }
+    }
+    char link_kind[32] = "none", link_why[256] = "";
+    if (link) {
+        netem_env ne;
+        relay rl[2];
+        int nrelay = 0;
+        char servers[160] = "";
+        gr_local_cluster *cl = NULL;
+        if (netem_up(&ne, (unsigned)delay_us, link_why, sizeof link_why)) {
+            snprintf(link_kind, sizeof link_kind, "netem");
+            snprintf(servers, sizeof servers, "%s", ne.servers);
+        } else if (gr_local_cluster_start(2, 2, &cl) == 0) {
+            /* Relay each shard of an embedded cluster through a delaying proxy. */
+            snprintf(link_kind, sizeof link_kind, "relay");
+            const char *list = gr_local_cluster_servers(cl);
+            for (int i = 0; i < 2; i++) {
+                const char *p = list;
+                for (int k = 0; k < i; k++) p = strchr(p, ',') + 1;
+                uint16_t port = (uint16_t)atoi(strchr(p, ':') + 1);
+                if (relay_start(&rl[i], "127.0.0.1", port, delay_us * 1000u) != 0) break;
+                nrelay++;
+                char a[40];
+                snprintf(a, sizeof a, "%s127.0.0.1:%u", i ? "," : "", rl[i].port);
+                strcat(servers, a);
+            }
+        }
+        if (servers[0] && (nrelay == 2 || !strcmp(link_kind, "netem"))) {
+            printf("delayed link: %s, %llu us one way%s%s\n", link_kind, (unsigned long long)delay_us,
+                   link_why[0] ? " (" : "", link_why[0] ? link_why : "");
+            if (link_why[0]) printf(")\n");
+            /* 2 workers (the standard configuration) and 1 worker: with as many workers as
+             * cores, one worker's network waits are filled by the other's compute, so the
+             * pipeline's own effect shows best with one. */
+            run_spec specs[4] = {
+                {"delayed link: async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, true, false, servers, -1},
+                {"delayed link: async, 2 workers, --no-pipeline", GR_MODE_ASYNC, 2, 0, false, false, servers, -1},
+                {"delayed link: async, 1 worker, pipelined", GR_MODE_ASYNC, 1, 0, true, false, servers, -1},
+                {"delayed link: async, 1 worker, --no-pipeline", GR_MODE_ASYNC, 1, 0, false, false, servers, -1},
+            };
+            gr_train_result *outs[4] = {&l_pipe, &l_seq, &l1_pipe, &l1_seq};
+            int rc = 0;
+            for (int k = 0; k < 4 && !rc; k++) {
+                if (k) {
+                    /* Fresh tables for each run: drop what the previous one created. */
+                    gr_client_config cc;
+                    gr_client_config_default(&cc);
+                    cc.servers = servers;
+                    gr_client *c;
+                    if (gr_client_create(&cc, &c) == 0) {
+                        gr_client_drop_table(c, "embeddings");
+                        gr_client_destroy(c);
+                    }
+                }
+                rc = run_granary(dir, &specs[k], outs[k]);
+            }
+            if (rc) fprintf(stderr, "granary bench train: %s\n", gr_errmsg());
+        } else {
+            snprintf(link_kind, sizeof link_kind, "none");
+        }
+        if (!strcmp(link_kind, "netem")) netem_down(&ne);
+        for (int i = 0; i < nrelay; i++) relay_stop(&rl[i]);
+        gr_local_cluster_stop(cl);
+    }
     double t_eps = -1, t_auc = -1;
-    if (torch) run_torch(dir, workers, &t_eps, &t_auc);
-    printf("\n%-28s %14s %9s %9s\n", "run", "examples/s", "test AUC", "logloss");
-    printf("%-28s %14.0f %9.4f %9.4f\n", "granary, pipelined", pipe.examples_per_sec,
-           pipe.test_auc, pipe.test_logloss);
-    printf("%-28s %14.0f %9.4f %9.4f\n", "granary, --no-pipeline", seq.examples_per_sec,
-           seq.test_auc, seq.test_logloss);
+    if (torch) {
+        fprintf(stderr, "bench train: PyTorch DLRM (bench/torch_dlrm.py) ...\n");
+        run_torch(dir, &t_eps, &t_auc);
+    }
+
+    printf("\nreader alone (1 thread, parse only): %.0f rows/s\n\n", parse);
+    printf("%-44s %12s %9s %9s %8s\n", "run", "examples/s", "test AUC", "logloss", "dropped");
+    row("granary PS: async, 2 workers, 2 shards", &main_r);
+    row("granary local backend (no PS), 2 workers", &local_r);
     char te[32], ta[32];
-    num(te, sizeof te, t_eps, "%.0f", "n/a");
-    num(ta, sizeof ta, t_auc, "%.4f", "n/a");
-    printf("%-28s %14s %9s %9s\n", "pytorch (torch_dlrm.py)", te, ta, "");
-    printf("%-28s %14s %9.4f %9.4f\n", "teacher (ceiling)", "", gd.teacher_auc,
-           gd.teacher_logloss);
-    printf("\npipeline speedup %.2fx; AUC gap to the teacher %.4f%s\n",
-           pipe.examples_per_sec / seq.examples_per_sec, gd.teacher_auc - pipe.test_auc,
-           t_eps < 0 && torch ? "; PyTorch baseline skipped (needs /usr/bin/python3 with torch: "
-                                "GRANARY_TORCH=1 bash scripts/setup)"
-                              : "");
+    num(te, sizeof te, t_eps, "%.0f");
+    num(ta, sizeof ta, t_auc, "%.4f");
+    printf("%-44s %12s %9s\n", "pytorch DLRM, 2 threads (torch_dlrm.py)", te, ta);
+    printf("%-44s %12s %9.4f %9.4f\n", "teacher (ceiling)", "", gd.teacher_auc, gd.teacher_logloss);
+    if (strag) {
+        row("straggler (4 workers, #3 x3): sync", &s_sync);
+        row("straggler: semisync K=3", &s_semi);
+        row("straggler: async", &s_async);
+    }
+    if (l_pipe.examples) {
+        row("delayed link: async, 2 workers, pipelined", &l_pipe);
+        row("delayed link: async, 2 workers, --no-pipeline", &l_seq);
+    }
+    if (l1_seq.examples) {
+        row("delayed link: async, 1 worker, pipelined", &l1_pipe);
+        row("delayed link: async, 1 worker, --no-pipeline", &l1_seq);
+    }
+    printf("\ntargets:\n");
+    if (t_eps > 0)
+        printf("  examples/s >= 5 x PyTorch: %.2fx %s; AUC >= PyTorch - 0.002: %+.4f %s\n",
+               main_r.examples_per_sec / t_eps, main_r.examples_per_sec >= 5 * t_eps ? "met" : "NOT met",
+               main_r.test_auc - t_auc, main_r.test_auc >= t_auc - 0.002 ? "met" : "NOT met");
+    else if (torch)
+        printf("  PyTorch baseline skipped (needs /usr/bin/python3 with torch: GRANARY_TORCH=1 "
+               "bash scripts/setup)\n");
+    if (strag)
+        printf("  semisync >= 1.6 x sync: %.2fx %s; >= 0.85 x async: %.2fx %s; AUC >= async: "
+               "%+.4f %s\n",
+               s_semi.examples_per_sec / s_sync.examples_per_sec,
+               s_semi.examples_per_sec >= 1.6 * s_sync.examples_per_sec ? "met" : "NOT met",
+               s_semi.examples_per_sec / s_async.examples_per_sec,
+               s_semi.examples_per_sec >= 0.85 * s_async.examples_per_sec ? "met" : "NOT met",
+               s_semi.test_auc - s_async.test_auc,
+               s_semi.test_auc >= s_async.test_auc ? "met" : "NOT met");
+    if (l_seq.examples)
+        printf("  pipelined >= 1.4 x --no-pipeline over the delayed link (%s): 2 workers %.2fx %s",
+               link_kind, l_pipe.examples_per_sec / l_seq.examples_per_sec,
+               l_pipe.examples_per_sec >= 1.4 * l_seq.examples_per_sec ? "met" : "NOT met");
+    if (l1_seq.examples)
+        printf("; 1 worker %.2fx %s", l1_pipe.examples_per_sec / l1_seq.examples_per_sec,
+               l1_pipe.examples_per_sec >= 1.4 * l1_seq.examples_per_sec ? "met" : "NOT met");
+    if (l_seq.examples) printf("\n");
     if (json) {
-        num(te, sizeof te, t_eps, "%.1f", "null");
-        num(ta, sizeof ta, t_auc, "%.6f", "null");
-        printf("{\"bench\":\"train\",\"rows\":%llu,\"test_rows\":%llu,\"workers\":%u,"
+        char v[16][32];
+        num(v[0], 32, t_eps, "%.1f");
+        num(v[1], 32, t_auc, "%.6f");
+        num(v[2], 32, strag ? s_sync.examples_per_sec : -1, "%.1f");
+        num(v[3], 32, strag ? s_semi.examples_per_sec : -1, "%.1f");
+        num(v[4], 32, strag ? s_async.examples_per_sec : -1, "%.1f");
+        num(v[5], 32, strag ? s_sync.test_auc : -1, "%.6f");
+        num(v[6], 32, strag ? s_semi.test_auc : -1, "%.6f");
+        num(v[7], 32, strag ? s_async.test_auc : -1, "%.6f");
+        num(v[8], 32, l_pipe.examples ? l_pipe.examples_per_sec : -1, "%.1f");
+        num(v[9], 32, l_seq.examples ? l_seq.examples_per_sec : -1, "%.1f");
+        num(v[10], 32, strag ? (double)s_semi.dropped_gradients : -1, "%.0f");
+        num(v[11], 32, l1_pipe.examples ? l1_pipe.examples_per_sec : -1, "%.1f");
+        num(v[12], 32, l1_seq.examples ? l1_seq.examples_per_sec : -1, "%.1f");
+        printf("{\"bench\":\"train\",\"rows\":%llu,\"test_rows\":%llu,\"workers\":2,\"shards\":2,"
                "\"examples_per_sec\":%.1f,\"auc\":%.6f,\"logloss\":%.6f,"
-               "\"no_pipeline_examples_per_sec\":%.1f,\"no_pipeline_auc\":%.6f,"
-               "\"reader_rows_per_sec\":%.0f,\"teacher_auc\":%.6f,"
-               "\"torch_examples_per_sec\":%s,\"torch_auc\":%s}\n",
-               (unsigned long long)rows, (unsigned long long)test_rows, workers,
-               pipe.examples_per_sec, pipe.test_auc, pipe.test_logloss, seq.examples_per_sec,
-               seq.test_auc, parse, gd.teacher_auc, te, ta);
+               "\"torch_examples_per_sec\":%s,\"torch_auc\":%s,"
+               "\"local_examples_per_sec\":%.1f,\"local_auc\":%.6f,"
+               "\"sync_examples_per_sec\":%s,\"semisync_examples_per_sec\":%s,"
+               "\"async_examples_per_sec\":%s,\"sync_auc\":%s,\"semisync_auc\":%s,"
+               "\"async_auc\":%s,\"semisync_dropped_gradients\":%s,"
+               "\"pipelined_examples_per_sec\":%s,\"unpipelined_examples_per_sec\":%s,"
+               "\"pipelined_1w_examples_per_sec\":%s,\"unpipelined_1w_examples_per_sec\":%s,"
+               "\"link\":\"%s\",\"link_delay_us\":%llu,"
+               "\"reader_rows_per_sec\":%.0f,\"teacher_auc\":%.6f}\n",
+               (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
+               main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
+               local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
+               (unsigned long long)delay_us, parse, gd.teacher_auc);
     }
     status = 0;
 out:;
