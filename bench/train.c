@@ -449,8 +449,8 @@ static bool netem_up(netem_env *e, unsigned delay_us, char *why, size_t cap)
     }
     if (sh("tc qdisc add dev %s root netem delay %uus", e->veth, delay_us) ||
         sh("ip netns exec %s tc qdisc add dev %sp root netem delay %uus", e->ns, e->veth, delay_us)) {
-        snprintf(why, cap, "netem is not available in this kernel (`tc qdisc add ... netem` "
-                           "fails: \"Specified qdisc kind is unknown\" here)");
+        snprintf(why, cap, "netem is not available in this kernel: `tc qdisc add ... netem` "
+                           "fails");
         netem_down(e);
         return false;
     }
@@ -620,9 +620,9 @@ int gr_bench_train(int argc, char **argv)
             }
         }
         if (servers[0] && (nrelay == 2 || !strcmp(link_kind, "netem"))) {
-            printf("delayed link: %s, %llu us one way%s%s\n", link_kind, (unsigned long long)delay_us,
-                   link_why[0] ? " (" : "", link_why[0] ? link_why : "");
-            if (link_why[0]) printf(")\n");
+            printf("delayed link: %s, %llu us one way%s%s%s\n", link_kind,
+                   (unsigned long long)delay_us, link_why[0] ? " (" : "",
+                   link_why[0] ? link_why : "", link_why[0] ? ")" : "");
             /* 2 workers (the standard configuration) and 1 worker: with as many workers as
              * cores, one worker's network waits are filled by the other's compute, so the
              * pipeline's own effect shows best with one. */
