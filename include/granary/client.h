@@ -108,6 +108,10 @@ GR_API int gr_client_dense_push(gr_client *c, const char *name, const float *gra
  * once. */
 GR_API int gr_client_dense_pull_start(gr_client *c, const char *name, float *out, size_t n,
                                       gr_client_op **op);
+/* Starts a dense push (the async form of gr_client_dense_push); grad is copied during the
+ * call. */
+GR_API int gr_client_dense_push_start(gr_client *c, const char *name, const float *grad, size_t n,
+                                      gr_client_op **op);
 /* Overwrites a dense parameter's values (its initialisation) and resets its optimizer state. */
 GR_API int gr_client_dense_set(gr_client *c, const char *name, const float *values, size_t n);
 
@@ -195,5 +199,69 @@ typedef struct gr_client_stats_t {
     uint64_t reconnects;     /* successful connects after the first */
 } gr_client_stats_t;
 GR_API void gr_client_get_stats(gr_client *c, gr_client_stats_t *st);
+
+/* ---- Checkpoints through the servers (docs/checkpoints.md, "Through the servers") ----
+ * Paths name the shards' filesystem: every shard writes its own file into the same checkpoint
+ * directory (a filesystem they share, or one path per machine that is gathered later). The
+ * caller needs no access to it. */
+
+typedef struct gr_client_ckpt_opts {
+    const char *root;    /* checkpoint root on the shards; the checkpoint is root/step-<12 digits> */
+    uint64_t step;       /* the training step it holds */
+    const char *parent;  /* the checkpoint this caller last committed under root (a name), so
+                            shards may write deltas on it; NULL = full */
+    bool incremental;    /* allow deltas (each shard's saver still writes a full file when it
+                            cannot prove the chain, e.g. after a failure or a restart) */
+    uint32_t full_every; /* at most full_every - 1 deltas after a full one (0 = no bound) */
+    int zstd_level;      /* 0 = raw, 1..19 = zstd sections */
+    uint32_t keep;       /* retention after the commit: complete checkpoints kept (0 = all) */
+    const char *meta;    /* JSON written beside the manifest as user.json (e.g. the trainer's
+                            data position), or NULL */
+    uint32_t timeout_ms; /* how long the shards' saves may take; 0 = 3600000 */
+} gr_client_ckpt_opts;
+
+typedef struct gr_client_ckpt_info {
+    char name[64];            /* "step-000000000100" */
+    uint64_t step;
+    bool delta;               /* at least one shard wrote a delta */
+    uint64_t rows;            /* rows written, all shards */
+    uint64_t bytes;           /* file bytes, all shards, dense parts included */
+    uint32_t dense;           /* dense parameters saved */
+    uint32_t deleted;         /* checkpoints retention removed */
+    double seconds;           /* the whole call */
+    double shard_seconds_max; /* the slowest shard's save */
+    bool sync_job;            /* the shards run a sync job ... */
+    bool sync_agree;          /* ... and every shard was at the same step G */
+    uint64_t sync_step;       /* that step (the highest when they disagree) */
+} gr_client_ckpt_info;
+
+/* Saves a checkpoint of every table and dense parameter on every shard: CKPT_SAVE to all shards
+ * at once, and when every shard has reported its file durable, CKPT_COMMIT to shard 0, which
+ * writes meta, then the manifest (so the checkpoint exists only once it is whole), then applies
+ * retention. A failed save commits nothing: the previous checkpoint stays the newest.
+ * Consistency is the caller's business: in sync training save between steps (gr_train does).
+ * info may be NULL. */
+GR_API int gr_client_ckpt_save(gr_client *c, const gr_client_ckpt_opts *o,
+                               gr_client_ckpt_info *info);
+
+typedef struct gr_client_ckpt_loaded {
+    char name[64];    /* the checkpoint's directory name */
+    uint64_t step;
+    uint32_t shards;  /* how many shards wrote it */
+    uint64_t rows;    /* rows loaded, all shards (dense chunks included) */
+    double seconds;
+    char *meta;       /* its user.json (malloc'd, the caller frees), NULL when none */
+} gr_client_ckpt_loaded;
+
+/* Loads a checkpoint into every shard: each shard builds new tables from the rows whose slots
+ * it owns (any shard count against the checkpoint's) and the dense parameters it owns, with
+ * optimizer state, then swaps them in; tables not in the checkpoint are left alone. name
+ * NULL or "": root itself when it is a checkpoint, else the newest complete one under root
+ * (resolved once, on shard 0, so every shard loads the same). resolve_only: load nothing, only
+ * fill out (name, step, shards, meta). A table that exists on a shard with another spec is
+ * refused before anything changes on that shard. On an error some shards may have loaded and
+ * others not: load again. */
+GR_API int gr_client_ckpt_load(gr_client *c, const char *root, const char *name,
+                               bool resolve_only, gr_client_ckpt_loaded *out);
 
 #endif

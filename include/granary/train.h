@@ -221,6 +221,12 @@ typedef struct gr_train_backend {
     /* After a failure: make calls blocked in other threads (step_begin) return an error
      * promptly. */
     void (*cancel)(void *ctx);
+    /* Async forms of dense_pull and dense_push: start, do other work, then op_wait (exactly
+     * once per started op). The trainer overlaps the dense round trips of async mode with
+     * its own memory work this way. */
+    int (*dense_pull_start)(void *ctx, const char *name, float *out, size_t n, void **op);
+    int (*dense_push_start)(void *ctx, const char *name, const float *grad, size_t n, void **op);
+    int (*op_wait)(void *ctx, void *op);
 } gr_train_backend;
 
 typedef enum { GR_DENSE_OPT_ADAM = 0, GR_DENSE_OPT_ADAGRAD = 1, GR_DENSE_OPT_SGD = 2 } gr_dense_opt;

@@ -148,6 +148,28 @@ static int ps_dense_push(void *ctx, const char *name, const float *grad, size_t 
     return gr_client_dense_push(((ps_ctx *)ctx)->c, name, grad, n);
 }
 
+static int ps_dense_pull_start(void *ctx, const char *name, float *out, size_t n, void **op)
+{
+    gr_client_op *o = NULL;
+    int rc = gr_client_dense_pull_start(((ps_ctx *)ctx)->c, name, out, n, &o);
+    *op = o;
+    return rc;
+}
+
+static int ps_dense_push_start(void *ctx, const char *name, const float *grad, size_t n, void **op)
+{
+    gr_client_op *o = NULL;
+    int rc = gr_client_dense_push_start(((ps_ctx *)ctx)->c, name, grad, n, &o);
+    *op = o;
+    return rc;
+}
+
+static int ps_op_wait(void *ctx, void *op)
+{
+    (void)ctx;
+    return gr_client_wait(op, -1);
+}
+
 static int ps_fetch(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
                     const char *dense, float *params, size_t np)
 {
@@ -292,6 +314,9 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
     out->dense_pull = ps_dense_pull;
     out->dense_push = ps_dense_push;
     out->destroy = ps_destroy;
+    out->dense_pull_start = ps_dense_pull_start;
+    out->dense_push_start = ps_dense_push_start;
+    out->op_wait = ps_op_wait;
     if (p->stepped) {
         out->step_begin = ps_step_begin;
         out->fetch = ps_fetch;

@@ -310,11 +310,19 @@ static int stage_fetch(worker *w, item *it)
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
     if (tr->stepped && be->fetch)
-        return be->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, tr->dense_name,
-                         it->params, tr->np);
-    rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
-    if (!rc && tr->stepped) rc = be->dense_pull(be->ctx, tr->dense_name, it->params, tr->np);
-    return rc;
+        rc = be->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, tr->dense_name,
+                       it->params, tr->np);
+    else
+        rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
+    if (!rc && tr->stepped && !be->fetch)
+        rc = be->dense_pull(be->ctx, tr->dense_name, it->params, tr->np);
+    if (rc) return rc;
+    /* Each occurrence's row, for the model. Done here rather than in compute: the compute
+     * stage is the pipeline's slowest, so memory work moves to the stages around it. */
+    const uint32_t d = tr->dim;
+    for (size_t i = 0; i < occ; i++)
+        memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
+    return GR_OK;
 }
 
 /* Sleeps seconds (a straggler's extra time). */
@@ -329,33 +337,36 @@ static void sleep_s(double secs)
 static int stage_compute(worker *w, item *it)
 {
     trainer *tr = w->tr;
-    const uint32_t d = tr->dim;
-    size_t occ = it->batch.n * GR_CRITEO_SPARSE;
+    gr_train_backend *be = tr->be;
     double t0 = gr_now_s();
     /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
      * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
      * 0.77 after 100 k rows), while a given embedding row is touched rarely. (In the sync
      * modes the step token already orders them: stage_fetch pulled them.) */
-    int rc = tr->stepped ? GR_OK : tr->be->dense_pull(tr->be->ctx, tr->dense_name, it->params, tr->np);
+    bool async_dense = !tr->stepped && be->dense_pull_start && be->dense_push_start && be->op_wait;
+    void *op = NULL;
+    int rc = GR_OK;
+    if (async_dense)
+        rc = be->dense_pull_start(be->ctx, tr->dense_name, it->params, tr->np, &op);
+    else if (!tr->stepped)
+        rc = be->dense_pull(be->ctx, tr->dense_name, it->params, tr->np);
     if (rc) return rc;
-    for (size_t i = 0; i < occ; i++)
-        memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
+    if (op && (rc = be->op_wait(be->ctx, op))) return rc;
+    op = NULL;
     rc = gr_model_train_step(tr->m, w->ws, it->params, it->batch.n, it->batch.dense, it->emb,
                              it->batch.labels, &it->loss, NULL, it->gdense, it->gemb);
     if (rc) return rc;
     if (!isfinite(it->loss))
         return gr_seterr(GR_EINVAL, "training loss is not finite (learning rate too high?)");
     /* The dense gradient goes out at once, for the same reason the pull came late: the next
-     * batch's compute then sees this step's dense update. (Sync modes: with the step.) */
-    if (!tr->stepped && (rc = tr->be->dense_push(tr->be->ctx, tr->dense_name, it->gdense, tr->np)))
-        return rc;
-    /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
-    memset(it->rows, 0, it->nuniq * d * sizeof(float));
-    for (size_t i = 0; i < occ; i++) {
-        float *dst = it->rows + (size_t)it->inv[i] * d;
-        const float *src = it->gemb + i * d;
-        for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
-    }
+     * batch's compute then sees this step's dense update (it is waited for before this stage
+     * ends). (Sync modes: with the step.) */
+    if (async_dense)
+        rc = be->dense_push_start(be->ctx, tr->dense_name, it->gdense, tr->np, &op);
+    else if (!tr->stepped)
+        rc = be->dense_push(be->ctx, tr->dense_name, it->gdense, tr->np);
+    if (rc) return rc;
+    if (op && (rc = be->op_wait(be->ctx, op))) return rc;
     if (w->id == tr->o->straggler && tr->o->straggler_factor > 1)
         sleep_s((tr->o->straggler_factor - 1) * (gr_now_s() - t0));
     return GR_OK;
@@ -367,6 +378,15 @@ static int stage_push(worker *w, item *it)
     gr_train_backend *be = tr->be;
     bool dropped = false;
     int rc;
+    /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
+    const uint32_t d = tr->dim;
+    size_t occ = it->batch.n * GR_CRITEO_SPARSE;
+    memset(it->rows, 0, it->nuniq * d * sizeof(float));
+    for (size_t i = 0; i < occ; i++) {
+        float *dst = it->rows + (size_t)it->inv[i] * d;
+        const float *src = it->gemb + i * d;
+        for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
+    }
     if (tr->stepped)
         rc = be->push_step(be->ctx, w->id, it->token, tr->o->emb.id, it->uniq, it->nuniq,
                            it->rows, tr->dense_name, it->gdense, tr->np, &dropped);
