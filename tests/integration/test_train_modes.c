@@ -5,7 +5,8 @@
  *  - a worker that stops pushing in sync mode ends the run with a timeout naming the step
  *    and the missing gradients, within the sync timeout, not a hang;
  *  - a shard process killed mid-run ends it with an error naming the shard, within seconds;
- *  - `granary train` writes the metrics file (and refuses bad flag combinations). */
+ *  - `granary train` writes the metrics file (and refuses bad flag combinations), and against
+ *    running servers holding another job refuses to start unless --sync-reset. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -356,6 +357,47 @@ static void test_cli_metrics(void **state)
     assert_int_equal(ps_test_run_granary(bad3, out, sizeof out), 2);
 }
 
+/* `granary train --servers`: against running shards that hold another job it refuses to
+ * start (naming both jobs) unless --sync-reset; after a run the job is cleared. */
+static void test_cli_servers_and_reset(void **state)
+{
+    (void)state;
+    ps_test_server srv[2];
+    char list[256], out[8192], metrics[160];
+    assert_int_equal(ps_test_cluster_start(srv, 2, NULL, list, sizeof list), 0);
+    gr_client_config cc;
+    gr_client_config_default(&cc);
+    cc.servers = list;
+    gr_client *c;
+    assert_int_equal(gr_client_create(&cc, &c), 0);
+    gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 5, 0, 3};
+    assert_int_equal(gr_client_sync_configure(c, &other, 0, NULL), 0);
+    snprintf(metrics, sizeof metrics, "%s/servers.json", tmpdir);
+    const char *args[] = {"train", "--train", train_path, "--test", test_path, "--servers", list,
+                          "--mode", "sync", "--batch", "1024", "--dim", "8", "--bottom", "16",
+                          "--top", "32", "--progress", "0", "--metrics-out", metrics, NULL, NULL};
+    assert_int_equal(ps_test_run_granary(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "runs another sync job (mode ssp, 5 workers"));
+    assert_non_null(strstr(out, "--sync-reset"));
+    args[sizeof args / sizeof args[0] - 2] = "--sync-reset";
+    int rc = ps_test_run_granary(args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    char *txt = NULL;
+    assert_int_equal(gr_read_file(metrics, &txt, NULL), 0);
+    assert_non_null(strstr(txt, "\"backend\":\t\"servers\""));
+    assert_non_null(strstr(txt, "\"mode\":\t\"sync\""));
+    free(txt);
+    /* The run cleared its job: the shards are free for the next one. */
+    for (uint32_t s = 0; s < 2; s++) {
+        assert_int_equal(gr_client_stats(c, s, &txt), 0);
+        assert_non_null(strstr(txt, "\"sync\":{\"job\":false"));
+        free(txt);
+    }
+    gr_client_destroy(c);
+    ps_test_cluster_stop(srv, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_stuck_worker_times_out),
         cmocka_unit_test(test_killed_shard_fails_the_run),
         cmocka_unit_test(test_cli_metrics),
+        cmocka_unit_test(test_cli_servers_and_reset),
     };
     return cmocka_run_group_tests_name("train_modes", tests, setup, teardown);
 }
