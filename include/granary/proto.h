@@ -22,7 +22,7 @@
 /* Every opcode, declared once: X(NAME, number, "name", "summary"). The decoder, the server's
  * dispatcher, its stats counters and docs/protocol.md all come from this table. 16..20 are
  * the sync-job operations; numbers 21..63 are free for later operations (checkpoint
- * save/load, ...). */
+ * save/load, ...); 40..42 are the checkpoint operations. */
 #define GR_PROTO_OPS(X)                                                                          \
     X(HELLO, 1, "hello", "handshake: reply carries shard layout, limits and the auth nonce")     \
     X(AUTH, 2, "auth", "answer the hello nonce with HMAC-SHA256(secret, nonce || client nonce)") \
@@ -43,7 +43,10 @@
     X(SYNC_ACQUIRE, 17, "sync_acquire", "wait until a worker may start a step; reply: the tag for its push") \
     X(PUSH_STEP, 18, "push_step", "a worker's step-tagged gradients, sparse and dense, through the step state machine") \
     X(SYNC_LEAVE, 19, "sync_leave", "a worker has finished its data: steps stop waiting for it")    \
-    X(DENSE_SET, 20, "dense_set", "overwrite a dense parameter's values and reset its optimizer state")
+    X(DENSE_SET, 20, "dense_set", "overwrite a dense parameter's values and reset its optimizer state") \
+    X(CKPT_SAVE, 40, "ckpt_save", "write this shard's file of a checkpoint: its tables and the dense parameters it owns") \
+    X(CKPT_COMMIT, 41, "ckpt_commit", "complete a checkpoint once every shard saved: metadata, then the manifest, then retention") \
+    X(CKPT_LOAD, 42, "ckpt_load", "replace this shard's tables and dense parameters with the rows it owns in a checkpoint")
 
 typedef enum {
 #define GR_PROTO_OP_ENUM(name, num, lname, summary) GR_OP_##name = num,
@@ -272,6 +275,84 @@ GR_API int gr_proto_put_dense_part(gr_proto_buf *b, const char *name, const floa
 GR_API int gr_proto_decode_push_step(const void *body, size_t len, const gr_proto_limits *lim,
                                      gr_proto_push_step *out);
 GR_API void gr_proto_push_step_fini(gr_proto_push_step *p);
+
+/* ---- Checkpoints (CKPT_SAVE, CKPT_COMMIT, CKPT_LOAD; docs/protocol.md, docs/checkpoints.md) ----
+ * Paths name the shard's own filesystem. Strings point into the decoded body (not
+ * NUL-terminated); the decoders check lengths, padding and flags, not what the paths mean. */
+
+typedef struct gr_proto_strv {
+    const char *p; /* into the body (decode) or the caller's string (encode); may be NULL if n 0 */
+    uint32_t n;
+} gr_proto_strv;
+
+#define GR_PROTO_CKPT_INCREMENTAL 1u /* CKPT_SAVE: write a delta when the shard's saver allows */
+#define GR_PROTO_CKPT_RESOLVE 1u     /* CKPT_LOAD: only say which checkpoint it would load */
+
+/* CKPT_SAVE request: u64 step, u32 flags, i32 zstd_level, u32 full_every, u32 reserved (0),
+ * str root, str name, str parent. */
+typedef struct gr_proto_ckpt_save {
+    uint64_t step;
+    uint32_t flags;
+    int32_t zstd_level; /* 0..19 */
+    uint32_t full_every;
+    gr_proto_strv root, name, parent; /* parent: "" for none */
+} gr_proto_ckpt_save;
+GR_API int gr_proto_put_ckpt_save(gr_proto_buf *b, const gr_proto_ckpt_save *s);
+GR_API int gr_proto_decode_ckpt_save(const void *body, size_t len, const gr_proto_limits *lim,
+                                     gr_proto_ckpt_save *out);
+
+/* CKPT_SAVE reply (56 bytes): u32 kind (0 full, 1 delta), u32 ndense, u64 rows, u64 bytes,
+ * u64 checksum, u64 usec, u64 sync_step, u64 sync_job (1 when a sync job is installed). */
+typedef struct gr_proto_ckpt_saved {
+    uint32_t kind, ndense;
+    uint64_t rows, bytes, checksum, usec;
+    uint64_t sync_step; /* the shard's step G when sync_job is 1 */
+    uint64_t sync_job;
+} gr_proto_ckpt_saved;
+GR_API int gr_proto_put_ckpt_saved(gr_proto_buf *b, const gr_proto_ckpt_saved *s);
+GR_API int gr_proto_decode_ckpt_saved(const void *body, size_t len, gr_proto_ckpt_saved *out);
+
+/* CKPT_COMMIT request: u32 shards, u32 keep, str root, str name, str parent, str meta (JSON
+ * written beside the manifest, "" for none). */
+typedef struct gr_proto_ckpt_commit {
+    uint32_t shards, keep;
+    gr_proto_strv root, name, parent, meta;
+} gr_proto_ckpt_commit;
+GR_API int gr_proto_put_ckpt_commit(gr_proto_buf *b, const gr_proto_ckpt_commit *c);
+GR_API int gr_proto_decode_ckpt_commit(const void *body, size_t len, const gr_proto_limits *lim,
+                                       gr_proto_ckpt_commit *out);
+
+/* CKPT_COMMIT reply (16 bytes): u64 step, u32 kind, u32 deleted (checkpoints retention
+ * removed). */
+typedef struct gr_proto_ckpt_committed {
+    uint64_t step;
+    uint32_t kind, deleted;
+} gr_proto_ckpt_committed;
+GR_API int gr_proto_put_ckpt_committed(gr_proto_buf *b, const gr_proto_ckpt_committed *c);
+GR_API int gr_proto_decode_ckpt_committed(const void *body, size_t len,
+                                          gr_proto_ckpt_committed *out);
+
+/* CKPT_LOAD request: u32 flags, u32 reserved (0), str root, str name ("" = root itself when it
+ * is a checkpoint, else the newest complete checkpoint under root). */
+typedef struct gr_proto_ckpt_load {
+    uint32_t flags;
+    gr_proto_strv root, name;
+} gr_proto_ckpt_load;
+GR_API int gr_proto_put_ckpt_load(gr_proto_buf *b, const gr_proto_ckpt_load *l);
+GR_API int gr_proto_decode_ckpt_load(const void *body, size_t len, const gr_proto_limits *lim,
+                                     gr_proto_ckpt_load *out);
+
+/* CKPT_LOAD reply: u64 step, u64 rows_loaded, u64 rows_read, u64 usec, u32 shards (of the
+ * checkpoint), u32 tables (loaded on this shard, dense included), str name (the checkpoint
+ * directory's name), str meta (its metadata JSON, "" when none). */
+typedef struct gr_proto_ckpt_loaded {
+    uint64_t step, rows_loaded, rows_read, usec;
+    uint32_t shards, tables;
+    gr_proto_strv name, meta;
+} gr_proto_ckpt_loaded;
+GR_API int gr_proto_put_ckpt_loaded(gr_proto_buf *b, const gr_proto_ckpt_loaded *l);
+GR_API int gr_proto_decode_ckpt_loaded(const void *body, size_t len, const gr_proto_limits *lim,
+                                       gr_proto_ckpt_loaded *out);
 
 /* Error response: header status < 0, body = str message. Encodes a whole frame. */
 GR_API int gr_proto_put_error(gr_proto_buf *b, uint16_t op, uint64_t id, int status,

@@ -32,6 +32,10 @@ typedef struct gr_server_config {
                                   connection (a client that stops reading), default 30000 */
     uint32_t auth_timeout_ms;  /* unauthenticated connections must authenticate within this,
                                   default 10000 */
+    /* Checkpoint requests name directories on this shard's filesystem. With ckpt_root set,
+     * they must be relative paths under it (no ".."); NULL = any path the process may write.
+     * Copied by gr_server_create. */
+    const char *ckpt_root;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */

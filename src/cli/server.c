@@ -28,15 +28,18 @@ static void usage(FILE *f)
             "usage: granary server --listen HOST:PORT [--shard I --shards N] [--threads T]\n"
             "                      [--auth-file F] [--insecure] [--config FILE]\n"
             "                      [--max-connections N] [--max-body SIZE] [--max-keys N]\n"
-            "                      [--max-tables N] [--max-inflight-bytes SIZE]\n"
+            "                      [--max-tables N] [--max-inflight-bytes SIZE] [--ckpt-root DIR]\n"
             "  --listen HOST:PORT  address to serve (PORT 0 = any free port; printed on stdout)\n"
             "  --shard I --shards N  serve shard I of N (default 0 of 1)\n"
             "  --threads T         worker threads (default: CPUs)\n"
             "  --auth-file F       require HMAC-SHA256 challenge-response with the secret in F\n"
             "  --insecure          allow a non-loopback address without --auth-file\n"
+            "  --ckpt-root DIR     checkpoint requests may only name directories under DIR (given\n"
+            "                      relative to it); without it any path this process can write\n"
             "  --config FILE       JSON {\"tables\":[spec...],\"dense\":[...],\"server\":{options}}\n"
             "                      (server options: listen, shard, shards, threads, auth_file,\n"
-            "                      insecure, max_connections, max_body, max_keys, max_tables;\n"
+            "                      insecure, max_connections, max_body, max_keys, max_tables,\n"
+            "                      ckpt_root;\n"
             "                      flags win)\n"
             "  limits: --max-connections (default 256), --max-body bytes per frame (256M),\n"
             "          --max-keys per request (4M), --max-tables per shard (1024),\n"
@@ -88,6 +91,7 @@ typedef struct opts {
     long shard, shards, threads, max_conns, max_keys, max_tables;
     uint64_t max_body, max_inflight_bytes;
     int insecure;
+    const char *ckpt_root;
 } opts;
 
 /* Options from the config file's "server" object fill whatever the flags left unset. */
@@ -99,6 +103,8 @@ static int config_options(cJSON *srv, opts *o)
             if (!o->listen) o->listen = it->valuestring;
         } else if (!strcmp(k, "auth_file") && cJSON_IsString(it)) {
             if (!o->auth_file) o->auth_file = it->valuestring;
+        } else if (!strcmp(k, "ckpt_root") && cJSON_IsString(it)) {
+            if (!o->ckpt_root) o->ckpt_root = it->valuestring;
         } else if (!strcmp(k, "insecure") && cJSON_IsBool(it)) {
             if (o->insecure < 0) o->insecure = cJSON_IsTrue(it);
         } else if (cJSON_IsNumber(it) && !strcmp(k, "shard")) {
@@ -128,7 +134,7 @@ static int config_options(cJSON *srv, opts *o)
 
 int gr_cli_server(int argc, char **argv)
 {
-    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, 0, -1};
+    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, 0, -1, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -147,6 +153,7 @@ int gr_cli_server(int argc, char **argv)
         if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--auth-file")) o.auth_file = v;
         else if (!strcmp(a, "--config")) o.config = v;
+        else if (!strcmp(a, "--ckpt-root")) o.ckpt_root = v;
         else if (!strcmp(a, "--shard")) o.shard = strtol(v, &end, 10);
         else if (!strcmp(a, "--shards")) o.shards = strtol(v, &end, 10);
         else if (!strcmp(a, "--threads")) o.threads = strtol(v, &end, 10);
@@ -225,6 +232,7 @@ int gr_cli_server(int argc, char **argv)
         cfg.limits.max_body = (uint32_t)o.max_body;
     }
     cfg.insecure = o.insecure > 0;
+    cfg.ckpt_root = o.ckpt_root;
     if (o.auth_file) {
         size_t n;
         if (read_secret(o.auth_file, &secret, &n)) goto out;

@@ -554,6 +554,7 @@ char *srv_stats_json(gr_server *s)
     cJSON_AddNumberToObject(root, "rows", (double)total_rows);
     cJSON_AddNumberToObject(root, "memory_bytes", (double)total_bytes);
     srv_sync_stats_json(s, root);
+    srv_ckpt_stats_json(s, root);
     cJSON *reqs = cJSON_AddObjectToObject(root, "requests");
     for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
         const char *nm = gr_proto_op_name(op);

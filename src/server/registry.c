@@ -155,3 +155,51 @@ void srv_registry_release(srv_entry **items, size_t n)
     for (size_t i = 0; i < n; i++) srv_entry_put(items[i]);
     free(items);
 }
+
+int srv_registry_replace(srv_registry *r, const gr_table_spec *spec, gr_table *t, bool dense,
+                         uint64_t dense_size)
+{
+    srv_entry *e = calloc(1, sizeof *e);
+    if (!e) return gr_seterr(GR_ENOMEM, "cannot allocate a registry entry");
+    snprintf(e->name, sizeof e->name, "%s", spec->name);
+    e->id = spec->id;
+    e->dense = dense;
+    e->dense_size = dense_size;
+    e->chunk = spec->dim;
+    e->table = t;
+    atomic_init(&e->refs, 1);
+    pthread_rwlock_wrlock(&r->lock);
+    srv_entry *old = find_locked(r, dense, spec->name, 0);
+    int rc = GR_OK;
+    if (!old && !dense) {
+        srv_entry *byid = find_locked(r, false, NULL, spec->id);
+        if (byid)
+            rc = gr_seterr(GR_EEXIST, "table id %u is already used by table '%s'", spec->id,
+                           byid->name);
+    }
+    if (!rc && old) {
+        for (size_t i = 0; i < r->n; i++)
+            if (r->items[i] == old) r->items[i] = e;
+    } else if (!rc) {
+        if (r->n >= r->max) {
+            rc = gr_seterr(GR_ETOOBIG, "this shard already holds %u tables and dense parameters "
+                           "(the limit)", r->max);
+        } else if (r->n == r->cap) {
+            size_t cap = r->cap ? r->cap * 2 : 16;
+            srv_entry **items = realloc(r->items, cap * sizeof *items);
+            if (!items) rc = gr_seterr(GR_ENOMEM, "cannot grow the table registry");
+            else {
+                r->items = items;
+                r->cap = cap;
+            }
+        }
+        if (!rc) r->items[r->n++] = e;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    if (rc) {
+        free(e); /* the caller still owns t */
+        return rc;
+    }
+    srv_entry_put(old); /* freed when its last user releases it */
+    return GR_OK;
+}

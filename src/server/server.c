@@ -401,7 +401,8 @@ static void *reader_main(void *arg)
             break;
         }
         if (!gr_proto_op_name(h.op) || h.op == GR_OP_HELLO || h.op == GR_OP_AUTH ||
-            h.op == GR_OP_STATS || h.op == GR_OP_SYNC_ACQUIRE || (s->secret && !c->authed))
+            h.op == GR_OP_STATS || h.op == GR_OP_SYNC_ACQUIRE || srv_ckpt_op(h.op) ||
+            (s->secret && !c->authed))
             conn_release(c, h.body_len); /* handled right here, not queued */
         if (h.op < GR_PROTO_OP_LIMIT)
             atomic_fetch_add(&s->ops[h.op].bytes_in, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
@@ -462,6 +463,20 @@ static void *reader_main(void *arg)
                     break;
                 }
                 send_error(c, h.op, h.id, rc, gr_errmsg());
+            }
+            continue;
+        }
+        if (srv_ckpt_op(h.op)) {
+            /* Checkpoint requests wait for the disk: the shard's checkpoint thread runs them
+             * (src/server/ckpt.c) and answers later, holding a reference on c. */
+            atomic_fetch_add(&s->ops[h.op].count, 1);
+            rc = srv_ckpt_submit(s, c, &h, body);
+            if (rc) { /* the body does not decode */
+                atomic_fetch_add(&s->ops[h.op].errors, 1);
+                atomic_fetch_add(&s->bad_frames, 1);
+                conn_fail(c, h.op, h.id, rc, gr_errmsg());
+                fatal = true;
+                break;
             }
             continue;
         }
@@ -660,6 +675,10 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
         s->owns[slot] = gr_proto_default_shard(slot, c.shards) == c.shard;
     int rc = srv_registry_init(&s->reg, c.max_tables);
     if (!rc && (rc = srv_sync_create(s))) srv_registry_fini(&s->reg);
+    if (!rc && (rc = srv_ckpt_create(s))) {
+        srv_sync_destroy(s);
+        srv_registry_fini(&s->reg);
+    }
     if (rc) {
         free(s->secret);
         free(s);
@@ -801,6 +820,8 @@ int gr_server_stop(gr_server *s)
     s->nworkers = 0;
     /* Acquires still parked now can never be satisfied: answer them. */
     srv_sync_stop(s);
+    /* A checkpoint request already running finishes; queued ones are refused. */
+    srv_ckpt_stop(s);
     s->stopped = true;
     GR_LOGI("shard %u stopped", s->cfg.shard);
     return GR_OK;
@@ -812,6 +833,7 @@ void gr_server_destroy(gr_server *s)
     gr_server_stop(s);
     free(s->workers);
     free(s->exited);
+    srv_ckpt_destroy(s);
     srv_sync_destroy(s);
     srv_registry_fini(&s->reg);
     for (int i = 0; i < 2; i++) {

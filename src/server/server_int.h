@@ -88,6 +88,7 @@ struct gr_server {
     atomic_uint_fast64_t inflight;
     uint64_t start_ns;
     srv_sync *sync;
+    struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
 };
 
 /* What a connection's state means to the dispatcher. */
@@ -132,5 +133,28 @@ int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_
                 bool *fatal);
 /* Adds the "sync" object to the STATS JSON (root is a cJSON object). */
 void srv_sync_stats_json(gr_server *s, void *root);
+/* The installed sync job's step G (checkpoints report it); false when no job is installed. */
+bool srv_sync_step(gr_server *s, uint64_t *step);
+
+/* registry.c: installs table t (ownership passes on success) under spec->name, replacing the
+ * entry of that name and kind (users of the old one keep it until they release it) or adding
+ * one. GR_EEXIST when a new sparse table's id is another table's. */
+int srv_registry_replace(srv_registry *r, const gr_table_spec *spec, gr_table *t, bool dense,
+                         uint64_t dense_size);
+
+/* ckpt.c: CKPT_SAVE, CKPT_COMMIT and CKPT_LOAD run on the shard's checkpoint thread (started on
+ * first use), so no pool thread or reader waits for the disk. srv_ckpt_op says whether an
+ * opcode is one of them; submit takes body (always) and, once the body decodes, a reference on
+ * c, and answers the request when it has run (or at once with an error) and returns 0; it
+ * returns an error, answering nothing, when the body does not decode (the caller then fails
+ * the connection). stop finishes the running request and refuses the queued ones. */
+typedef struct srv_ckpt srv_ckpt;
+bool srv_ckpt_op(unsigned op);
+int srv_ckpt_create(gr_server *s);
+int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, uint8_t *body);
+void srv_ckpt_stop(gr_server *s);
+void srv_ckpt_destroy(gr_server *s);
+/* Adds the "ckpt" object to the STATS JSON (root is a cJSON object). */
+void srv_ckpt_stats_json(gr_server *s, void *root);
 
 #endif

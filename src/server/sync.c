@@ -780,3 +780,14 @@ void srv_sync_stats_json(gr_server *s, void *root_json)
         job_put(j);
     }
 }
+
+bool srv_sync_step(gr_server *s, uint64_t *step)
+{
+    sync_job *j = s->sync ? job_get(s->sync) : NULL;
+    if (!j) return false;
+    gr_sync_stats st;
+    gr_stepsync_get_stats(j->ss, &st);
+    *step = st.step;
+    job_put(j);
+    return true;
+}

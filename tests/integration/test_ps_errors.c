@@ -182,7 +182,7 @@ static void test_bad_frames_close_connection(void **state)
 
     /* Unknown opcode: answered, and the connection keeps working. */
     fd = ps_test_connect(s.port);
-    send_header(fd, 1, GR_PROTO_REQUEST, 40, 0, 82);
+    send_header(fd, 1, GR_PROTO_REQUEST, 63, 0, 82);
     assert_int_equal(read_reply(fd, &h, msg, sizeof msg), GR_EPROTO);
     assert_non_null(strstr(msg, "unknown opcode"));
     send_header(fd, 1, GR_PROTO_REQUEST, GR_OP_STATS, 0, 83);

@@ -1,0 +1,911 @@
+/* The shard's checkpoint operations: CKPT_SAVE writes this shard's file of a checkpoint (its
+ * sparse tables through the ckpt library's saver, which may write a delta) and a small
+ * one-file checkpoint of the dense parameters it owns; CKPT_COMMIT (sent to one shard after
+ * every shard saved) writes the caller's metadata, then the manifest, then applies retention;
+ * CKPT_LOAD builds new tables from the rows this shard owns and swaps them in.
+ *
+ * These run on one checkpoint thread per shard, never on the worker pool or a connection's
+ * reader: a save that waits for the disk holds no thread that pulls and pushes need, and the
+ * library's save never holds a table lock while it waits (docs/checkpoints.md). */
+#include "server/server_int.h"
+#include "granary/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define QUEUE_MAX 64
+#define PATH_MAX_LEN 4096
+#define META_FILE "user.json"
+#define DENSE_INDEX "dense.json"
+
+typedef struct ck_job {
+    struct ck_job *next;
+    struct srv_conn *c;
+    gr_proto_header h;
+    uint8_t *body;
+} ck_job;
+
+struct srv_ckpt {
+    gr_server *s;
+    char *base;         /* the configured ckpt_root (copied), or NULL */
+    pthread_mutex_t mu; /* the queue, stopping and the counters below */
+    pthread_cond_t cv;
+    ck_job *head, *tail;
+    size_t len;
+    pthread_t thread;
+    bool live, stopping, busy;
+    /* Owned by the checkpoint thread. */
+    gr_ckpt_saver *saver;
+    char saver_root[PATH_MAX_LEN];
+    bool saver_incremental;
+    uint32_t saver_full_every;
+    int saver_zstd;
+    /* Counters (under mu). */
+    uint64_t saves, save_errors, commits, commit_errors, loads, load_errors;
+    char last_name[GR_CKPT_NAME_MAX];
+    uint64_t last_step, last_rows, last_bytes;
+    uint32_t last_kind;
+    double last_seconds;
+};
+
+bool srv_ckpt_op(unsigned op)
+{
+    return op == GR_OP_CKPT_SAVE || op == GR_OP_CKPT_COMMIT || op == GR_OP_CKPT_LOAD;
+}
+
+/* ---- paths ---- */
+
+static bool plain_name(const gr_proto_strv *v)
+{
+    if (v->n == 0 || v->n >= GR_CKPT_NAME_MAX) return false;
+    if ((v->n == 1 && v->p[0] == '.') || (v->n == 2 && v->p[0] == '.' && v->p[1] == '.'))
+        return false;
+    for (uint32_t i = 0; i < v->n; i++) {
+        char ch = v->p[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return false;
+    }
+    return true;
+}
+
+static void copy_name(char *dst, const gr_proto_strv *v)
+{
+    memcpy(dst, v->p, v->n);
+    dst[v->n] = '\0';
+}
+
+/* The checkpoint root a request names, as a path on this shard. With a configured ckpt_root
+ * the request's root is relative to it and may not climb out of it. */
+static int resolve_root(srv_ckpt *k, const gr_proto_strv *v, char *out)
+{
+    if (v->n == 0) return gr_seterr(GR_EINVAL, "empty checkpoint root");
+    if (v->n >= PATH_MAX_LEN - 128) return gr_seterr(GR_EINVAL, "checkpoint root path is too long");
+    char req[PATH_MAX_LEN];
+    memcpy(req, v->p, v->n);
+    req[v->n] = '\0';
+    for (size_t l = v->n; l > 1 && req[l - 1] == '/'; l--) req[l - 1] = '\0';
+    const char *base = k->base;
+    if (!base) {
+        snprintf(out, PATH_MAX_LEN, "%s", req);
+        return GR_OK;
+    }
+    if (req[0] == '/')
+        return gr_seterr(GR_EINVAL, "checkpoint root '%s' must be relative to this shard's "
+                         "--ckpt-root %s", req, base);
+    /* No ".." component anywhere. */
+    for (const char *p = req; *p;) {
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return gr_seterr(GR_EINVAL, "checkpoint root '%s' may not contain '..'", req);
+        p += n + (e ? 1 : 0);
+    }
+    if (strlen(base) + 1 + v->n >= PATH_MAX_LEN - 128)
+        return gr_seterr(GR_EINVAL, "checkpoint root path is too long");
+    int n = snprintf(out, PATH_MAX_LEN, "%s/%s", base, req);
+    return n > 0 && n < PATH_MAX_LEN ? GR_OK : gr_seterr(GR_EINVAL, "checkpoint root path is too long");
+}
+
+static int join(char *out, const char *a, const char *b)
+{
+    int n = snprintf(out, PATH_MAX_LEN, "%s/%s", a, b);
+    if (n < 0 || n >= PATH_MAX_LEN) return gr_seterr(GR_EINVAL, "path %s/%s is too long", a, b);
+    return GR_OK;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* mkdir -p. */
+static int make_dirs(const char *path)
+{
+    char tmp[PATH_MAX_LEN];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            return gr_seterr(GR_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return gr_seterr(GR_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
+    return GR_OK;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static int remove_tree(const char *path)
+{
+    if (!exists(path)) return GR_OK;
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return gr_seterr(GR_EIO, "cannot remove %s: %s", path, strerror(errno));
+    return GR_OK;
+}
+
+/* "dense-00001-of-00004": the one-file checkpoint of the dense parameters shard 1 owned. */
+static void dense_dir_name(uint32_t shard, uint32_t shards, char *out)
+{
+    snprintf(out, GR_CKPT_NAME_MAX, "dense-%05u-of-%05u", shard, shards);
+}
+
+/* ---- registry snapshots ---- */
+
+static int cmp_entry_name(const void *a, const void *b)
+{
+    const srv_entry *x = *(srv_entry *const *)a, *y = *(srv_entry *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+typedef struct snap {
+    srv_entry **all;
+    size_t n;
+    gr_table **sparse, **dense;
+    srv_entry **dense_ents;
+    size_t nsparse, ndense;
+} snap;
+
+static void snap_fini(snap *x)
+{
+    if (x->all) srv_registry_release(x->all, x->n);
+    free(x->sparse);
+    free(x->dense);
+    free(x->dense_ents);
+    memset(x, 0, sizeof *x);
+}
+
+/* Every table and dense parameter, each list sorted by name: every shard must write the
+ * same tables in the same order (the manifest requires it). */
+static int snap_take(gr_server *s, snap *x)
+{
+    memset(x, 0, sizeof *x);
+    int rc = srv_registry_snapshot(&s->reg, &x->all, &x->n);
+    if (rc) return rc;
+    if (x->n) qsort(x->all, x->n, sizeof *x->all, cmp_entry_name);
+    size_t cap = x->n ? x->n : 1;
+    x->sparse = calloc(cap, sizeof *x->sparse);
+    x->dense = calloc(cap, sizeof *x->dense);
+    x->dense_ents = calloc(cap, sizeof *x->dense_ents);
+    if (!x->sparse || !x->dense || !x->dense_ents) {
+        snap_fini(x);
+        return gr_seterr(GR_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < x->n; i++) {
+        if (x->all[i]->dense) {
+            x->dense_ents[x->ndense] = x->all[i];
+            x->dense[x->ndense++] = x->all[i]->table;
+        } else {
+            x->sparse[x->nsparse++] = x->all[i]->table;
+        }
+    }
+    return GR_OK;
+}
+
+/* ---- CKPT_SAVE ---- */
+
+static int ensure_saver(srv_ckpt *k, const char *root, bool incremental, uint32_t full_every,
+                        int zstd)
+{
+    gr_server *s = k->s;
+    if (k->saver && !strcmp(k->saver_root, root) && k->saver_incremental == incremental &&
+        k->saver_full_every == full_every && k->saver_zstd == zstd)
+        return GR_OK;
+    /* Another root or policy: a new saver, whose first write is full. */
+    gr_ckpt_saver_destroy(k->saver);
+    k->saver = NULL;
+    int rc = make_dirs(root);
+    if (rc) return rc;
+    gr_ckpt_saver_opts so = {s->cfg.shard, s->cfg.shards, incremental, full_every, zstd, 0};
+    rc = gr_ckpt_saver_create(root, &so, &k->saver);
+    if (rc) return rc;
+    snprintf(k->saver_root, sizeof k->saver_root, "%s", root);
+    k->saver_incremental = incremental;
+    k->saver_full_every = full_every;
+    k->saver_zstd = zstd;
+    return GR_OK;
+}
+
+/* Writes DIR/dense-I-of-N: dense.json (each parameter's name and size, which its chunked table
+ * spec does not carry), then a complete one-file checkpoint of their tables. Always written,
+ * even empty, so a commit can check that every shard's part is there. */
+static int save_dense(srv_ckpt *k, const char *dir, uint64_t step, int zstd, const snap *x,
+                      uint64_t *bytes)
+{
+    gr_server *s = k->s;
+    char sub[PATH_MAX_LEN], nm[GR_CKPT_NAME_MAX], idx[PATH_MAX_LEN];
+    dense_dir_name(s->cfg.shard, s->cfg.shards, nm);
+    int rc = join(sub, dir, nm);
+    if (!rc) rc = join(idx, sub, DENSE_INDEX);
+    /* A directory left by an earlier failed attempt at this checkpoint: start over. */
+    if (!rc) rc = remove_tree(sub);
+    if (!rc) rc = make_dirs(sub);
+    if (rc) return rc;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arr = root ? cJSON_AddArrayToObject(root, "dense") : NULL;
+    for (size_t i = 0; arr && i < x->ndense; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", x->dense_ents[i]->name);
+        cJSON_AddNumberToObject(o, "size", (double)x->dense_ents[i]->dense_size);
+        cJSON_AddItemToArray(arr, o);
+    }
+    char *txt = arr ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!txt) return gr_seterr(GR_ENOMEM, "out of memory");
+    rc = gr_write_file_atomic(idx, txt, strlen(txt));
+    free(txt);
+    if (rc) return rc;
+    gr_ckpt_write_opts wo;
+    memset(&wo, 0, sizeof wo);
+    wo.kind = GR_CKPT_FULL;
+    wo.shard = 0;
+    wo.shards = 1;
+    wo.step = step;
+    wo.zstd_level = zstd;
+    gr_ckpt_file_info fi;
+    rc = gr_ckpt_write_shard(sub, x->dense, x->ndense, &wo, &fi);
+    if (rc) return rc;
+    gr_ckpt_commit_opts co = {1, NULL, NULL};
+    rc = gr_ckpt_commit(sub, &co);
+    if (!rc) *bytes += fi.size;
+    return rc;
+}
+
+static int do_save(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
+                   bool *fatal)
+{
+    gr_server *s = k->s;
+    gr_proto_ckpt_save req;
+    int rc = gr_proto_decode_ckpt_save(body, h->body_len, &s->cfg.limits, &req);
+    if (rc) {
+        *fatal = rc == GR_EPROTO || rc == GR_ETOOBIG;
+        return rc;
+    }
+    char root[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX], parent[GR_CKPT_NAME_MAX] = "";
+    char dir[PATH_MAX_LEN], mpath[PATH_MAX_LEN];
+    if (!plain_name(&req.name))
+        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name ([A-Za-z0-9._-])",
+                         (int)req.name.n, req.name.p);
+    if (req.parent.n && !plain_name(&req.parent))
+        return gr_seterr(GR_EINVAL, "parent '%.*s' is not a plain checkpoint name",
+                         (int)req.parent.n, req.parent.p);
+    copy_name(name, &req.name);
+    if (req.parent.n) copy_name(parent, &req.parent);
+    if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name)) ||
+        (rc = join(mpath, dir, "manifest.json")))
+        return rc;
+    if (exists(mpath))
+        return gr_seterr(GR_EEXIST, "checkpoint %s is already complete: save under a new name",
+                         dir);
+    rc = ensure_saver(k, root, (req.flags & GR_PROTO_CKPT_INCREMENTAL) != 0, req.full_every,
+                      req.zstd_level);
+    if (rc) return rc;
+    uint64_t t0 = gr_now_ns();
+    snap x;
+    if ((rc = snap_take(s, &x))) return rc;
+    gr_ckpt_file_info fi;
+    rc = gr_ckpt_saver_write(k->saver, name, parent[0] ? parent : NULL, req.step, x.sparse,
+                             x.nsparse, &fi);
+    uint64_t bytes = rc ? 0 : fi.size;
+    if (!rc) rc = save_dense(k, dir, req.step, req.zstd_level, &x, &bytes);
+    size_t ndense = x.ndense;
+    snap_fini(&x);
+    if (rc) return rc;
+    gr_proto_ckpt_saved rep;
+    memset(&rep, 0, sizeof rep);
+    rep.kind = fi.kind == GR_CKPT_DELTA ? 1 : 0;
+    rep.ndense = (uint32_t)ndense;
+    rep.rows = fi.rows;
+    rep.bytes = bytes;
+    rep.checksum = fi.checksum;
+    rep.usec = (gr_now_ns() - t0) / 1000;
+    rep.sync_job = srv_sync_step(s, &rep.sync_step) ? 1 : 0;
+    if (!rep.sync_job) rep.sync_step = 0;
+    GR_LOGI("shard %u: saved %s (%s, %llu rows, %u dense, %.3f s)", s->cfg.shard, dir,
+            rep.kind ? "delta" : "full", (unsigned long long)fi.rows, rep.ndense,
+            (double)rep.usec / 1e6);
+    pthread_mutex_lock(&k->mu);
+    snprintf(k->last_name, sizeof k->last_name, "%s", name);
+    k->last_step = req.step;
+    k->last_rows = fi.rows;
+    k->last_bytes = bytes;
+    k->last_kind = rep.kind;
+    k->last_seconds = (double)rep.usec / 1e6;
+    pthread_mutex_unlock(&k->mu);
+    size_t start = out->len;
+    rc = gr_proto_begin(out, GR_PROTO_RESPONSE, h->op, 0, 0, h->id);
+    if (!rc) rc = gr_proto_put_ckpt_saved(out, &rep);
+    if (!rc) rc = gr_proto_end(out, start);
+    return rc;
+}
+
+/* ---- CKPT_COMMIT ---- */
+
+static int do_commit(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body,
+                     gr_proto_buf *out, bool *fatal)
+{
+    gr_server *s = k->s;
+    gr_proto_ckpt_commit req;
+    int rc = gr_proto_decode_ckpt_commit(body, h->body_len, &s->cfg.limits, &req);
+    if (rc) {
+        *fatal = rc == GR_EPROTO || rc == GR_ETOOBIG;
+        return rc;
+    }
+    char root[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX], parent[GR_CKPT_NAME_MAX] = "";
+    char dir[PATH_MAX_LEN], path[PATH_MAX_LEN];
+    if (!plain_name(&req.name))
+        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name",
+                         (int)req.name.n, req.name.p);
+    if (req.parent.n && !plain_name(&req.parent))
+        return gr_seterr(GR_EINVAL, "parent '%.*s' is not a plain checkpoint name",
+                         (int)req.parent.n, req.parent.p);
+    copy_name(name, &req.name);
+    if (req.parent.n) copy_name(parent, &req.parent);
+    if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name))) return rc;
+    /* Every shard's dense part must be complete before the manifest may exist. */
+    for (uint32_t i = 0; i < req.shards; i++) {
+        char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
+        dense_dir_name(i, req.shards, nm);
+        if ((rc = join(sub, dir, nm)) || (rc = join(path, sub, "manifest.json"))) return rc;
+        if (!exists(path))
+            return gr_seterr(GR_ENOENT, "%s: shard %u has not finished its save (no %s)", dir, i,
+                             path);
+    }
+    if (req.meta.n) {
+        cJSON *j = cJSON_ParseWithLength(req.meta.p, req.meta.n);
+        bool ok = j != NULL;
+        cJSON_Delete(j);
+        if (!ok) return gr_seterr(GR_EINVAL, "checkpoint metadata is not valid JSON");
+        if ((rc = join(path, dir, META_FILE)) || (rc = gr_write_file_atomic(path, req.meta.p, req.meta.n)))
+            return rc;
+    }
+    gr_ckpt_commit_opts co = {req.shards, NULL, parent[0] ? parent : NULL};
+    if ((rc = gr_ckpt_commit(dir, &co))) return rc;
+    gr_ckpt_manifest *m = NULL;
+    if ((rc = gr_ckpt_manifest_read(dir, &m))) return rc;
+    gr_proto_ckpt_committed rep = {m->step, m->kind == GR_CKPT_DELTA ? 1u : 0u, 0};
+    gr_ckpt_manifest_destroy(m);
+    if (req.keep) {
+        /* The checkpoint is complete whatever retention does; a failure here is reported in
+         * the log, not as a failed commit. */
+        uint32_t deleted = 0;
+        if (gr_ckpt_retain(root, req.keep, &deleted))
+            GR_LOGW("shard %u: retention under %s: %s", s->cfg.shard, root, gr_errmsg());
+        rep.deleted = deleted;
+    }
+    GR_LOGI("shard %u: committed %s (step %llu)", s->cfg.shard, dir, (unsigned long long)rep.step);
+    size_t start = out->len;
+    rc = gr_proto_begin(out, GR_PROTO_RESPONSE, h->op, 0, 0, h->id);
+    if (!rc) rc = gr_proto_put_ckpt_committed(out, &rep);
+    if (!rc) rc = gr_proto_end(out, start);
+    return rc;
+}
+
+/* ---- CKPT_LOAD ---- */
+
+typedef struct staged {
+    gr_table *t;
+    bool dense;
+    uint64_t size;
+} staged;
+
+typedef struct loadset {
+    staged *v;
+    size_t n, cap;
+} loadset;
+
+static void loadset_fini(loadset *L)
+{
+    for (size_t i = 0; i < L->n; i++) gr_table_destroy(L->v[i].t);
+    free(L->v);
+    memset(L, 0, sizeof *L);
+}
+
+static int loadset_add(loadset *L, gr_table *t, bool dense, uint64_t size)
+{
+    if (L->n == L->cap) {
+        size_t cap = L->cap ? L->cap * 2 : 16;
+        staged *v = realloc(L->v, cap * sizeof *v);
+        if (!v) {
+            gr_table_destroy(t);
+            return gr_seterr(GR_ENOMEM, "out of memory");
+        }
+        L->v = v;
+        L->cap = cap;
+    }
+    L->v[L->n++] = (staged){t, dense, size};
+    return GR_OK;
+}
+
+/* A new, empty table for a checkpoint table: with the shard's own spec when it already holds
+ * one of that name (so the restore's spec check reports any difference), else the
+ * checkpoint's. */
+static int new_target(gr_server *s, bool dense, const gr_table_spec *ckspec, gr_table **out,
+                      uint64_t *have_size)
+{
+    srv_entry *e = srv_registry_get(&s->reg, dense, ckspec->name, 0);
+    const gr_table_spec *spec = e ? gr_table_get_spec(e->table) : ckspec;
+    if (have_size) *have_size = e ? e->dense_size : 0;
+    int rc = GR_OK;
+    if (!e && !dense) {
+        /* A new sparse table must not take a wire id another table uses. */
+        srv_entry *byid = srv_registry_get(&s->reg, false, NULL, ckspec->id);
+        if (byid) {
+            rc = gr_seterr(GR_EEXIST, "checkpoint table '%s' has id %u, which table '%s' uses on "
+                           "shard %u", ckspec->name, ckspec->id, byid->name, s->cfg.shard);
+            srv_entry_put(byid);
+        }
+    }
+    if (!rc) rc = gr_table_create(spec, out);
+    srv_entry_put(e);
+    return rc;
+}
+
+/* Reads a dense directory's dense.json: names and sizes. */
+static int read_dense_index(const char *sub, char (**names)[GR_TABLE_NAME_MAX], uint64_t **sizes,
+                            size_t *n)
+{
+    char path[PATH_MAX_LEN], *txt = NULL;
+    int rc = join(path, sub, DENSE_INDEX);
+    if (!rc) rc = gr_read_file(path, &txt, NULL);
+    if (rc) return rc;
+    cJSON *root = cJSON_Parse(txt);
+    free(txt);
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "dense");
+    if (!cJSON_IsArray(arr)) {
+        cJSON_Delete(root);
+        return gr_seterr(GR_ECORRUPT, "%s: not a dense index", path);
+    }
+    size_t cnt = (size_t)cJSON_GetArraySize(arr);
+    *names = calloc(cnt ? cnt : 1, sizeof **names);
+    *sizes = calloc(cnt ? cnt : 1, sizeof **sizes);
+    *n = 0;
+    if (!*names || !*sizes) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (rc) break;
+        cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
+        cJSON *sz = cJSON_GetObjectItemCaseSensitive(it, "size");
+        if (!cJSON_IsString(nm) || strlen(nm->valuestring) >= GR_TABLE_NAME_MAX ||
+            !cJSON_IsNumber(sz) || sz->valuedouble < 1 || sz->valuedouble > 9007199254740992.0) {
+            rc = gr_seterr(GR_ECORRUPT, "%s: entry %zu is not {\"name\", \"size\"}", path, *n);
+            break;
+        }
+        snprintf((*names)[*n], GR_TABLE_NAME_MAX, "%s", nm->valuestring);
+        (*sizes)[(*n)++] = (uint64_t)sz->valuedouble;
+    }
+    cJSON_Delete(root);
+    if (rc) {
+        free(*names);
+        free(*sizes);
+        *names = NULL;
+        *sizes = NULL;
+    }
+    return rc;
+}
+
+/* Stages the dense parameters this shard owns (under its own layout) from every dense part of
+ * the checkpoint. A checkpoint written without dense parts (by the library's tools) has none;
+ * one with some parts missing is refused. */
+static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset *L,
+                       gr_ckpt_load_stats *tot)
+{
+    uint32_t present = 0;
+    for (uint32_t i = 0; i < ckshards; i++) {
+        char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
+        dense_dir_name(i, ckshards, nm);
+        int rc = join(sub, dir, nm);
+        if (rc) return rc;
+        present += exists(sub);
+    }
+    if (present == 0) return GR_OK;
+    for (uint32_t i = 0; i < ckshards; i++) {
+        char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
+        dense_dir_name(i, ckshards, nm);
+        int rc = join(sub, dir, nm);
+        if (rc) return rc;
+        if (!exists(sub))
+            return gr_seterr(GR_ENOENT, "%s: the dense parameters of shard %u are missing", sub, i);
+        char (*names)[GR_TABLE_NAME_MAX] = NULL;
+        uint64_t *sizes = NULL;
+        size_t n = 0;
+        if ((rc = read_dense_index(sub, &names, &sizes, &n))) return rc;
+        gr_ckpt_manifest *m = NULL;
+        rc = gr_ckpt_manifest_read(sub, &m);
+        for (size_t d = 0; !rc && d < n; d++) {
+            if (!gr_server_owns_slot(s, gr_proto_dense_slot(names[d], strlen(names[d])))) continue;
+            long ti = gr_ckpt_manifest_table(m, names[d]);
+            if (ti < 0) {
+                rc = gr_seterr(GR_ECORRUPT, "%s: dense parameter '%s' is listed but not saved", sub,
+                               names[d]);
+                break;
+            }
+            uint64_t have = 0;
+            gr_table *t = NULL;
+            rc = new_target(s, true, &m->tables[ti], &t, &have);
+            if (!rc && have && have != sizes[d])
+                rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats on shard %u, %llu in "
+                               "the checkpoint", names[d], (unsigned long long)have, s->cfg.shard,
+                               (unsigned long long)sizes[d]);
+            if (rc) {
+                gr_table_destroy(t);
+                break;
+            }
+            if ((rc = loadset_add(L, t, true, sizes[d]))) break;
+            gr_ckpt_load_stats st;
+            memset(&st, 0, sizeof st);
+            gr_ckpt_load_opts lo = {0, 1, NULL};
+            rc = gr_ckpt_load(sub, &t, 1, &lo, &st);
+            tot->rows_loaded += st.rows_loaded;
+            tot->rows_read += st.rows_read;
+        }
+        gr_ckpt_manifest_destroy(m);
+        free(names);
+        free(sizes);
+        if (rc) return rc;
+    }
+    return GR_OK;
+}
+
+static int read_meta(const char *dir, uint32_t max, char **meta, size_t *len)
+{
+    char path[PATH_MAX_LEN];
+    *meta = NULL;
+    *len = 0;
+    int rc = join(path, dir, META_FILE);
+    if (rc || !exists(path)) return rc;
+    if ((rc = gr_read_file(path, meta, len))) return rc;
+    if (*len > max) {
+        free(*meta);
+        *meta = NULL;
+        return gr_seterr(GR_ETOOBIG, "%s is %zu bytes, over the %u-byte string limit", path, *len,
+                         max);
+    }
+    return GR_OK;
+}
+
+static int do_load(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
+                   bool *fatal)
+{
+    gr_server *s = k->s;
+    gr_proto_ckpt_load req;
+    int rc = gr_proto_decode_ckpt_load(body, h->body_len, &s->cfg.limits, &req);
+    if (rc) {
+        *fatal = rc == GR_EPROTO || rc == GR_ETOOBIG;
+        return rc;
+    }
+    char root[PATH_MAX_LEN], dir[PATH_MAX_LEN], path[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX];
+    if (req.name.n && !plain_name(&req.name))
+        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name",
+                         (int)req.name.n, req.name.p);
+    if ((rc = resolve_root(k, &req.root, root))) return rc;
+    if (req.name.n) {
+        copy_name(name, &req.name);
+        if ((rc = join(dir, root, name))) return rc;
+    } else if (!(rc = join(path, root, "manifest.json")) && exists(path)) {
+        /* The root is itself a checkpoint. */
+        snprintf(dir, sizeof dir, "%s", root);
+        const char *b = strrchr(root, '/');
+        int n = snprintf(name, sizeof name, "%s", b && b[1] ? b + 1 : root);
+        if (n < 0 || n >= (int)sizeof name)
+            return gr_seterr(GR_EINVAL, "checkpoint directory name '%s' is too long", root);
+    } else if (!rc) {
+        uint64_t step;
+        if ((rc = gr_ckpt_latest(root, name, &step))) return rc;
+        if ((rc = join(dir, root, name))) return rc;
+    }
+    if (rc) return rc;
+    uint64_t t0 = gr_now_ns();
+    gr_ckpt_manifest *m = NULL;
+    if ((rc = gr_ckpt_manifest_read(dir, &m))) return rc;
+    char *meta = NULL;
+    size_t mlen = 0;
+    gr_ckpt_load_stats tot;
+    memset(&tot, 0, sizeof tot);
+    loadset L = {0};
+    rc = read_meta(dir, s->cfg.limits.max_string, &meta, &mlen);
+    if (!rc && !(req.flags & GR_PROTO_CKPT_RESOLVE)) {
+        /* Build every table first; swap them in only when all loaded, so a refused or damaged
+         * checkpoint leaves the shard as it was. */
+        for (size_t t = 0; !rc && t < m->ntables; t++) {
+            gr_table *nt = NULL;
+            rc = new_target(s, false, &m->tables[t], &nt, NULL);
+            if (!rc) rc = loadset_add(&L, nt, false, 0);
+        }
+        if (!rc && L.n) {
+            gr_table **ts = calloc(L.n, sizeof *ts);
+            if (!ts) rc = gr_seterr(GR_ENOMEM, "out of memory");
+            for (size_t i = 0; ts && i < L.n; i++) ts[i] = L.v[i].t;
+            gr_ckpt_load_opts lo = {s->cfg.shard, s->cfg.shards, NULL};
+            if (!rc) rc = gr_ckpt_load(dir, ts, L.n, &lo, &tot);
+            free(ts);
+        }
+        if (!rc) rc = stage_dense(s, dir, m->map.shards, &L, &tot);
+        for (size_t i = 0; !rc && i < L.n; i++) {
+            rc = srv_registry_replace(&s->reg, gr_table_get_spec(L.v[i].t), L.v[i].t, L.v[i].dense,
+                                      L.v[i].size);
+            if (!rc) L.v[i].t = NULL; /* the registry owns it now */
+        }
+        if (!rc && k->saver) gr_ckpt_saver_force_full(k->saver);
+        if (!rc)
+            GR_LOGI("shard %u: loaded %s (step %llu, %llu rows, %zu tables)", s->cfg.shard, dir,
+                    (unsigned long long)m->step, (unsigned long long)tot.rows_loaded, L.n);
+    }
+    gr_proto_ckpt_loaded rep;
+    memset(&rep, 0, sizeof rep);
+    rep.step = m->step;
+    rep.rows_loaded = tot.rows_loaded;
+    rep.rows_read = tot.rows_read;
+    rep.usec = (gr_now_ns() - t0) / 1000;
+    rep.shards = m->map.shards;
+    rep.tables = (uint32_t)((req.flags & GR_PROTO_CKPT_RESOLVE) ? m->ntables : L.n);
+    rep.name = (gr_proto_strv){name, (uint32_t)strlen(name)};
+    rep.meta = (gr_proto_strv){meta, (uint32_t)mlen};
+    if (!rc) {
+        size_t start = out->len;
+        rc = gr_proto_begin(out, GR_PROTO_RESPONSE, h->op, 0, 0, h->id);
+        if (!rc) rc = gr_proto_put_ckpt_loaded(out, &rep);
+        if (!rc) rc = gr_proto_end(out, start);
+    }
+    loadset_fini(&L);
+    free(meta);
+    gr_ckpt_manifest_destroy(m);
+    return rc;
+}
+
+/* ---- the checkpoint thread ---- */
+
+static void run_job(srv_ckpt *k, ck_job *j, gr_proto_buf *out)
+{
+    gr_server *s = k->s;
+    bool fatal = false;
+    out->len = 0;
+    int rc;
+    switch (j->h.op) {
+    case GR_OP_CKPT_SAVE: rc = do_save(k, &j->h, j->body, out, &fatal); break;
+    case GR_OP_CKPT_COMMIT: rc = do_commit(k, &j->h, j->body, out, &fatal); break;
+    default: rc = do_load(k, &j->h, j->body, out, &fatal); break;
+    }
+    pthread_mutex_lock(&k->mu);
+    switch (j->h.op) {
+    case GR_OP_CKPT_SAVE: rc ? k->save_errors++ : k->saves++; break;
+    case GR_OP_CKPT_COMMIT: rc ? k->commit_errors++ : k->commits++; break;
+    default: rc ? k->load_errors++ : k->loads++; break;
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (rc) {
+        atomic_fetch_add(&s->ops[j->h.op].errors, 1);
+        if (fatal) atomic_fetch_add(&s->bad_frames, 1);
+        GR_LOGW("shard %u: %s failed: %s", s->cfg.shard, gr_proto_op_name(j->h.op), gr_errmsg());
+        srv_conn_send_error(j->c, j->h.op, j->h.id, rc, gr_errmsg());
+    } else {
+        srv_conn_send(j->c, out->data, out->len, j->h.op);
+    }
+}
+
+static void job_free(ck_job *j)
+{
+    srv_conn_put(j->c);
+    free(j->body);
+    free(j);
+}
+
+static void *ckpt_main(void *arg)
+{
+    srv_ckpt *k = arg;
+    gr_proto_buf out;
+    gr_proto_buf_init(&out);
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->head && !k->stopping) pthread_cond_wait(&k->cv, &k->mu);
+        if (!k->head) break;
+        ck_job *j = k->head;
+        k->head = j->next;
+        if (!k->head) k->tail = NULL;
+        k->len--;
+        if (k->stopping) {
+            /* Only the job already running finishes at stop; queued ones are refused. */
+            pthread_mutex_unlock(&k->mu);
+            atomic_fetch_add(&k->s->ops[j->h.op].errors, 1);
+            srv_conn_send_error(j->c, j->h.op, j->h.id, GR_ESHUTDOWN, "shard is shutting down");
+            job_free(j);
+            pthread_mutex_lock(&k->mu);
+            continue;
+        }
+        k->busy = true;
+        pthread_mutex_unlock(&k->mu);
+        run_job(k, j, &out);
+        job_free(j);
+        gr_proto_buf_fini(&out);
+        pthread_mutex_lock(&k->mu);
+        k->busy = false;
+    }
+    pthread_mutex_unlock(&k->mu);
+    gr_proto_buf_fini(&out);
+    return NULL;
+}
+
+int srv_ckpt_create(gr_server *s)
+{
+    srv_ckpt *k = calloc(1, sizeof *k);
+    if (!k) return gr_seterr(GR_ENOMEM, "cannot allocate the checkpoint state");
+    k->s = s;
+    if (s->cfg.ckpt_root && *s->cfg.ckpt_root) {
+        k->base = strdup(s->cfg.ckpt_root);
+        if (!k->base) {
+            free(k);
+            return gr_seterr(GR_ENOMEM, "cannot copy the checkpoint root");
+        }
+        s->cfg.ckpt_root = k->base;
+    }
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_cond_init(&k->cv, NULL);
+    s->ckpt = k;
+    return GR_OK;
+}
+
+/* Checks that a body decodes, so a peer that does not speak the protocol is cut off by the
+ * reader at once, as for every other opcode. */
+static int check_body(gr_server *s, const gr_proto_header *h, const uint8_t *body)
+{
+    if (h->op == GR_OP_CKPT_SAVE) {
+        gr_proto_ckpt_save x;
+        return gr_proto_decode_ckpt_save(body, h->body_len, &s->cfg.limits, &x);
+    }
+    if (h->op == GR_OP_CKPT_COMMIT) {
+        gr_proto_ckpt_commit x;
+        return gr_proto_decode_ckpt_commit(body, h->body_len, &s->cfg.limits, &x);
+    }
+    gr_proto_ckpt_load x;
+    return gr_proto_decode_ckpt_load(body, h->body_len, &s->cfg.limits, &x);
+}
+
+int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, uint8_t *body)
+{
+    srv_ckpt *k = s->ckpt;
+    const char *why = NULL;
+    int rc = check_body(s, h, body);
+    if (rc == GR_EPROTO || rc == GR_ETOOBIG) {
+        free(body);
+        return rc;
+    }
+    if (rc) {
+        /* Well-formed but invalid (e.g. a zstd level out of range): answer, keep the peer. */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gr_errmsg());
+        free(body);
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
+        srv_conn_send_error(c, h->op, h->id, rc, msg);
+        return GR_OK;
+    }
+    ck_job *j = calloc(1, sizeof *j);
+    pthread_mutex_lock(&k->mu);
+    if (!j) {
+        rc = GR_ENOMEM;
+        why = "server out of memory for a checkpoint request";
+    } else if (k->stopping) {
+        rc = GR_ESHUTDOWN;
+        why = "shard is shutting down";
+    } else if (k->len >= QUEUE_MAX) {
+        rc = GR_EBUSY;
+        why = "too many checkpoint requests queued on this shard";
+    } else if (!k->live) {
+        /* Started on first use: most shards never checkpoint. */
+        if (pthread_create(&k->thread, NULL, ckpt_main, k) == 0) {
+            k->live = true;
+        } else {
+            rc = GR_EINTERNAL;
+            why = "cannot start the checkpoint thread";
+        }
+    }
+    if (!rc) {
+        j->c = c;
+        srv_conn_get(c);
+        j->h = *h;
+        j->body = body;
+        if (k->tail) k->tail->next = j;
+        else k->head = j;
+        k->tail = j;
+        k->len++;
+        pthread_cond_signal(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (rc) {
+        free(j);
+        free(body);
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
+        srv_conn_send_error(c, h->op, h->id, rc, why);
+    }
+    return GR_OK;
+}
+
+void srv_ckpt_stop(gr_server *s)
+{
+    srv_ckpt *k = s ? s->ckpt : NULL;
+    if (!k) return;
+    pthread_mutex_lock(&k->mu);
+    k->stopping = true;
+    bool live = k->live;
+    k->live = false;
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    if (live) pthread_join(k->thread, NULL);
+}
+
+void srv_ckpt_destroy(gr_server *s)
+{
+    srv_ckpt *k = s ? s->ckpt : NULL;
+    if (!k) return;
+    srv_ckpt_stop(s);
+    gr_ckpt_saver_destroy(k->saver);
+    pthread_mutex_destroy(&k->mu);
+    pthread_cond_destroy(&k->cv);
+    free(k->base);
+    s->cfg.ckpt_root = NULL;
+    free(k);
+    s->ckpt = NULL;
+}
+
+void srv_ckpt_stats_json(gr_server *s, void *rootp)
+{
+    srv_ckpt *k = s->ckpt;
+    cJSON *root = rootp;
+    if (!k || !root) return;
+    cJSON *o = cJSON_AddObjectToObject(root, "ckpt");
+    if (!o) return;
+    pthread_mutex_lock(&k->mu);
+    cJSON_AddNumberToObject(o, "saves", (double)k->saves);
+    cJSON_AddNumberToObject(o, "save_errors", (double)k->save_errors);
+    cJSON_AddNumberToObject(o, "commits", (double)k->commits);
+    cJSON_AddNumberToObject(o, "commit_errors", (double)k->commit_errors);
+    cJSON_AddNumberToObject(o, "loads", (double)k->loads);
+    cJSON_AddNumberToObject(o, "load_errors", (double)k->load_errors);
+    cJSON_AddBoolToObject(o, "running", k->busy);
+    cJSON_AddNumberToObject(o, "queued", (double)k->len);
+    if (k->last_name[0]) {
+        cJSON *l = cJSON_AddObjectToObject(o, "last_save");
+        cJSON_AddStringToObject(l, "name", k->last_name);
+        cJSON_AddNumberToObject(l, "step", (double)k->last_step);
+        cJSON_AddStringToObject(l, "kind", k->last_kind ? "delta" : "full");
+        cJSON_AddNumberToObject(l, "rows", (double)k->last_rows);
+        cJSON_AddNumberToObject(l, "bytes", (double)k->last_bytes);
+        cJSON_AddNumberToObject(l, "seconds", k->last_seconds);
+    }
+    pthread_mutex_unlock(&k->mu);
+}
