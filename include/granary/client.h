@@ -134,6 +134,9 @@ typedef struct gr_client_sync_config {
 
 #define GR_CLIENT_SYNC_RESET 1u /* replace whatever job the shards run (its waiters fail) */
 #define GR_CLIENT_SYNC_CLEAR 2u /* drop the job; cfg is ignored */
+#define GR_CLIENT_SYNC_LIVE 4u  /* best effort: only shards whose connection is up right now,
+                                 * one at a time, errors ignored (returns 0) — for a clean-up
+                                 * that must not wait on a dead shard's reconnect */
 
 /* Installs the job on every shard. Idempotent: the same config again is fine (every worker
  * process of a job may call it); a different one while a job is installed is GR_EBUSY, unless

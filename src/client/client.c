@@ -1274,6 +1274,21 @@ int gr_client_sync_configure(gr_client *c, const gr_client_sync_config *cfg, uns
                (flags & GR_CLIENT_SYNC_CLEAR ? GR_PROTO_SYNC_CLEAR : 0);
     gr_proto_buf body;
     gr_proto_buf_init(&body);
+    if (flags & GR_CLIENT_SYNC_LIVE) {
+        int rc = gr_proto_put_sync_config(&body, &pc);
+        for (uint32_t s = 0; !rc && s < c->nshards; s++) {
+            cl_conn *k = &c->conns[s];
+            pthread_mutex_lock(&k->mu);
+            bool up = k->fd >= 0 && !k->broken;
+            pthread_mutex_unlock(&k->mu);
+            gr_client_op *op = NULL;
+            if (up && ctl_run(c, &s, 1, GR_OP_SYNC_CONFIG, &body, &op) == GR_OK) op_free(op);
+        }
+        gr_proto_buf_fini(&body);
+        gr_clearerr();
+        if (step) *step = 0;
+        return GR_OK;
+    }
     uint32_t *shards = all_shards(c);
     int rc = shards ? gr_proto_put_sync_config(&body, &pc) : gr_seterr(GR_ENOMEM, "out of memory");
     gr_client_op *op = NULL;

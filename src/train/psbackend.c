@@ -241,8 +241,9 @@ static void ps_cancel(void *ctx)
 {
     ps_ctx *p = ctx;
     atomic_store(&p->cancelled, true);
-    /* Dropping the job answers every parked acquire at once (GR_ESHUTDOWN). */
-    (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR, NULL);
+    /* Dropping the job answers every parked acquire at once (GR_ESHUTDOWN). Only shards that
+     * are still connected: a dead one would hold this call for the reconnect timeout. */
+    (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR | GR_CLIENT_SYNC_LIVE, NULL);
 }
 
 static void ps_destroy(void *ctx)
