@@ -221,6 +221,8 @@ typedef struct gr_client_ckpt_opts {
     const char *meta;    /* JSON written beside the manifest as user.json (e.g. the trainer's
                             data position), or NULL */
     uint32_t timeout_ms; /* how long the shards' saves may take; 0 = 3600000 */
+    bool same_step;      /* commit only if every shard runs a sync job and all are at the same
+                            step G (else GR_ESTALE, nothing committed): a step-boundary check */
 } gr_client_ckpt_opts;
 
 typedef struct gr_client_ckpt_info {

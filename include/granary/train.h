@@ -183,6 +183,8 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
 /* The trainer calls these from several threads at once; a backend must be thread-safe.
  * Keys passed to pull/push are unique within a call (the trainer dedups with gr_dedup and
  * sums the gradients of duplicates). Every function returns 0 or a negative gr_err. */
+struct gr_train_ckpt;
+
 typedef struct gr_train_backend {
     void *ctx;
     /* Declares an embedding table (idempotent: an existing table with the same spec is
@@ -227,7 +229,32 @@ typedef struct gr_train_backend {
     int (*dense_pull_start)(void *ctx, const char *name, float *out, size_t n, void **op);
     int (*dense_push_start)(void *ctx, const char *name, const float *grad, size_t n, void **op);
     int (*op_wait)(void *ctx, void *op);
+    /* Checkpoints of everything the backend holds (tables and dense parameters, with optimizer
+     * state); the trainer calls them only while no step is in flight (docs/checkpoints.md,
+     * "In training"). */
+    int (*ckpt_save)(void *ctx, struct gr_train_ckpt *c);
+    /* Restores the checkpoint `name` under root (NULL: root itself when it is a checkpoint,
+     * else the newest complete one), and forgets any step state of the job (a resumed job
+     * starts its step tokens over). Fills *loaded; loaded->meta is malloc'd (caller frees). */
+    int (*ckpt_load)(void *ctx, const char *root, const char *name, struct gr_train_ckpt *loaded);
 } gr_train_backend;
+
+/* One checkpoint, as the trainer asks a backend for it (in: root .. meta; out: the rest), or
+ * as a backend reports a restored one (root unused; name, step, meta filled). */
+typedef struct gr_train_ckpt {
+    const char *root;    /* checkpoint root */
+    uint64_t step;
+    const char *parent;  /* the checkpoint this run committed last (deltas build on it), or NULL */
+    bool incremental;
+    uint32_t full_every, keep;
+    int zstd_level;
+    bool same_step;      /* refuse to commit unless every shard is at the same sync step */
+    char *meta;          /* the trainer's position (JSON), stored beside the manifest */
+    char name[64];       /* out: "step-000000000100" */
+    bool delta;          /* out */
+    uint64_t bytes, rows; /* out */
+    double seconds;      /* out */
+} gr_train_ckpt;
 
 typedef enum { GR_DENSE_OPT_ADAM = 0, GR_DENSE_OPT_ADAGRAD = 1, GR_DENSE_OPT_SGD = 2 } gr_dense_opt;
 
@@ -325,6 +352,26 @@ typedef struct gr_train_opts {
      * times its compute time after each step's compute. straggler_factor <= 1: none. */
     unsigned straggler;
     double straggler_factor;
+    /* Checkpoints (docs/checkpoints.md, "In training"; the backend must have ckpt_save, as the
+     * parameter-server backend does). Every ckpt_every steps all workers pause between steps,
+     * the trainer saves, and they go on; a last checkpoint is saved when training ends. In
+     * sync mode a step is a global step (one batch of every worker) and the checkpoint holds
+     * exactly the state after it; in the other modes the step number counts the batches all
+     * workers pushed, and workers pause wherever they are between two steps. */
+    const char *ckpt_dir;     /* checkpoint root (on the shards' filesystem); NULL = none */
+    uint64_t ckpt_every;      /* steps between checkpoints; 0 = only the last one */
+    uint32_t ckpt_keep;       /* complete checkpoints kept under ckpt_dir; 0 = all */
+    bool ckpt_incremental;    /* deltas on top of the previous checkpoint where possible */
+    uint32_t ckpt_full_every; /* with deltas: a full checkpoint at least every N (0 = no bound) */
+    int ckpt_zstd;            /* 0 = raw, 1..19 = zstd-compressed sections */
+    /* Resume: restore the newest complete checkpoint under this root (or this checkpoint
+     * directory) before training: tables, dense parameters and their optimizer state, and
+     * where every worker was in the data; training continues from there. A root without any
+     * checkpoint starts from scratch. NULL = no resume. */
+    const char *resume;
+    /* Stop once every worker has done this many steps (batches), counting those done before
+     * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
+    uint64_t max_steps;
 } gr_train_opts;
 
 enum { GR_TRAIN_DATA_AUTO = 0, GR_TRAIN_DATA_STATIC = 1, GR_TRAIN_DATA_SHARED = 2 };
@@ -349,6 +396,13 @@ typedef struct gr_train_result {
     uint64_t bad_lines;
     double wait_seconds;      /* time workers spent waiting for step tokens, summed */
     uint64_t worker_steps[GR_TRAIN_MAX_REPORTED_WORKERS]; /* batches pushed per worker */
+    /* Checkpoints. */
+    uint64_t resumed_step;    /* the step the run resumed from (0: a fresh start) */
+    char resumed_from[64];    /* that checkpoint's name ("" when none) */
+    uint32_t ckpt_saves;      /* checkpoints committed by this run */
+    uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
+    double ckpt_seconds;      /* time workers stood paused for checkpoints, summed over saves */
+    char ckpt_last[64];       /* the last one committed ("" when none) */
 } gr_train_result;
 
 /* Trains with W worker threads against the backend, then evaluates on the test file.

@@ -1563,6 +1563,10 @@ int gr_client_ckpt_save(gr_client *c, const gr_client_ckpt_opts *o, gr_client_ck
     }
     op_free(op);
     if (rc) return rc;
+    if (o->same_step && !(inf.sync_job && inf.sync_agree))
+        return gr_seterr(GR_ESTALE,
+                         "%s: the shards were not all at one sync step (%s): not committed",
+                         inf.name, inf.sync_job ? "they disagree" : "no sync job on some shard");
     /* Every shard's file is durable: now, and only now, the manifest. */
     gr_proto_buf_init(&body);
     gr_proto_ckpt_commit cm = {c->nshards, o->keep, strv(o->root), strv(inf.name),

@@ -258,6 +258,57 @@ static void ps_destroy(void *ctx)
     free(p);
 }
 
+/* ---- checkpoints: the shards save and load themselves (gr_client_ckpt_*) ---- */
+
+static int ps_ckpt_save(void *ctx, gr_train_ckpt *k)
+{
+    ps_ctx *p = ctx;
+    gr_client_ckpt_opts o;
+    memset(&o, 0, sizeof o);
+    o.root = k->root;
+    o.step = k->step;
+    o.parent = k->parent;
+    o.incremental = k->incremental;
+    o.full_every = k->full_every;
+    o.zstd_level = k->zstd_level;
+    o.keep = k->keep;
+    o.meta = k->meta;
+    o.same_step = k->same_step && p->stepped;
+    gr_client_ckpt_info info;
+    int rc = gr_client_ckpt_save(p->c, &o, &info);
+    if (rc) return rc;
+    snprintf(k->name, sizeof k->name, "%s", info.name);
+    k->delta = info.delta;
+    k->bytes = info.bytes;
+    k->rows = info.rows;
+    k->seconds = info.seconds;
+    return GR_OK;
+}
+
+static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_ckpt *out)
+{
+    ps_ctx *p = ctx;
+    gr_client_ckpt_loaded ld;
+    int rc = gr_client_ckpt_load(p->c, root, name, false, &ld);
+    if (rc) return rc;
+    snprintf(out->name, sizeof out->name, "%s", ld.name);
+    out->step = ld.step;
+    out->meta = ld.meta;
+    out->rows = ld.rows;
+    out->seconds = ld.seconds;
+    if (p->stepped) {
+        /* The job's step state belongs to the run that was interrupted (gradients staged for a
+         * step it never finished, its workers' step counts): start it over. Called before any
+         * worker runs, so the per-worker arrays are ours. */
+        gr_client_sync_config sc = {(uint32_t)p->o.mode, p->o.workers, p->o.aggregate,
+                                    p->o.staleness};
+        rc = gr_client_sync_configure(p->c, &sc, GR_CLIENT_SYNC_RESET, NULL);
+        memset(p->want, 0, (size_t)p->o.workers * p->shards * sizeof *p->want);
+        memset(p->next, 0, p->o.workers * sizeof *p->next);
+    }
+    return rc;
+}
+
 int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
 {
     memset(out, 0, sizeof *out);
@@ -318,6 +369,8 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
     out->dense_pull_start = ps_dense_pull_start;
     out->dense_push_start = ps_dense_push_start;
     out->op_wait = ps_op_wait;
+    out->ckpt_save = ps_ckpt_save;
+    out->ckpt_load = ps_ckpt_load;
     if (p->stepped) {
         out->step_begin = ps_step_begin;
         out->fetch = ps_fetch;

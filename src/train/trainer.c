@@ -9,6 +9,8 @@
 #include "granary/train.h"
 
 #include <cblas.h>
+#include <cjson/cJSON.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,6 +101,7 @@ struct item {
     float *gdense;
     double loss;
     uint64_t token;
+    uint64_t chunk; /* shared data: the chunk (counter value) it was read from */
 };
 
 typedef struct trainer trainer;
@@ -115,7 +118,18 @@ typedef struct worker {
     bool abort;
     gr_model_ws *ws;
     gr_dedup_scratch dedup;
+    /* Checkpoints and resume (under tr->mu, except skip and read: the reader's own). */
+    uint64_t base;      /* batches this worker pushed before the resume */
+    uint64_t skip;      /* static data: batches to skip first (done before the resume) */
+    uint64_t read;      /* batches handed on in this run (for max_steps) */
+    uint64_t fetched;   /* items past the checkpoint gate (fetch stage) */
+    int gate;           /* GATE_* */
+    bool finished;      /* its threads are done (it left the job) */
+    uint64_t cur_chunk; /* shared data: chunk of its last pushed item (UINT64_MAX: none) */
 } worker;
+
+/* Where a worker's fetch stage is, for the checkpoint coordinator. */
+enum { GATE_RUN = 0, GATE_PARKED = 1, GATE_ACQUIRING = 2, GATE_HELD = 3 };
 
 struct trainer {
     const gr_train_opts *o;
@@ -144,6 +158,20 @@ struct trainer {
     unsigned nchunks;
     atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
     atomic_bool cancelled;
+    /* Checkpoints (under mu; docs/checkpoints.md "In training"). Sync mode pauses every worker
+     * at the same step ("rounds"): before it takes the token of step ck_target. The other modes
+     * pause every worker wherever it is between two steps (ck_pause). */
+    bool ck, ck_rounds, ck_pause;
+    uint64_t ck_target;      /* rounds: the step at which workers pause next (0: none) */
+    uint64_t ck_next_total;  /* pause mode: pause when this many batches are pushed in all */
+    uint64_t ck_saved_total; /* batches pushed in all at the last checkpoint (or the resume) */
+    char ck_parent[64];      /* the last checkpoint this run committed */
+    uint64_t base_total, base_examples; /* done before the resume */
+    uint64_t nchunk_total;   /* shared data: epochs * nchunks */
+    int32_t *chunk_owner;    /* per chunk counter value: the worker that took it, or -1 */
+    uint64_t *chunk_pushed;  /* per chunk counter value: batches pushed (resumed ones included) */
+    uint8_t *chunk_done;     /* per chunk counter value: complete before the resume */
+    gr_train_result *res;
 };
 
 static void fail(trainer *tr, worker *w, int rc)
@@ -154,6 +182,7 @@ static void fail(trainer *tr, worker *w, int rc)
         tr->err = rc;
         snprintf(tr->errmsg, sizeof tr->errmsg, "worker %u: %s", w->id, gr_errmsg());
     }
+    pthread_cond_broadcast(&tr->cv); /* workers parked for a checkpoint */
     pthread_mutex_unlock(&tr->mu);
     /* Workers blocked on a step token would wait out their timeout: wake them. */
     if (first && tr->be->cancel && !atomic_exchange(&tr->cancelled, true)) tr->be->cancel(tr->be->ctx);
@@ -208,6 +237,35 @@ static void item_fini(item *it)
     free(it->gdense);
 }
 
+/* ---- checkpoint gate ---------------------------------------------------------------------- */
+
+/* Where checkpoints pause a worker: its fetch stage, before it takes the next step's token
+ * (after = false) and, in the pause modes, again once it holds the token (after = true). A
+ * parked worker's earlier items still go through compute and push, so when every worker is
+ * parked (or finished) and drained, nothing is in flight and the coordinator saves. Sync mode
+ * parks every worker before the token of the same step, so the shards are exactly at that
+ * step's boundary; a worker blocked taking a token counts as quiet in the pause modes (a token
+ * changes nothing on the shards) and, should the token come during the save, waits after it. */
+static int ck_gate(worker *w, bool after)
+{
+    trainer *tr = w->tr;
+    pthread_mutex_lock(&tr->mu);
+    for (;;) {
+        bool park = after ? !tr->ck_rounds && tr->ck_pause
+                          : tr->ck_rounds ? tr->ck_target && w->base + w->fetched == tr->ck_target
+                                          : tr->ck_pause;
+        if (!park || tr->err) break;
+        w->gate = after ? GATE_HELD : GATE_PARKED;
+        pthread_cond_broadcast(&tr->cv);
+        pthread_cond_wait(&tr->cv, &tr->mu);
+    }
+    if (!after) w->fetched++;
+    w->gate = !after && tr->be->step_begin ? GATE_ACQUIRING : GATE_RUN;
+    int rc = tr->err ? gr_seterr(GR_ESHUTDOWN, "training stopped") : GR_OK;
+    pthread_mutex_unlock(&tr->mu);
+    return rc;
+}
+
 /* ---- the four stages ---------------------------------------------------------------------- */
 
 /* Reads the worker's part of the file for every epoch, handing full items to `out`. Items come
@@ -216,9 +274,12 @@ typedef int (*batch_fn)(worker *w, item *it);
 
 /* The next byte range this worker reads: its own range once per epoch (static data), or the
  * next chunk of the shared list. false when there is none left. */
-static bool next_range(worker *w, unsigned *epoch, uint64_t *start, uint64_t *end, uint64_t *line)
+static bool next_range(worker *w, unsigned *epoch, uint64_t *start, uint64_t *end, uint64_t *line,
+                       uint64_t *chunk, uint64_t *skip)
 {
     trainer *tr = w->tr;
+    *chunk = UINT64_MAX;
+    *skip = 0;
     if (!tr->shared) {
         if (*epoch >= tr->o->epochs || w->start >= w->end) return false;
         *start = w->start;
@@ -232,6 +293,16 @@ static bool next_range(worker *w, unsigned *epoch, uint64_t *start, uint64_t *en
         if (c >= (uint64_t)tr->o->epochs * tr->nchunks) return false;
         unsigned k = (unsigned)(c % tr->nchunks);
         if (tr->chunk_off[k] >= tr->chunk_off[k + 1]) continue; /* empty chunk */
+        if (tr->chunk_owner) {
+            /* Checkpoints track who reads which chunk; a resumed run skips what is done. */
+            pthread_mutex_lock(&tr->mu);
+            bool done = tr->chunk_done[c];
+            tr->chunk_owner[c] = (int32_t)w->id;
+            *skip = tr->chunk_pushed[c];
+            pthread_mutex_unlock(&tr->mu);
+            if (done) continue;
+        }
+        *chunk = c;
         *start = tr->chunk_off[k];
         *end = tr->chunk_off[k + 1];
         *line = tr->chunk_line[k];
@@ -244,8 +315,11 @@ static int read_epochs(worker *w, queue *pool, queue *out, item *single, batch_f
     trainer *tr = w->tr;
     const gr_train_opts *o = tr->o;
     unsigned epoch = 0;
-    uint64_t start, end, line;
-    while (next_range(w, &epoch, &start, &end, &line)) {
+    uint64_t start, end, line, chunk, range_skip;
+    while (next_range(w, &epoch, &start, &end, &line, &chunk, &range_skip)) {
+        /* Batches a resumed run already trained are read again and dropped: static data skips
+         * the worker's count across epochs, shared data each chunk's own count. */
+        uint64_t *skip = tr->shared ? &range_skip : &w->skip;
         gr_criteo_opts ro;
         gr_criteo_opts_default(&ro);
         ro.batch = o->batch;
@@ -259,13 +333,20 @@ static int read_epochs(worker *w, queue *pool, queue *out, item *single, batch_f
         if (rc) return rc;
         for (;;) {
             if (o->max_examples && atomic_load(&tr->read_examples) >= o->max_examples) break;
+            if (o->max_steps && w->base + w->read >= o->max_steps) break;
             item *it = single ? single : queue_pop(pool);
             if (!it) break; /* aborted */
             rc = gr_criteo_next(r, &it->batch);
+            while (!rc && it->batch.n > 0 && *skip > 0) {
+                (*skip)--;
+                rc = gr_criteo_next(r, &it->batch);
+            }
             if (rc || it->batch.n == 0) {
                 if (!single) queue_push(pool, it);
                 break;
             }
+            it->chunk = chunk;
+            w->read++;
             atomic_fetch_add(&tr->read_examples, it->batch.n);
             if (single) {
                 rc = each(w, it);
@@ -283,7 +364,8 @@ static int read_epochs(worker *w, queue *pool, queue *out, item *single, batch_f
         pthread_mutex_unlock(&tr->mu);
         if (rc) return rc;
         if (aborted(w) ||
-            (o->max_examples && atomic_load(&tr->read_examples) >= o->max_examples))
+            (o->max_examples && atomic_load(&tr->read_examples) >= o->max_examples) ||
+            (o->max_steps && w->base + w->read >= o->max_steps))
             break;
     }
     return GR_OK;
@@ -298,6 +380,7 @@ static int stage_fetch(worker *w, item *it)
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
+    if (tr->ck && (rc = ck_gate(w, false))) return rc;
     if (be->step_begin) {
         double t0 = gr_now_s();
         rc = be->step_begin(be->ctx, w->id, &it->token);
@@ -307,6 +390,7 @@ static int stage_fetch(worker *w, item *it)
         pthread_mutex_unlock(&tr->mu);
         if (rc) return rc;
     }
+    if (tr->ck && (rc = ck_gate(w, true))) return rc;
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
     if (tr->stepped && be->fetch)
@@ -400,8 +484,13 @@ static int stage_push(worker *w, item *it)
         }
     }
     if (rc) return rc;
-    w->steps++;
     pthread_mutex_lock(&tr->mu);
+    w->steps++;
+    if (tr->chunk_pushed && it->chunk != UINT64_MAX) {
+        tr->chunk_pushed[it->chunk]++;
+        w->cur_chunk = it->chunk;
+    }
+    if (tr->ck) pthread_cond_broadcast(&tr->cv); /* the checkpoint coordinator counts pushes */
     tr->examples += it->batch.n;
     tr->steps++;
     tr->dropped += dropped;
@@ -484,9 +573,11 @@ static void leave_job(worker *w)
     if (rc) fail(tr, w, rc);
 }
 
-static void worker_done(trainer *tr)
+static void worker_done(worker *w)
 {
+    trainer *tr = w->tr;
     pthread_mutex_lock(&tr->mu);
+    w->finished = true;
     tr->running--;
     pthread_cond_broadcast(&tr->cv);
     pthread_mutex_unlock(&tr->mu);
@@ -498,7 +589,7 @@ static void *sequential_main(void *arg)
     int rc = read_epochs(w, NULL, NULL, &w->items[0], sequential_step);
     if (rc) fail(w->tr, w, rc);
     else leave_job(w);
-    worker_done(w->tr);
+    worker_done(w);
     return NULL;
 }
 
@@ -520,7 +611,7 @@ static void *pipeline_main(void *arg)
     push_main(w);
     for (unsigned i = 0; i < started; i++) pthread_join(t[i], NULL);
     leave_job(w);
-    worker_done(w->tr);
+    worker_done(w);
     return NULL;
 }
 
@@ -666,11 +757,298 @@ static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
                          o->straggler, o->workers);
     if (o->data < GR_TRAIN_DATA_AUTO || o->data > GR_TRAIN_DATA_SHARED)
         return gr_seterr(GR_EINVAL, "train: unknown data assignment %d", o->data);
+    if (o->ckpt_dir && !be->ckpt_save)
+        return gr_seterr(GR_EINVAL, "train: checkpoints are saved by the parameter servers: use "
+                         "the parameter-server backend (the embedded cluster or --servers)");
+    if (o->resume && !be->ckpt_load)
+        return gr_seterr(GR_EINVAL, "train: resuming needs the parameter-server backend (the "
+                         "embedded cluster or --servers)");
+    if (o->ckpt_zstd < 0 || o->ckpt_zstd > 19)
+        return gr_seterr(GR_EINVAL, "train: checkpoint zstd level must be 0..19");
     uint32_t want_dim = o->model.kind == GR_MODEL_LR ? 1 : o->model.dim;
     if (o->emb.dim != want_dim)
         return gr_seterr(GR_EDIM, "train: embedding table '%s' has dim %u, the model needs %u",
                          o->emb.name, o->emb.dim, want_dim);
     return GR_OK;
+}
+
+/* ---- checkpoints: the coordinator, the trainer's position, resume ------------------------ */
+
+/* Batches pushed by all workers, before the resume included. Under mu. */
+static uint64_t total_pushed(const trainer *tr)
+{
+    uint64_t t = tr->base_total;
+    for (unsigned i = 0; i < tr->o->workers; i++) t += tr->workers[i].steps;
+    return t;
+}
+
+/* True when every worker is finished or parked where the pause wants it, with nothing in
+ * flight; *any when at least one is parked (not all finished). Under mu. */
+static bool ck_quiet(const trainer *tr, bool *any)
+{
+    *any = false;
+    for (unsigned i = 0; i < tr->o->workers; i++) {
+        const worker *w = &tr->workers[i];
+        if (w->finished) continue;
+        bool ok;
+        if (tr->ck_rounds)
+            ok = w->gate == GATE_PARKED && w->base + w->fetched == tr->ck_target &&
+                 w->steps == w->fetched;
+        else
+            ok = (w->gate == GATE_PARKED && w->steps == w->fetched) ||
+                 ((w->gate == GATE_ACQUIRING || w->gate == GATE_HELD) && w->steps + 1 == w->fetched);
+        if (!ok) return false;
+        *any = true;
+    }
+    return true;
+}
+
+static const char *data_name(const trainer *tr) { return tr->shared ? "shared" : "static"; }
+
+static uint64_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/* The trainer's position as JSON, stored beside the checkpoint's manifest (user.json): what a
+ * resumed run needs to continue exactly where this one is. Under mu. */
+static char *ck_meta(const trainer *tr, uint64_t step)
+{
+    const gr_train_opts *o = tr->o;
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    cJSON_AddStringToObject(j, "format", "granary-train");
+    cJSON_AddNumberToObject(j, "version", 1);
+    cJSON_AddNumberToObject(j, "step", (double)step);
+    cJSON_AddStringToObject(j, "mode", gr_train_mode_name(o->mode));
+    cJSON_AddNumberToObject(j, "workers", o->workers);
+    cJSON_AddNumberToObject(j, "batch", (double)o->batch);
+    cJSON_AddNumberToObject(j, "epochs", o->epochs);
+    cJSON_AddStringToObject(j, "data", data_name(tr));
+    cJSON_AddNumberToObject(j, "train_bytes", (double)file_size(o->train_path));
+    cJSON_AddNumberToObject(j, "examples", (double)(tr->base_examples + tr->examples));
+    cJSON_AddNumberToObject(j, "batches", (double)total_pushed(tr));
+    cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
+    for (unsigned i = 0; i < o->workers; i++)
+        cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)(tr->workers[i].base + tr->workers[i].steps)));
+    if (tr->shared) {
+        /* Per chunk (counter value over epochs): -1 done, else batches pushed. A chunk is done
+         * when the worker that took it has pushed from a later chunk (it reads its chunks in
+         * order, and its items are pushed in order). */
+        cJSON *ch = cJSON_AddObjectToObject(j, "chunks");
+        cJSON_AddNumberToObject(ch, "count", tr->nchunks);
+        cJSON *pr = cJSON_AddArrayToObject(ch, "progress");
+        uint64_t last = 0;
+        for (uint64_t c = 0; c < tr->nchunk_total; c++)
+            if (tr->chunk_done[c] || tr->chunk_owner[c] >= 0 || tr->chunk_pushed[c]) last = c + 1;
+        for (uint64_t c = 0; c < last; c++) {
+            int32_t ow = tr->chunk_owner[c];
+            bool done = tr->chunk_done[c] ||
+                        (ow >= 0 && tr->workers[ow].cur_chunk != UINT64_MAX &&
+                         c < tr->workers[ow].cur_chunk);
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber(done ? -1.0 : (double)tr->chunk_pushed[c]));
+        }
+    }
+    char *txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return txt;
+}
+
+/* Saves checkpoint `step` (every worker is parked or finished). A failure is reported and
+ * training goes on; the shards make the next one full. */
+static void ck_save(trainer *tr, uint64_t step)
+{
+    const gr_train_opts *o = tr->o;
+    pthread_mutex_lock(&tr->mu);
+    char *meta = ck_meta(tr, step);
+    uint64_t total = total_pushed(tr);
+    gr_train_ckpt k;
+    memset(&k, 0, sizeof k);
+    k.root = o->ckpt_dir;
+    k.step = step;
+    k.parent = tr->ck_parent[0] ? tr->ck_parent : NULL;
+    k.incremental = o->ckpt_incremental;
+    k.full_every = o->ckpt_full_every;
+    k.keep = o->ckpt_keep;
+    k.zstd_level = o->ckpt_zstd;
+    k.same_step = tr->ck_rounds;
+    k.meta = meta;
+    pthread_mutex_unlock(&tr->mu);
+    double t0 = gr_now_s();
+    int rc = meta ? tr->be->ckpt_save(tr->be->ctx, &k)
+                  : gr_seterr(GR_ENOMEM, "out of memory for the checkpoint's metadata");
+    double secs = gr_now_s() - t0;
+    free(meta);
+    pthread_mutex_lock(&tr->mu);
+    gr_train_result *res = tr->res;
+    res->ckpt_seconds += secs;
+    if (rc) {
+        res->ckpt_failures++;
+        tr->ck_parent[0] = '\0';
+        GR_LOGW("train: checkpoint of step %llu failed (training goes on; the next one is full): "
+                "%s", (unsigned long long)step, gr_errmsg());
+    } else {
+        res->ckpt_saves++;
+        snprintf(tr->ck_parent, sizeof tr->ck_parent, "%s", k.name);
+        snprintf(res->ckpt_last, sizeof res->ckpt_last, "%s", k.name);
+        if (o->progress_s > 0)
+            fprintf(stderr, "train: checkpoint %s/%s (%s, %llu rows, %.1f MB, %.2f s)\n",
+                    o->ckpt_dir, k.name, k.delta ? "delta" : "full", (unsigned long long)k.rows,
+                    (double)k.bytes / 1e6, secs);
+    }
+    tr->ck_saved_total = total;
+    pthread_mutex_unlock(&tr->mu);
+}
+
+/* The coordinator's turn (the run's main thread, holding mu): start a pause when one is due,
+ * and save once every worker is quiet. Returns true when it saved. */
+static bool ck_turn(trainer *tr)
+{
+    const gr_train_opts *o = tr->o;
+    if (!tr->ck || tr->err) return false;
+    if (!tr->ck_rounds && !tr->ck_pause && o->ckpt_every &&
+        total_pushed(tr) >= tr->ck_next_total) {
+        tr->ck_pause = true;
+        pthread_cond_broadcast(&tr->cv);
+    }
+    bool due = tr->ck_rounds ? tr->ck_target != 0 : tr->ck_pause, any = false;
+    if (!due || !ck_quiet(tr, &any) || !any) return false;
+    uint64_t step = tr->ck_rounds ? tr->ck_target : total_pushed(tr);
+    pthread_mutex_unlock(&tr->mu);
+    ck_save(tr, step);
+    pthread_mutex_lock(&tr->mu);
+    if (tr->ck_rounds) {
+        tr->ck_target += o->ckpt_every;
+    } else {
+        tr->ck_pause = false;
+        tr->ck_next_total = total_pushed(tr) + o->ckpt_every * o->workers;
+    }
+    pthread_cond_broadcast(&tr->cv);
+    return true;
+}
+
+static uint64_t json_u64(const cJSON *o, const char *k, bool *ok)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0) {
+        *ok = false;
+        return 0;
+    }
+    return (uint64_t)v->valuedouble;
+}
+
+/* Restores the checkpoint to resume from and checks that its position fits this run.
+ * *meta gets the position (NULL when there was nothing to resume). Sets tr->nchunks for shared
+ * data (the checkpoint's chunking, so the worker count may change). */
+static int ck_restore(trainer *tr, cJSON **meta)
+{
+    const gr_train_opts *o = tr->o;
+    gr_train_backend *be = tr->be;
+    *meta = NULL;
+    gr_train_ckpt ld;
+    memset(&ld, 0, sizeof ld);
+    int rc = be->ckpt_load(be->ctx, o->resume, NULL, &ld);
+    if (rc == GR_ENOENT) {
+        fprintf(stderr, "train: nothing to resume under %s (%s): starting from scratch\n",
+                o->resume, gr_errmsg());
+        return GR_OK;
+    }
+    if (rc) return rc;
+    cJSON *j = ld.meta ? cJSON_Parse(ld.meta) : NULL;
+    free(ld.meta);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "granary-train")) {
+        cJSON_Delete(j);
+        return gr_seterr(GR_EINVAL, "%s: checkpoint %s holds no training position (user.json): it "
+                         "was not written by granary train", o->resume, ld.name);
+    }
+    bool ok = true;
+    uint64_t workers = json_u64(j, "workers", &ok), batch = json_u64(j, "batch", &ok);
+    uint64_t bytes = json_u64(j, "train_bytes", &ok);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    const cJSON *ws = cJSON_GetObjectItemCaseSensitive(j, "worker_steps");
+    if (!ok || !cJSON_IsString(data) || !cJSON_IsArray(ws) ||
+        (uint64_t)cJSON_GetArraySize(ws) != workers) {
+        cJSON_Delete(j);
+        return gr_seterr(GR_ECORRUPT, "%s: the training position in %s is malformed", o->resume,
+                         ld.name);
+    }
+    rc = GR_OK;
+    if (strcmp(data->valuestring, data_name(tr)))
+        rc = gr_seterr(GR_EINVAL, "%s was written with %s data assignment, this run has %s "
+                       "(--data %s to resume it)", ld.name, data->valuestring, data_name(tr),
+                       data->valuestring);
+    else if (batch != o->batch)
+        rc = gr_seterr(GR_EINVAL, "%s was written with batch %llu, this run has %zu: the data "
+                       "position is counted in batches", ld.name, (unsigned long long)batch, o->batch);
+    else if (!tr->shared && workers != o->workers)
+        rc = gr_seterr(GR_EINVAL, "%s was written by %llu workers with static data ranges, this "
+                       "run has %u: the ranges would differ", ld.name, (unsigned long long)workers,
+                       o->workers);
+    else if (bytes != file_size(o->train_path))
+        rc = gr_seterr(GR_EINVAL, "%s was trained on a %llu-byte file, %s has %llu bytes",
+                       ld.name, (unsigned long long)bytes, o->train_path,
+                       (unsigned long long)file_size(o->train_path));
+    if (!rc && tr->shared) {
+        const cJSON *ch = cJSON_GetObjectItemCaseSensitive(j, "chunks");
+        uint64_t n = json_u64(ch, "count", &ok);
+        if (!ok || n == 0 || n > (1u << 20))
+            rc = gr_seterr(GR_ECORRUPT, "%s: bad chunk count in the training position", ld.name);
+        else
+            tr->nchunks = (unsigned)n;
+    }
+    if (rc) {
+        cJSON_Delete(j);
+        return rc;
+    }
+    tr->res->resumed_step = ld.step;
+    snprintf(tr->res->resumed_from, sizeof tr->res->resumed_from, "%s", ld.name);
+    if (o->progress_s > 0)
+        fprintf(stderr, "train: resumed from %s/%s (step %llu, %llu rows loaded in %.2f s)\n",
+                o->resume, ld.name, (unsigned long long)ld.step, (unsigned long long)ld.rows,
+                ld.seconds);
+    *meta = j;
+    return GR_OK;
+}
+
+/* Applies a restored position to the workers (after worker_init) and the chunk table. */
+static int ck_apply(trainer *tr, const cJSON *j)
+{
+    const gr_train_opts *o = tr->o;
+    bool ok = true;
+    tr->base_examples = json_u64(j, "examples", &ok);
+    const cJSON *ws = cJSON_GetObjectItemCaseSensitive(j, "worker_steps");
+    uint64_t sum = 0;
+    unsigned i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, ws)
+    {
+        uint64_t v = cJSON_IsNumber(it) && it->valuedouble >= 0 ? (uint64_t)it->valuedouble : 0;
+        sum += v;
+        /* Static data: worker i continues its own range. Shared data with the same worker
+         * count: the step counts carry over (for max_steps); with another count they cannot. */
+        if (i < o->workers && (!tr->shared || cJSON_GetArraySize(ws) == (int)o->workers)) {
+            tr->workers[i].base = v;
+            if (!tr->shared) tr->workers[i].skip = v;
+        }
+        i++;
+    }
+    tr->base_total = sum;
+    if (tr->shared) {
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "chunks"),
+                                                          "progress");
+        uint64_t c = 0;
+        cJSON_ArrayForEach(it, pr)
+        {
+            if (c >= tr->nchunk_total) break;
+            double v = cJSON_GetNumberValue(it);
+            if (v < 0) tr->chunk_done[c] = 1;
+            else if (v > 0) tr->chunk_pushed[c] = (uint64_t)v;
+            c++;
+        }
+    }
+    return ok ? GR_OK : gr_seterr(GR_ECORRUPT, "the training position's example count is malformed");
 }
 
 int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *res)
@@ -682,7 +1060,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     /* The workers are the parallelism; OpenBLAS threads on top would fight them for cores. */
     openblas_set_num_threads(1);
 
-    trainer tr = {.o = o, .be = be};
+    trainer tr = {.o = o, .be = be, .res = res};
+    cJSON *resumed = NULL;
     pthread_mutex_init(&tr.mu, NULL);
     pthread_cond_init(&tr.cv, NULL);
     float *init = NULL;
@@ -701,6 +1080,16 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     gr_model_init_dense(tr.m, init);
     if ((rc = be->dense_init(be->ctx, tr.dense_name, init, tr.np))) goto out;
+    tr.stepped = be->step_begin && be->push_step;
+    tr.shared = o->data == GR_TRAIN_DATA_SHARED ||
+                (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC);
+    /* Small chunks taken in turn (shared data): a fast worker reads more of the file, so a
+     * straggler does not leave a tail of its own range for the end of the run. A resumed run
+     * keeps the chunking it was checkpointed with. */
+    tr.nchunks = tr.shared ? o->workers * 64 : 0;
+    /* Resume after the tables and dense parameters are declared (the restore replaces their
+     * contents, optimizer state included) and before any worker runs. */
+    if (o->resume && (rc = ck_restore(&tr, &resumed))) goto out;
 
     offsets = calloc(o->workers + 1, sizeof *offsets);
     first = calloc(o->workers + 1, sizeof *first);
@@ -710,13 +1099,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
         rc = gr_seterr(GR_ENOMEM, "train: out of memory");
         goto out;
     }
-    tr.stepped = be->step_begin && be->push_step;
-    tr.shared = o->data == GR_TRAIN_DATA_SHARED ||
-                (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC);
     if (tr.shared) {
-        /* Small chunks taken in turn: a fast worker reads more of the file, so a straggler
-         * does not leave a tail of its own range for the end of the run. */
-        tr.nchunks = o->workers * 64;
         tr.chunk_off = calloc(tr.nchunks + 1, sizeof *tr.chunk_off);
         tr.chunk_line = calloc(tr.nchunks + 1, sizeof *tr.chunk_line);
         if (!tr.chunk_off || !tr.chunk_line) {
@@ -732,6 +1115,29 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
         tr.workers[i].start = offsets[i];
         tr.workers[i].end = offsets[i + 1];
         tr.workers[i].first_line = first[i];
+        tr.workers[i].cur_chunk = UINT64_MAX;
+    }
+    tr.ck = o->ckpt_dir != NULL;
+    if (tr.shared && (tr.ck || resumed)) {
+        tr.nchunk_total = (uint64_t)o->epochs * tr.nchunks;
+        tr.chunk_owner = malloc(tr.nchunk_total * sizeof *tr.chunk_owner);
+        tr.chunk_pushed = calloc(tr.nchunk_total, sizeof *tr.chunk_pushed);
+        tr.chunk_done = calloc(tr.nchunk_total, sizeof *tr.chunk_done);
+        if (!tr.chunk_owner || !tr.chunk_pushed || !tr.chunk_done) {
+            rc = gr_seterr(GR_ENOMEM, "train: out of memory");
+            goto out;
+        }
+        for (uint64_t c = 0; c < tr.nchunk_total; c++) tr.chunk_owner[c] = -1;
+    }
+    if (resumed && (rc = ck_apply(&tr, resumed))) goto out;
+    if (tr.ck) {
+        /* Sync pauses every worker before the same step's token; the other modes pause all
+         * workers wherever they are once enough batches were pushed. */
+        tr.ck_rounds = o->mode == GR_MODE_SYNC && tr.stepped;
+        uint64_t from = res->resumed_step;
+        tr.ck_target = tr.ck_rounds && o->ckpt_every ? (from / o->ckpt_every + 1) * o->ckpt_every : 0;
+        tr.ck_next_total = tr.base_total + o->ckpt_every * o->workers;
+        tr.ck_saved_total = tr.base_total;
     }
 
     double t0 = gr_now_s(), last_t = t0, window_loss = NAN;
@@ -750,6 +1156,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     /* Wait for the workers, with a progress line every progress_s seconds. */
     pthread_mutex_lock(&tr.mu);
     while (tr.running) {
+        if (ck_turn(&tr)) continue;
         if (o->progress_s > 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -768,6 +1175,17 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     pthread_mutex_unlock(&tr.mu);
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    /* The last checkpoint: the state at the end of training (unless the last one is it). */
+    if (tr.ck && !tr.err && total_pushed(&tr) != tr.ck_saved_total) {
+        uint64_t step = total_pushed(&tr);
+        if (tr.ck_rounds) {
+            step = 0;
+            for (unsigned i = 0; i < o->workers; i++)
+                if (tr.workers[i].base + tr.workers[i].steps > step)
+                    step = tr.workers[i].base + tr.workers[i].steps;
+        }
+        ck_save(&tr, step);
+    }
     double t1 = gr_now_s();
     if (o->progress_s > 0) progress_line(&tr, t0, &last_t, &last_ex, &window_loss);
     else if (tr.loss_n) window_loss = tr.loss_sum / (double)tr.loss_n;
@@ -796,6 +1214,10 @@ out:
     free(tr.workers);
     free(tr.chunk_off);
     free(tr.chunk_line);
+    free(tr.chunk_owner);
+    free(tr.chunk_pushed);
+    free(tr.chunk_done);
+    cJSON_Delete(resumed);
     free(tids);
     free(offsets);
     free(first);

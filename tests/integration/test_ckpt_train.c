@@ -1,0 +1,406 @@
+/* Integration: checkpoints in training, end to end through the trainer, the parameter-server
+ * backend and embedded clusters.
+ *  - sync, 2 workers, pipelined: a run of N steps with checkpoints every N/2 steps, and a run
+ *    stopped at N/2 (max_steps) then resumed on a fresh cluster of another shard count, end
+ *    with bitwise identical parameters (every row, the dense parameters) and the same test
+ *    AUC and logloss; resuming from the uninterrupted run's middle checkpoint does too;
+ *  - a worker with less data than the others (it leaves early) across a checkpoint;
+ *  - async with shared chunks: checkpoints while workers run, and a resumed run reads exactly
+ *    the examples the first one had not trained on;
+ *  - refusals: a different batch size, nothing to resume (fresh start), the local backend.
+ * The data are fixed-width TSV lines, so byte ranges split them exactly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "granary/ckpt.h"
+#include "granary/client.h"
+#include "granary/train.h"
+#include "tests/support/ps_harness.h"
+
+#define B 32
+#define STEPS 8 /* per worker in multi.tsv */
+#define UNEVEN_LINES 487
+
+static char tmp[128];
+
+static void write_line(FILE *f, unsigned i, bool wide)
+{
+    uint64_t h = gr_hash_key(i, 77);
+    unsigned ints[13], ids[26];
+    int score = 0;
+    for (int j = 0; j < 13; j++) ints[j] = (unsigned)((h >> (j * 3)) % 50);
+    for (int s = 0; s < 26; s++) {
+        ids[s] = (unsigned)(gr_hash_key(i * 31 + (unsigned)s, 5) % (3 + (unsigned)s * 7)) * 2654435761u;
+        score += (ids[s] >> 7) & 1;
+    }
+    fprintf(f, "%d", score + (int)(ints[0] % 5) > 15 ? 1 : 0);
+    for (int j = 0; j < 13; j++) fprintf(f, wide ? "\t%012u" : "\t%04u", ints[j]);
+    for (int s = 0; s < 26; s++) fprintf(f, "\t%08x", ids[s]);
+    fputc('\n', f);
+}
+
+static void path_of(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", tmp, name);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!getenv("GRANARY_LOG")) gr_log_set_level(GR_LOG_WARN);
+    if (ps_test_tmpdir(tmp, sizeof tmp)) return -1;
+    char p[256];
+    path_of(p, sizeof p, "multi.tsv");
+    FILE *m = fopen(p, "w");
+    for (unsigned i = 0; i < 2 * STEPS * B; i++) write_line(m, i, false);
+    fclose(m);
+    path_of(p, sizeof p, "test.tsv");
+    FILE *t = fopen(p, "w");
+    for (unsigned i = 0; i < 300; i++) write_line(t, 50000 + i, false);
+    fclose(t);
+    /* The last 200 lines are wider: byte ranges give the last of 3 workers fewer lines. */
+    path_of(p, sizeof p, "uneven.tsv");
+    FILE *u = fopen(p, "w");
+    for (unsigned i = 0; i < UNEVEN_LINES; i++) write_line(u, 1000 + i, i >= UNEVEN_LINES - 200);
+    fclose(u);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ps_test_rmdir(tmp);
+    return 0;
+}
+
+/* Every distinct feature id of a file. */
+static size_t file_ids(const char *path, uint64_t **out)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t cap = 1 << 16, n = 0;
+    uint64_t *ids = malloc(cap * sizeof *ids);
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        float label, dense[13];
+        uint64_t x[26];
+        assert_int_equal(gr_criteo_parse_line(line, strcspn(line, "\n"), &label, dense, x), 0);
+        for (int s = 0; s < 26; s++) {
+            if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
+            ids[n++] = x[s];
+        }
+    }
+    fclose(f);
+    uint64_t *uniq = malloc(n * sizeof *uniq);
+    uint32_t *inv = malloc(n * sizeof *inv);
+    long nu = gr_dedup(ids, n, uniq, inv, NULL);
+    assert_true(nu > 0);
+    free(ids);
+    free(inv);
+    *out = uniq;
+    return (size_t)nu;
+}
+
+typedef struct params {
+    float *dense, *rows;
+    size_t nd, nrows;
+} params;
+
+static void params_fini(params *p)
+{
+    free(p->dense);
+    free(p->rows);
+}
+
+typedef struct run_cfg {
+    const char *file;
+    unsigned workers, shards;
+    gr_train_mode mode;
+    bool pipeline;
+    const char *ckpt_dir;
+    uint64_t every, max_steps;
+    const char *resume;
+    size_t batch;
+} run_cfg;
+
+static void model_opts(gr_train_opts *o)
+{
+    gr_train_opts_default(o, GR_MODEL_DLRM);
+    o->model.dim = 4;
+    o->model.n_bottom = 1;
+    o->model.bottom[0] = 8;
+    o->model.n_top = 1;
+    o->model.top[0] = 8;
+    o->emb.dim = 4;
+}
+
+/* Trains on a fresh embedded cluster; reads back every parameter when ids is not NULL. */
+static int run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
+               gr_train_result *res)
+{
+    gr_local_cluster *cl;
+    assert_int_equal(gr_local_cluster_start(c->shards, 2, &cl), 0);
+    gr_client_config cc;
+    gr_client_config_default(&cc);
+    cc.servers = gr_local_cluster_servers(cl);
+    gr_client *client;
+    assert_int_equal(gr_client_create(&cc, &client), 0);
+    gr_ps_backend_opts po;
+    gr_ps_backend_opts_default(&po);
+    po.client = client;
+    po.mode = c->mode;
+    po.workers = c->workers;
+    po.timeout_ms = 20000;
+    gr_train_backend be;
+    assert_int_equal(gr_ps_backend_create(&po, &be), 0);
+    gr_train_opts o;
+    model_opts(&o);
+    char test[256];
+    path_of(test, sizeof test, "test.tsv");
+    o.train_path = c->file;
+    o.test_path = test;
+    o.workers = c->workers;
+    o.batch = c->batch ? c->batch : B;
+    o.mode = c->mode;
+    o.pipeline = c->pipeline;
+    o.progress_s = 0;
+    o.ckpt_dir = c->ckpt_dir;
+    o.ckpt_every = c->every;
+    o.max_steps = c->max_steps;
+    o.resume = c->resume;
+    int rc = gr_train_run(&o, &be, res);
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", rc ? gr_errmsg() : "");
+    if (!rc && ids) {
+        gr_model *m;
+        assert_int_equal(gr_model_create(&o.model, &m), 0);
+        out->nd = gr_model_dense_size(m);
+        out->dense = malloc(out->nd * sizeof(float));
+        assert_int_equal(gr_client_dense_pull(client, gr_model_dense_name(m), out->dense, out->nd), 0);
+        gr_model_destroy(m);
+        out->nrows = nids * 4;
+        out->rows = malloc(out->nrows * sizeof(float));
+        gr_client_batch b = {GR_TRAIN_EMB_TABLE, 4, nids, ids, out->rows, NULL};
+        assert_int_equal(gr_client_pull_many(client, &b, 1, GR_CLIENT_READONLY), 0);
+    }
+    gr_ps_backend_finish(&be);
+    gr_train_backend_destroy(&be);
+    gr_client_destroy(client);
+    gr_local_cluster_stop(cl);
+    if (rc) gr_seterr(rc, "%s", msg);
+    return rc;
+}
+
+static void assert_params_equal(const params *a, const params *b)
+{
+    assert_int_equal(a->nd, b->nd);
+    assert_int_equal(a->nrows, b->nrows);
+    assert_memory_equal(a->dense, b->dense, a->nd * sizeof(float));
+    assert_memory_equal(a->rows, b->rows, a->nrows * sizeof(float));
+}
+
+/* Sync, 2 workers, pipelined: uninterrupted vs stopped at the middle and resumed. */
+static void test_sync_resume_is_exact(void **state)
+{
+    (void)state;
+    char file[256], rootA[256], rootB[256];
+    path_of(file, sizeof file, "multi.tsv");
+    path_of(rootA, sizeof rootA, "syncA");
+    path_of(rootB, sizeof rootB, "syncB");
+    uint64_t *ids;
+    size_t nids = file_ids(file, &ids);
+    params pa, pb, pc;
+    gr_train_result ra, rb1, rb2, rc2;
+
+    run_cfg a = {.file = file, .workers = 2, .shards = 2, .mode = GR_MODE_SYNC, .pipeline = true,
+                 .ckpt_dir = rootA, .every = STEPS / 2};
+    int rc = run(&a, ids, nids, &pa, &ra);
+    if (rc) fprintf(stderr, "run A: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    assert_int_equal(ra.steps, 2 * STEPS);
+    assert_int_equal(ra.ckpt_saves, 2); /* at step 4 and at the end (8) */
+    assert_int_equal(ra.ckpt_failures, 0);
+    assert_string_equal(ra.ckpt_last, "step-000000000008");
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/step-000000000004", rootA);
+    assert_int_equal(gr_ckpt_verify(dir, true, NULL), 0);
+
+    /* Stop at the middle (a clean stop at step 4 with its checkpoint)... */
+    run_cfg b1 = a;
+    b1.ckpt_dir = rootB;
+    b1.max_steps = STEPS / 2;
+    assert_int_equal(run(&b1, NULL, 0, NULL, &rb1), 0);
+    assert_int_equal(rb1.steps, STEPS);
+    assert_int_equal(rb1.ckpt_saves, 1);
+    assert_string_equal(rb1.ckpt_last, "step-000000000004");
+    /* ... and resume on a fresh cluster of 3 shards, to the end. */
+    run_cfg b2 = a;
+    b2.ckpt_dir = rootB;
+    b2.shards = 3;
+    b2.resume = rootB;
+    rc = run(&b2, ids, nids, &pb, &rb2);
+    if (rc) fprintf(stderr, "run B: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    assert_int_equal(rb2.resumed_step, STEPS / 2);
+    assert_string_equal(rb2.resumed_from, "step-000000000004");
+    assert_int_equal(rb2.steps, STEPS); /* the second half only */
+    assert_int_equal(rb2.examples, STEPS * B);
+    assert_string_equal(rb2.ckpt_last, "step-000000000008");
+    assert_params_equal(&pa, &pb);
+    assert_true(ra.test_auc > 0.5);
+    assert_true(ra.test_auc == rb2.test_auc);
+    assert_true(ra.test_logloss == rb2.test_logloss);
+    fprintf(stderr, "sync: uninterrupted AUC %.9f logloss %.9f; resumed AUC %.9f logloss %.9f\n",
+            ra.test_auc, ra.test_logloss, rb2.test_auc, rb2.test_logloss);
+
+    /* Resuming from the uninterrupted run's middle checkpoint (a directory given directly),
+     * sequential this time (the pipeline does not change what is computed). */
+    run_cfg c2 = a;
+    c2.ckpt_dir = NULL;
+    c2.pipeline = false;
+    c2.resume = dir;
+    assert_int_equal(run(&c2, ids, nids, &pc, &rc2), 0);
+    assert_int_equal(rc2.resumed_step, STEPS / 2);
+    assert_params_equal(&pa, &pc);
+
+    params_fini(&pa);
+    params_fini(&pb);
+    params_fini(&pc);
+    free(ids);
+}
+
+/* Three workers with 12, 11 and 9 batches: the last leaves before the checkpoint at step 10,
+ * the second has one step after it; the resumed run must reproduce both. */
+static void test_sync_resume_with_a_worker_that_left(void **state)
+{
+    (void)state;
+    char file[256], root[256], root2[256];
+    path_of(file, sizeof file, "uneven.tsv");
+    path_of(root, sizeof root, "unevenA");
+    path_of(root2, sizeof root2, "unevenB");
+    uint64_t *ids;
+    size_t nids = file_ids(file, &ids);
+    params pa, pb;
+    gr_train_result ra, rb1, rb2;
+    run_cfg a = {.file = file, .workers = 3, .shards = 2, .mode = GR_MODE_SYNC, .pipeline = true,
+                 .ckpt_dir = root, .every = 10, .batch = 16};
+    assert_int_equal(run(&a, ids, nids, &pa, &ra), 0);
+    assert_true(ra.worker_steps[2] < ra.worker_steps[0]);
+    /* 12, 11 and 9 batches: the last worker left before the checkpoint at step 10, and the
+     * second one has one step after it. */
+    assert_int_equal(ra.worker_steps[0], 12);
+    assert_int_equal(ra.worker_steps[1], 11);
+    assert_int_equal(ra.worker_steps[2], 9);
+    assert_int_equal(ra.ckpt_saves, 2);
+    run_cfg b1 = a;
+    b1.ckpt_dir = root2;
+    b1.max_steps = 10;
+    assert_int_equal(run(&b1, NULL, 0, NULL, &rb1), 0);
+    run_cfg b2 = a;
+    b2.ckpt_dir = root2;
+    b2.resume = root2;
+    b2.pipeline = false;
+    assert_int_equal(run(&b2, ids, nids, &pb, &rb2), 0);
+    assert_int_equal(rb2.resumed_step, 10);
+    assert_int_equal(rb2.worker_steps[0], 2);
+    assert_int_equal(rb2.worker_steps[1], 1);
+    assert_int_equal(rb2.worker_steps[2], 0); /* nothing left for the short worker */
+    assert_int_equal(rb1.examples + rb2.examples, ra.examples);
+    assert_params_equal(&pa, &pb);
+    params_fini(&pa);
+    params_fini(&pb);
+    free(ids);
+}
+
+/* Async with shared chunks: checkpoints are taken while workers run, and a resumed run trains
+ * on exactly the examples the first one had not pushed. */
+static void test_async_resume_covers_the_rest(void **state)
+{
+    (void)state;
+    char file[256], root[256];
+    path_of(file, sizeof file, "uneven.tsv");
+    path_of(root, sizeof root, "async");
+    gr_train_result r1, r2;
+    run_cfg a = {.file = file, .workers = 3, .shards = 2, .mode = GR_MODE_ASYNC,
+                 .pipeline = true, .ckpt_dir = root, .every = 1, .batch = 8, .max_steps = 5};
+    int rc = run(&a, NULL, 0, NULL, &r1);
+    if (rc) fprintf(stderr, "async: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    assert_true(r1.ckpt_saves >= 2);
+    assert_int_equal(r1.ckpt_failures, 0);
+    assert_int_equal(r1.steps, 15);
+    run_cfg b = a;
+    b.max_steps = 0;
+    b.resume = root;
+    rc = run(&b, NULL, 0, NULL, &r2);
+    if (rc) fprintf(stderr, "async resume: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    assert_true(r2.resumed_step > 0);
+    /* Every example exactly once over the two runs. */
+    assert_int_equal(r1.examples + r2.examples, UNEVEN_LINES);
+    /* A third run from the final checkpoint has nothing left. */
+    gr_train_result r3;
+    assert_int_equal(run(&b, NULL, 0, NULL, &r3), 0);
+    assert_int_equal(r3.examples, 0);
+    assert_int_equal(r3.ckpt_saves, 0);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char file[256], root[256], empty[256];
+    path_of(file, sizeof file, "multi.tsv");
+    path_of(root, sizeof root, "syncA"); /* written by the first test */
+    path_of(empty, sizeof empty, "no-checkpoints-here");
+    gr_train_result r;
+    /* Another batch size: the data position cannot be mapped. */
+    run_cfg a = {.file = file, .workers = 2, .shards = 1, .mode = GR_MODE_SYNC, .pipeline = true,
+                 .resume = root, .batch = 16};
+    assert_int_equal(run(&a, NULL, 0, NULL, &r), GR_EINVAL);
+    fprintf(stderr, "refused as expected: %s\n", gr_errmsg());
+    assert_non_null(strstr(gr_errmsg(), "batch"));
+    /* Another worker count with static ranges. */
+    a.batch = B;
+    a.workers = 1;
+    assert_int_equal(run(&a, NULL, 0, NULL, &r), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "workers"));
+    /* Nothing under the root: a fresh start. */
+    a.workers = 2;
+    a.resume = empty;
+    a.max_steps = 1;
+    assert_int_equal(run(&a, NULL, 0, NULL, &r), 0);
+    assert_int_equal(r.resumed_step, 0);
+    assert_int_equal(r.steps, 2);
+    /* The local backend cannot checkpoint. */
+    gr_train_backend be;
+    gr_local_backend_opts lo = {GR_DENSE_OPT_ADAM, 1e-3f, 0.9f, 0.999f, 1e-8f};
+    assert_int_equal(gr_local_backend_create(&lo, &be), 0);
+    gr_train_opts o;
+    model_opts(&o);
+    o.train_path = file;
+    o.ckpt_dir = root;
+    o.progress_s = 0;
+    assert_int_equal(gr_train_run(&o, &be, &r), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "parameter-server"));
+    gr_train_backend_destroy(&be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sync_resume_is_exact),
+        cmocka_unit_test(test_sync_resume_with_a_worker_that_left),
+        cmocka_unit_test(test_async_resume_covers_the_rest),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests_name("ckpt_train", tests, setup, teardown);
+}
