@@ -59,7 +59,19 @@ static void usage(FILE *f)
             "  --strict             stop at the first bad line instead of skipping it\n"
             "  --max-examples N     stop after about N training examples\n"
             "  --progress SECS      progress line interval on stderr (default 5; 0 = none)\n"
-            "  --metrics-out FILE   write the final metrics as JSON\n");
+            "  --metrics-out FILE   write the final metrics as JSON\n"
+            "  --max-steps N        stop once every worker has done N steps (counting steps done\n"
+            "                       before a resume)\n"
+            "checkpoints (docs/checkpoints.md, docs/operations.md; the servers write them):\n"
+            "  --ckpt-dir DIR       checkpoint root, on the servers' filesystem\n"
+            "  --ckpt-every STEPS   checkpoint every STEPS steps (default 0: only at the end)\n"
+            "  --ckpt-keep N        keep the newest N complete checkpoints (default 0: all)\n"
+            "  --ckpt-incremental   write deltas on top of the previous checkpoint where possible\n"
+            "  --ckpt-full-every N  with deltas: a full checkpoint at least every N\n"
+            "  --ckpt-zstd L        compress sections with zstd level L (1..19; default 0: raw)\n"
+            "  --resume DIR         continue from the newest complete checkpoint under DIR (or the\n"
+            "                       checkpoint DIR): parameters, optimizer state and data position;\n"
+            "                       nothing there: start from scratch\n");
 }
 
 static int parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -150,6 +162,14 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "straggler_factor", o->straggler_factor);
     }
     cJSON_AddNumberToObject(j, "wait_seconds", r->wait_seconds);
+    if (o->resume || o->ckpt_dir) {
+        cJSON_AddNumberToObject(j, "resumed_step", (double)r->resumed_step);
+        cJSON_AddStringToObject(j, "resumed_from", r->resumed_from);
+        cJSON_AddNumberToObject(j, "ckpt_saves", r->ckpt_saves);
+        cJSON_AddNumberToObject(j, "ckpt_failures", r->ckpt_failures);
+        cJSON_AddNumberToObject(j, "ckpt_seconds", r->ckpt_seconds);
+        cJSON_AddStringToObject(j, "ckpt_last", r->ckpt_last);
+    }
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)r->worker_steps[i]));
@@ -180,7 +200,8 @@ int gr_cli_train(int argc, char **argv)
         O_SERVERS, O_METRICS, O_NOPIPE, O_SEED, O_LR, O_DLR, O_BOTTOM, O_TOP, O_PARSE, O_STRICT,
         O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT, O_DEPTH,
         O_AGG, O_BACKUP, O_STALE, O_STRAG, O_STIMEOUT, O_SRESET, O_DATA, O_SHTHREADS, O_AUTH,
-        O_LOCAL,
+        O_LOCAL, O_CKDIR, O_CKEVERY, O_CKKEEP, O_CKINCR, O_CKFULL, O_CKZSTD, O_RESUME,
+        O_MAXSTEPS,
     };
     static const struct option opts[] = {
         {"train", required_argument, NULL, O_TRAIN},     {"test", required_argument, NULL, O_TEST},
@@ -208,6 +229,14 @@ int gr_cli_train(int argc, char **argv)
         {"sync-reset", no_argument, NULL, O_SRESET},     {"data", required_argument, NULL, O_DATA},
         {"shard-threads", required_argument, NULL, O_SHTHREADS},
         {"auth-file", required_argument, NULL, O_AUTH},  {"local", no_argument, NULL, O_LOCAL},
+        {"ckpt-dir", required_argument, NULL, O_CKDIR},
+        {"ckpt-every", required_argument, NULL, O_CKEVERY},
+        {"ckpt-keep", required_argument, NULL, O_CKKEEP},
+        {"ckpt-incremental", no_argument, NULL, O_CKINCR},
+        {"ckpt-full-every", required_argument, NULL, O_CKFULL},
+        {"ckpt-zstd", required_argument, NULL, O_CKZSTD},
+        {"resume", required_argument, NULL, O_RESUME},
+        {"max-steps", required_argument, NULL, O_MAXSTEPS},
         {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
     };
     /* First pass: the model kind decides the defaults the other options change. */
@@ -389,6 +418,29 @@ int gr_cli_train(int argc, char **argv)
             shard_threads = (long)v;
             break;
         case O_AUTH: auth_file = optarg; break;
+        case O_CKDIR: o.ckpt_dir = optarg; break;
+        case O_CKEVERY:
+            if (parse_num("--ckpt-every", optarg, 0, 1e15, &v)) return 2;
+            o.ckpt_every = (uint64_t)v;
+            break;
+        case O_CKKEEP:
+            if (parse_num("--ckpt-keep", optarg, 0, 1e6, &v)) return 2;
+            o.ckpt_keep = (uint32_t)v;
+            break;
+        case O_CKINCR: o.ckpt_incremental = true; break;
+        case O_CKFULL:
+            if (parse_num("--ckpt-full-every", optarg, 0, 1e6, &v)) return 2;
+            o.ckpt_full_every = (uint32_t)v;
+            break;
+        case O_CKZSTD:
+            if (parse_num("--ckpt-zstd", optarg, 0, 19, &v)) return 2;
+            o.ckpt_zstd = (int)v;
+            break;
+        case O_RESUME: o.resume = optarg; break;
+        case O_MAXSTEPS:
+            if (parse_num("--max-steps", optarg, 0, 1e15, &v)) return 2;
+            o.max_steps = (uint64_t)v;
+            break;
         case O_LOCAL: shards = 0; break;
         case O_DEPTH:
             if (parse_num("--queue-depth", optarg, 1, 64, &v)) return 2;
@@ -412,6 +464,14 @@ int gr_cli_train(int argc, char **argv)
         return 2;
     }
     bool local = !servers && shards == 0;
+    if (local && (o.ckpt_dir || o.resume)) {
+        fprintf(stderr, "granary train: checkpoints are written by the parameter servers: drop "
+                        "--local (the embedded cluster checkpoints)\n");
+        return 2;
+    }
+    if (!o.ckpt_dir && (o.ckpt_every || o.ckpt_keep || o.ckpt_incremental || o.ckpt_zstd))
+        fprintf(stderr, "granary train: --ckpt-every/--ckpt-keep/--ckpt-incremental/--ckpt-zstd "
+                        "need --ckpt-dir\n");
     if (local && o.mode != GR_MODE_ASYNC) {
         fprintf(stderr, "granary train: --mode %s needs the parameter server's step tokens: drop "
                         "--local (the embedded cluster has them)\n", gr_train_mode_name(o.mode));
@@ -532,6 +592,10 @@ int gr_cli_train(int argc, char **argv)
         fprintf(stderr, "train: waited %.1f s for steps (all workers), %llu gradients dropped%s\n",
                 r.wait_seconds, (unsigned long long)r.dropped_gradients,
                 ri.have_sync ? "" : " (shard stats unavailable)");
+    if (o.ckpt_dir)
+        fprintf(stderr, "train: %u checkpoint(s) saved under %s (last %s), %u failed, workers "
+                        "paused %.2f s for them\n", r.ckpt_saves, o.ckpt_dir,
+                r.ckpt_last[0] ? r.ckpt_last : "none", r.ckpt_failures, r.ckpt_seconds);
     fprintf(stderr,
             "train: done: %llu examples in %.1f s (%.0f examples/s), last train loss %.5f, "
             "%llu bad lines\n",

@@ -15,10 +15,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "granary/ckpt.h"
@@ -394,6 +397,128 @@ static void test_refusals(void **state)
     gr_train_backend_destroy(&be);
 }
 
+/* ---- granary train: kill -9 mid-run, --resume, same final metrics ---- */
+
+static pid_t spawn_train(const char *const *args)
+{
+    size_t n = 0;
+    while (args[n]) n++;
+    char **argv = calloc(n + 2, sizeof *argv);
+    argv[0] = (char *)ps_test_granary_bin();
+    for (size_t i = 0; i < n; i++) argv[i + 1] = (char *)args[i];
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    free(argv);
+    return pid;
+}
+
+static int wait_exit(pid_t pid, unsigned timeout_ms)
+{
+    int st = 0;
+    for (unsigned waited = 0; waited < timeout_ms; waited += 5) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(5000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* "auc" and "logloss" of a --metrics-out file, as printed (17 significant digits). */
+static void read_metrics(const char *path, char *auc, char *logloss)
+{
+    char *txt = NULL;
+    assert_int_equal(gr_read_file(path, &txt, NULL), 0);
+    const char *a = strstr(txt, "\"auc\":"), *l = strstr(txt, "\"logloss\":");
+    assert_non_null(a);
+    assert_non_null(l);
+    sscanf(a + 6, " %63[^,\n]", auc);
+    sscanf(l + 10, " %63[^,\n]", logloss);
+    free(txt);
+}
+
+static void test_cli_kill_and_resume(void **state)
+{
+    (void)state;
+    char file[256], test[256], rootA[256], rootB[256], mA[256], mB[256];
+    path_of(file, sizeof file, "long.tsv");
+    path_of(test, sizeof test, "test.tsv");
+    path_of(rootA, sizeof rootA, "cliA");
+    path_of(rootB, sizeof rootB, "cliB");
+    path_of(mA, sizeof mA, "metricsA.json");
+    path_of(mB, sizeof mB, "metricsB.json");
+    FILE *f = fopen(file, "w");
+    for (unsigned i = 0; i < 2 * 96 * B; i++) write_line(f, 7000 + i, false);
+    fclose(f);
+    const char *common[] = {"train", "--train", file, "--test", test, "--mode", "sync",
+                            "--workers", "2", "--batch", "32", "--shards", "2", "--dim", "4",
+                            "--bottom", "8", "--top", "8", "--progress", "0", "--ckpt-every", "8",
+                            "--ckpt-keep", "2", "--ckpt-incremental"};
+    enum { NC = sizeof common / sizeof common[0] };
+    const char *args[NC + 8];
+    memcpy(args, common, sizeof common);
+    /* Uninterrupted. */
+    size_t n = NC;
+    args[n++] = "--ckpt-dir";
+    args[n++] = rootA;
+    args[n++] = "--metrics-out";
+    args[n++] = mA;
+    args[n] = NULL;
+    assert_int_equal(wait_exit(spawn_train(args), 120000), 0);
+    /* Killed once its first checkpoint is complete. */
+    n = NC;
+    args[n++] = "--ckpt-dir";
+    args[n++] = rootB;
+    args[n] = NULL;
+    pid_t pid = spawn_train(args);
+    assert_true(pid > 0);
+    char name[GR_CKPT_NAME_MAX];
+    uint64_t step = 0;
+    int st = -1;
+    for (unsigned waited = 0; waited < 120000; waited += 1) {
+        if (gr_ckpt_latest(rootB, name, &step) == GR_OK) break;
+        if (waitpid(pid, &st, WNOHANG) == pid) break;
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    int rc = wait_exit(pid, 20000);
+    assert_int_equal(gr_ckpt_latest(rootB, name, &step), 0);
+    fprintf(stderr, "cli: train %s at its checkpoint of step %llu (of 96)\n",
+            rc == 128 + SIGKILL ? "killed" : "had finished", (unsigned long long)step);
+    /* Resumed to the end. */
+    n = NC;
+    args[n++] = "--ckpt-dir";
+    args[n++] = rootB;
+    args[n++] = "--resume";
+    args[n++] = rootB;
+    args[n++] = "--metrics-out";
+    args[n++] = mB;
+    args[n] = NULL;
+    assert_int_equal(wait_exit(spawn_train(args), 120000), 0);
+    char aucA[64], llA[64], aucB[64], llB[64];
+    read_metrics(mA, aucA, llA);
+    read_metrics(mB, aucB, llB);
+    fprintf(stderr, "cli: uninterrupted auc %s logloss %s; killed and resumed auc %s logloss %s\n",
+            aucA, llA, aucB, llB);
+    assert_string_equal(aucA, aucB);
+    assert_string_equal(llA, llB);
+    char *txt = NULL;
+    assert_int_equal(gr_read_file(mB, &txt, NULL), 0);
+    assert_non_null(strstr(txt, "step-000000000096")); /* ckpt_last */
+    free(txt);
+    assert_int_equal(gr_ckpt_latest(rootB, name, &step), 0);
+    assert_int_equal(step, 96);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_sync_resume_with_a_worker_that_left),
         cmocka_unit_test(test_async_resume_covers_the_rest),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_cli_kill_and_resume),
     };
     return cmocka_run_group_tests_name("ckpt_train", tests, setup, teardown);
 }
