@@ -162,6 +162,7 @@ struct trainer {
      * at the same step ("rounds"): before it takes the token of step ck_target. The other modes
      * pause every worker wherever it is between two steps (ck_pause). */
     bool ck, ck_rounds, ck_pause;
+    uint64_t ck_npause;      /* pauses so far (started) */
     uint64_t ck_target;      /* rounds: the step at which workers pause next (0: none) */
     uint64_t ck_next_total;  /* pause mode: pause when this many batches are pushed in all */
     uint64_t ck_saved_total; /* batches pushed in all at the last checkpoint (or the resume) */
@@ -246,6 +247,16 @@ static void item_fini(item *it)
  * parks every worker before the token of the same step, so the shards are exactly at that
  * step's boundary; a worker blocked taking a token counts as quiet in the pause modes (a token
  * changes nothing on the shards) and, should the token come during the save, waits after it. */
+/* A count that moves by one when a checkpoint pause starts and by one when it ends (odd while
+ * one is on), so a step token that timed out can tell whether the others stood paused. */
+static uint64_t ck_pauses(trainer *tr)
+{
+    pthread_mutex_lock(&tr->mu);
+    uint64_t n = 2 * tr->ck_npause + (tr->ck_pause ? 1 : 0);
+    pthread_mutex_unlock(&tr->mu);
+    return n;
+}
+
 static int ck_gate(worker *w, bool after)
 {
     trainer *tr = w->tr;
@@ -383,7 +394,16 @@ static int stage_fetch(worker *w, item *it)
     if (tr->ck && (rc = ck_gate(w, false))) return rc;
     if (be->step_begin) {
         double t0 = gr_now_s();
-        rc = be->step_begin(be->ctx, w->id, &it->token);
+        for (;;) {
+            uint64_t pauses = ck_pauses(tr);
+            rc = be->step_begin(be->ctx, w->id, &it->token);
+            /* A token that could not come because every other worker stood paused for a
+             * checkpoint longer than the step timeout is asked for again. */
+            uint64_t now = ck_pauses(tr);
+            if (rc != GR_ETIMEDOUT || !tr->ck || (now == pauses && !(now & 1))) break;
+            GR_LOGI("train: worker %u: step token timed out during a checkpoint; asking again",
+                    w->id);
+        }
         double waited = gr_now_s() - t0;
         pthread_mutex_lock(&tr->mu);
         tr->wait_s += waited;
@@ -918,6 +938,7 @@ static bool ck_turn(trainer *tr)
     pthread_mutex_unlock(&tr->mu);
     ck_save(tr, step);
     pthread_mutex_lock(&tr->mu);
+    tr->ck_npause++;
     if (tr->ck_rounds) {
         tr->ck_target += o->ckpt_every;
     } else {
