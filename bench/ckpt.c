@@ -3,9 +3,13 @@
  * baseline (both fsync their output, neither drops the page cache). While the save runs, a
  * thread does read-only lookups of 8 random keys, 100 us apart, and records the longest one:
  * the pause a training or serving thread would see. Also an incremental save after 1% of the
- * rows changed. */
+ * rows changed. Then the same through the servers: a 2-shard embedded cluster saves (CKPT_SAVE
+ * + CKPT_COMMIT) while another client pulls 8 random keys every 100 us (the longest pull is the
+ * pause a worker would see), and a 3-shard cluster restores it. */
 #include "bench/bench.h"
 #include "granary/ckpt.h"
+#include "granary/client.h"
+#include "granary/train.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -32,7 +36,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: granary bench ckpt [--json] [--full] [--rows N] [--zstd L] [--dir PATH] [--keep]\n"
             "  one table, dim %d, Adagrad state; save (full), restore, cp+sync baseline,\n"
-            "  longest concurrent lookup during the save, and a delta save after 1%% changes\n"
+            "  longest concurrent lookup during the save, and a delta save after 1%% changes;\n"
+            "  then through the servers: 2 shards save while a client pulls, 3 shards restore\n"
             "  --rows N   rows (default 2M; --full 10M)\n"
             "  --zstd L   compress sections with zstd level L (default 0: raw)\n"
             "  --dir PATH where to write (default $TMPDIR or /tmp); removed afterwards\n"
@@ -107,6 +112,128 @@ static void *probe_main(void *arg)
         nanosleep(&ts, NULL);
     }
     return NULL;
+}
+
+/* ---- through the servers ---- */
+
+typedef struct net_prober {
+    gr_client *c;
+    uint64_t rows;
+    atomic_int stop;
+    uint64_t max_ns, calls;
+    int rc;
+} net_prober;
+
+static void *net_probe_main(void *arg)
+{
+    net_prober *p = arg;
+    gr_rng r;
+    gr_rng_seed(&r, 9);
+    uint64_t keys[8];
+    float out[8 * DIM];
+    while (!atomic_load(&p->stop)) {
+        for (int i = 0; i < 8; i++) keys[i] = key_of(gr_rng_next(&r) % p->rows);
+        uint64_t t0 = gr_now_ns();
+        if ((p->rc = gr_client_pull_many(p->c, &(gr_client_batch){1, DIM, 8, keys, out, NULL}, 1,
+                                         GR_CLIENT_READONLY)))
+            break;
+        uint64_t d = gr_now_ns() - t0;
+        if (d > p->max_ns) p->max_ns = d;
+        p->calls++;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static gr_client *bench_client(const char *servers)
+{
+    gr_client_config cc;
+    gr_client_config_default(&cc);
+    cc.servers = servers;
+    cc.request_timeout_ms = 120000;
+    gr_client *c = NULL;
+    return gr_client_create(&cc, &c) == GR_OK ? c : NULL;
+}
+
+typedef struct net_result {
+    double fill_s, save_s, restore_s, idle_max_ms, save_max_ms, shard_s;
+    uint64_t bytes, calls;
+} net_result;
+
+/* 2 shards save, 3 shards restore. */
+static int server_part(const opts *o, const char *root, net_result *nr)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/servers", root);
+    gr_local_cluster *a = NULL, *b = NULL;
+    gr_client *c = NULL, *c2 = NULL, *cb = NULL;
+    uint64_t *keys = NULL;
+    float *g = NULL;
+    int rc = gr_local_cluster_start(2, 2, &a);
+    if (!rc) c = bench_client(gr_local_cluster_servers(a));
+    if (!rc) c2 = bench_client(gr_local_cluster_servers(a));
+    if (!rc && (!c || !c2)) rc = GR_ECONN;
+    char spec[256];
+    snprintf(spec, sizeof spec, "{\"name\":\"bench\",\"id\":1,\"dim\":%d,\"partitions\":256,"
+             "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05}}", DIM);
+    if (!rc) rc = gr_client_create_table(c, spec);
+    const size_t B = 32768;
+    keys = malloc(B * 8);
+    g = malloc(B * DIM * 4);
+    if (!rc && (!keys || !g)) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    double t0 = gr_now_s();
+    for (uint64_t i = 0; !rc && i < o->rows; i += B) {
+        size_t m = o->rows - i < B ? (size_t)(o->rows - i) : B;
+        for (size_t j = 0; j < m; j++) keys[j] = key_of(i + j);
+        for (size_t j = 0; j < m * DIM; j++) g[j] = (float)((j * 7 + i) % 13) * 0.01f - 0.06f;
+        rc = gr_client_push(c, 1, DIM, keys, m, g);
+    }
+    nr->fill_s = gr_now_s() - t0;
+    net_prober pb = {c2, o->rows, 0, 0, 0, 0};
+    pthread_t th;
+    if (!rc) {
+        pthread_create(&th, NULL, net_probe_main, &pb);
+        gr_sleep_ms(300);
+        atomic_store(&pb.stop, 1);
+        pthread_join(th, NULL);
+        nr->idle_max_ms = pb.max_ns / 1e6;
+        atomic_store(&pb.stop, 0);
+        pb.max_ns = pb.calls = 0;
+        pthread_create(&th, NULL, net_probe_main, &pb);
+        gr_client_ckpt_opts co = {.root = dir, .step = 1, .zstd_level = o->zstd};
+        gr_client_ckpt_info info;
+        t0 = gr_now_s();
+        rc = gr_client_ckpt_save(c, &co, &info);
+        nr->save_s = gr_now_s() - t0;
+        atomic_store(&pb.stop, 1);
+        pthread_join(th, NULL);
+        if (!rc && pb.rc) rc = pb.rc;
+        nr->save_max_ms = pb.max_ns / 1e6;
+        nr->calls = pb.calls;
+        nr->bytes = info.bytes;
+        nr->shard_s = info.shard_seconds_max;
+    }
+    if (!rc) rc = gr_local_cluster_start(3, 2, &b);
+    if (!rc && !(cb = bench_client(gr_local_cluster_servers(b)))) rc = GR_ECONN;
+    if (!rc) {
+        gr_client_ckpt_loaded ld;
+        t0 = gr_now_s();
+        rc = gr_client_ckpt_load(cb, dir, NULL, false, &ld);
+        nr->restore_s = gr_now_s() - t0;
+        if (!rc && ld.rows != o->rows)
+            rc = gr_seterr(GR_EINTERNAL, "restored %llu rows of %llu", (unsigned long long)ld.rows,
+                           (unsigned long long)o->rows);
+        if (!rc) free(ld.meta);
+    }
+    free(keys);
+    free(g);
+    gr_client_destroy(c);
+    gr_client_destroy(c2);
+    gr_client_destroy(cb);
+    gr_local_cluster_stop(a);
+    gr_local_cluster_stop(b);
+    return rc;
 }
 
 static int run_cmd(const char *cmd)
@@ -258,6 +385,17 @@ int gr_bench_ckpt(int argc, char **argv)
     double delta_s = gr_now_s() - t0;
     if (rc != GR_OK) goto fail;
 
+    /* The library's tables are no longer needed: free them before the servers fill theirs. */
+    gr_table_destroy(t);
+    t = NULL;
+    net_result nr;
+    memset(&nr, 0, sizeof nr);
+    gr_log_level lvl = gr_log_get_level();
+    if (!getenv("GRANARY_LOG")) gr_log_set_level(GR_LOG_WARN);
+    rc = server_part(&o, root, &nr);
+    gr_log_set_level(lvl);
+    if (rc != GR_OK) goto fail;
+
     double save_bps = bytes / save_s, restore_bps = bytes / restore_s, cp_bps = bytes / cp_s;
     printf("checkpoint of %" PRIu64 " rows x dim %d, Adagrad (%.2f GB, %s)\n", o.rows, DIM,
            bytes / 1e9, o.zstd ? "zstd" : "raw sections");
@@ -272,6 +410,14 @@ int gr_bench_ckpt(int argc, char **argv)
     printf("  %-34s %8.2f s\n", "  of which the final fsync", fi.sync_seconds);
     printf("  %-34s %8.2f s  %8.1f MB  (%" PRIu64 " changed rows + %" PRIu64 " live keys)\n",
            "delta save after 1% changed", delta_s, di.size / 1e6, di.rows, di.keys);
+    printf("through the servers (2 shards save, 3 restore; filled by pushes in %.1f s)\n",
+           nr.fill_s);
+    printf("  %-34s %8.2f s  %8.0f MB/s  (slowest shard %.2f s)\n", "save (both shards + commit)",
+           nr.save_s, nr.bytes / nr.save_s / 1e6, nr.shard_s);
+    printf("  %-34s %8.2f s  %8.0f MB/s\n", "restore onto 3 shards", nr.restore_s,
+           nr.bytes / nr.restore_s / 1e6);
+    printf("  %-34s %8.2f ms  (idle: %.2f ms; %" PRIu64 " pulls during the save)\n",
+           "longest 8-key pull during the save", nr.save_max_ms, nr.idle_max_ms, nr.calls);
     if (o.json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "bench", "ckpt");
@@ -289,6 +435,11 @@ int gr_bench_ckpt(int argc, char **argv)
         cJSON_AddNumberToObject(j, "restore_bytes_per_sec", restore_bps);
         cJSON_AddNumberToObject(j, "cp_bytes_per_sec", cp_bps);
         cJSON_AddNumberToObject(j, "max_pause_ms", max_pause_ms);
+        cJSON_AddNumberToObject(j, "server_bytes", (double)nr.bytes);
+        cJSON_AddNumberToObject(j, "server_save_s", nr.save_s);
+        cJSON_AddNumberToObject(j, "server_restore_s", nr.restore_s);
+        cJSON_AddNumberToObject(j, "server_idle_max_pull_ms", nr.idle_max_ms);
+        cJSON_AddNumberToObject(j, "server_max_pull_ms", nr.save_max_ms);
         char *s = cJSON_PrintUnformatted(j);
         printf("%s\n", s);
         free(s);
