@@ -5,8 +5,8 @@
  *    with bitwise identical parameters (every row, the dense parameters) and the same test
  *    AUC and logloss; resuming from the uninterrupted run's middle checkpoint does too;
  *  - a worker with less data than the others (it leaves early) across a checkpoint;
- *  - async with shared chunks: checkpoints while workers run, and a resumed run reads exactly
- *    the examples the first one had not trained on;
+ *  - async, semisync and ssp with shared chunks: checkpoints while workers run, and a resumed
+ *    run reads exactly the examples the first one had not trained on;
  *  - refusals: a different batch size, nothing to resume (fresh start), the local backend.
  * The data are fixed-width TSV lines, so byte ranges split them exactly. */
 #include <setjmp.h>
@@ -324,37 +324,41 @@ static void test_sync_resume_with_a_worker_that_left(void **state)
     free(ids);
 }
 
-/* Async with shared chunks: checkpoints are taken while workers run, and a resumed run trains
- * on exactly the examples the first one had not pushed. */
-static void test_async_resume_covers_the_rest(void **state)
+/* Async, semisync (one backup) and ssp with shared chunks: checkpoints are taken while workers
+ * run (each pauses between two steps, some holding a step token), and a resumed run trains on
+ * exactly the examples the first one had not pushed. */
+static void test_pause_modes_resume_covers_the_rest(void **state)
 {
     (void)state;
-    char file[256], root[256];
-    path_of(file, sizeof file, "uneven.tsv");
-    path_of(root, sizeof root, "async");
-    gr_train_result r1, r2;
-    run_cfg a = {.file = file, .workers = 3, .shards = 2, .mode = GR_MODE_ASYNC,
-                 .pipeline = true, .ckpt_dir = root, .every = 1, .batch = 8, .max_steps = 5};
-    int rc = run(&a, NULL, 0, NULL, &r1);
-    if (rc) fprintf(stderr, "async: %s\n", gr_errmsg());
-    assert_int_equal(rc, 0);
-    assert_true(r1.ckpt_saves >= 2);
-    assert_int_equal(r1.ckpt_failures, 0);
-    assert_int_equal(r1.steps, 15);
-    run_cfg b = a;
-    b.max_steps = 0;
-    b.resume = root;
-    rc = run(&b, NULL, 0, NULL, &r2);
-    if (rc) fprintf(stderr, "async resume: %s\n", gr_errmsg());
-    assert_int_equal(rc, 0);
-    assert_true(r2.resumed_step > 0);
-    /* Every example exactly once over the two runs. */
-    assert_int_equal(r1.examples + r2.examples, UNEVEN_LINES);
-    /* A third run from the final checkpoint has nothing left. */
-    gr_train_result r3;
-    assert_int_equal(run(&b, NULL, 0, NULL, &r3), 0);
-    assert_int_equal(r3.examples, 0);
-    assert_int_equal(r3.ckpt_saves, 0);
+    const gr_train_mode modes[] = {GR_MODE_ASYNC, GR_MODE_SEMISYNC, GR_MODE_SSP};
+    for (int m = 0; m < 3; m++) {
+        char file[256], root[256];
+        path_of(file, sizeof file, "uneven.tsv");
+        snprintf(root, sizeof root, "%s/pause-%s", tmp, gr_train_mode_name(modes[m]));
+        gr_train_result r1, r2;
+        run_cfg a = {.file = file, .workers = 3, .shards = 2, .mode = modes[m],
+                     .pipeline = true, .ckpt_dir = root, .every = 1, .batch = 8, .max_steps = 5};
+        int rc = run(&a, NULL, 0, NULL, &r1);
+        if (rc) fprintf(stderr, "%s: %s\n", gr_train_mode_name(modes[m]), gr_errmsg());
+        assert_int_equal(rc, 0);
+        assert_true(r1.ckpt_saves >= 2);
+        assert_int_equal(r1.ckpt_failures, 0);
+        assert_int_equal(r1.steps, 15);
+        run_cfg b = a;
+        b.max_steps = 0;
+        b.resume = root;
+        rc = run(&b, NULL, 0, NULL, &r2);
+        if (rc) fprintf(stderr, "%s resume: %s\n", gr_train_mode_name(modes[m]), gr_errmsg());
+        assert_int_equal(rc, 0);
+        assert_true(r2.resumed_step > 0);
+        /* Every example exactly once over the two runs. */
+        assert_int_equal(r1.examples + r2.examples, UNEVEN_LINES);
+        /* A third run from the final checkpoint has nothing left. */
+        gr_train_result r3;
+        assert_int_equal(run(&b, NULL, 0, NULL, &r3), 0);
+        assert_int_equal(r3.examples, 0);
+        assert_int_equal(r3.ckpt_saves, 0);
+    }
 }
 
 static void test_refusals(void **state)
@@ -524,7 +528,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_resume_is_exact),
         cmocka_unit_test(test_sync_resume_with_a_worker_that_left),
-        cmocka_unit_test(test_async_resume_covers_the_rest),
+        cmocka_unit_test(test_pause_modes_resume_covers_the_rest),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_cli_kill_and_resume),
     };
