@@ -401,7 +401,7 @@ typedef struct gr_train_result {
     char resumed_from[64];    /* that checkpoint's name ("" when none) */
     uint32_t ckpt_saves;      /* checkpoints committed by this run */
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
-    double ckpt_seconds;      /* time workers stood paused for checkpoints, summed over saves */
+    double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
 } gr_train_result;
 

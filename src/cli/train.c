@@ -592,6 +592,9 @@ int gr_cli_train(int argc, char **argv)
         fprintf(stderr, "train: waited %.1f s for steps (all workers), %llu gradients dropped%s\n",
                 r.wait_seconds, (unsigned long long)r.dropped_gradients,
                 ri.have_sync ? "" : " (shard stats unavailable)");
+    if (r.resumed_from[0])
+        fprintf(stderr, "train: resumed from %s/%s (step %llu)\n", o.resume, r.resumed_from,
+                (unsigned long long)r.resumed_step);
     if (o.ckpt_dir)
         fprintf(stderr, "train: %u checkpoint(s) saved under %s (last %s), %u failed, workers "
                         "paused %.2f s for them\n", r.ckpt_saves, o.ckpt_dir,
