@@ -13,4 +13,12 @@
 GR_BENCHES(GR_BENCH_DECLARE)
 #undef GR_BENCH_DECLARE
 
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Finds a helper script of bench/ (e.g. "torch_dlrm.py"): $env_var if set and readable, else
+ * bench/NAME from the current directory, else next to the granary binary (../bench/NAME or
+ * ../../bench/NAME). Writes the path to path (cap bytes) and returns true when found. */
+bool gr_bench_find_script(const char *env_var, const char *name, char *path, size_t cap);
+
 #endif

@@ -182,36 +182,13 @@ static void *fill_main(void *p)
 
 /* Path of bench/torch_embedding.py: $GR_TORCH_SCRIPT, ./bench/, or beside the executable's
  * build folder (build/granary or build/<sanitizer>/granary). */
-static bool find_script(char *path, size_t cap)
-{
-    const char *env = getenv("GR_TORCH_SCRIPT");
-    if (env && access(env, R_OK) == 0) {
-        snprintf(path, cap, "%s", env);
-        return true;
-    }
-    if (access("bench/torch_embedding.py", R_OK) == 0) {
-        snprintf(path, cap, "bench/torch_embedding.py");
-        return true;
-    }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return false;
-    exe[n] = '\0';
-    char *dir = dirname(exe);
-    const char *ups[] = {"/../bench/torch_embedding.py", "/../../bench/torch_embedding.py"};
-    for (size_t i = 0; i < 2; i++) {
-        snprintf(path, cap, "%s%s", dir, ups[i]);
-        if (access(path, R_OK) == 0) return true;
-    }
-    return false;
-}
 
 /* Runs the PyTorch baseline as a child process; returns ids/s or -1 when unavailable. */
 static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
 {
     if (access("/usr/bin/python3", X_OK) != 0) return -1;
     char script[PATH_MAX];
-    if (!find_script(script, sizeof script)) return -1;
+    if (!gr_bench_find_script("GR_TORCH_SCRIPT", "torch_embedding.py", script, sizeof script)) return -1;
     char cmd[PATH_MAX + 256];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 '%s' --rows %" PRIu64 " --dim %d --batch %d --bag %d "

@@ -48,29 +48,6 @@ static void usage(FILE *f)
 
 /* ---- PyTorch baseline ---- */
 
-static bool find_script(char *path, size_t cap)
-{
-    const char *env = getenv("GR_TORCH_DLRM_SCRIPT");
-    if (env && access(env, R_OK) == 0) {
-        snprintf(path, cap, "%s", env);
-        return true;
-    }
-    if (access("bench/torch_dlrm.py", R_OK) == 0) {
-        snprintf(path, cap, "bench/torch_dlrm.py");
-        return true;
-    }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return false;
-    exe[n] = '\0';
-    char *dir = dirname(exe);
-    const char *ups[] = {"/../bench/torch_dlrm.py", "/../../bench/torch_dlrm.py"};
-    for (size_t i = 0; i < 2; i++) {
-        snprintf(path, cap, "%s%s", dir, ups[i]);
-        if (access(path, R_OK) == 0) return true;
-    }
-    return false;
-}
 
 /* PyTorch DLRM on the same files with granary's DLRM defaults (dim 16, bottom 64,32, top
  * 128,64, Adagrad 0.05 for embeddings, Adam 1e-3 dense, batch 1024, 2 threads): examples/s
@@ -81,7 +58,7 @@ static void run_torch(const char *dir, double *eps, double *auc)
     if (access("/usr/bin/python3", X_OK) != 0) return;
     if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return;
     char script[PATH_MAX];
-    if (!find_script(script, sizeof script)) return;
+    if (!gr_bench_find_script("GR_TORCH_DLRM_SCRIPT", "torch_dlrm.py", script, sizeof script)) return;
     char cmd[2 * PATH_MAX + 512];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 '%s' --train '%s/train.tsv' --test '%s/test.tsv' --threads 2 "
