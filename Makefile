@@ -35,6 +35,9 @@ TEST_HELPERS := $(wildcard tests/support/*.c)
 TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 
+# Test helper objects are only named in a pattern rule; keep make from deleting them.
+.SECONDARY: $(TEST_HELPER_OBJ)
+
 STATIC := $(BUILD)/libgranary.a
 SHARED := $(BUILD)/libgranary.so
 PROG   := $(BUILD)/granary
