@@ -84,6 +84,7 @@ demo: setup
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fvisibility=hidden -pthread
 FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+.SECONDARY: $(FUZZ_OBJ)
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	clang $(CPPFLAGS) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
@@ -98,3 +99,4 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find build/fuzz/obj -name '*.d' 2>/dev/null)

@@ -2,21 +2,10 @@
  * Same rules as the rest of proto: no I/O, every length checked against the limits before it
  * is used, zero padding and reserved fields enforced so a frame has exactly one encoding. */
 #include "granary/proto.h"
+#include "proto/proto_int.h"
 
 #include <string.h>
 
-static inline uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* A cursor over a body being decoded. */
 typedef struct cur {

@@ -2,6 +2,7 @@
  * Decoders treat every byte as hostile: each count is checked against the limits and against
  * the bytes actually present before anything is allocated or pointed at. */
 #include "granary/proto.h"
+#include "proto/proto_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,26 +38,7 @@ void gr_proto_limits_default(gr_proto_limits *lim)
     lim->max_string = 1u << 20;
 }
 
-static inline uint16_t rd16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
-static inline size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 int gr_proto_header_decode(const void *buf, size_t len, const gr_proto_limits *lim,
                            gr_proto_header *h, size_t *need)

@@ -2,23 +2,11 @@
  * 16-byte pair replies). Kept apart from proto.c so the step machinery's wire format reads in
  * one place; the same rules hold: no I/O, every count checked before anything is allocated. */
 #include "granary/proto.h"
+#include "proto/proto_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static inline uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 int gr_proto_put_sync_config(gr_proto_buf *b, const gr_proto_sync_config *c)
 {
