@@ -81,6 +81,22 @@ static void copy_name(char *dst, const gr_proto_strv *v)
     dst[v->n] = '\0';
 }
 
+/* Checks a request's checkpoint name and optional parent and copies them out as C strings. */
+static int take_names(const gr_proto_strv *n, const gr_proto_strv *parent, char *name_out,
+                      char *parent_out)
+{
+    if (!plain_name(n))
+        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name ([A-Za-z0-9._-])",
+                         (int)n->n, n->p);
+    if (parent->n && !plain_name(parent))
+        return gr_seterr(GR_EINVAL, "parent '%.*s' is not a plain checkpoint name",
+                         (int)parent->n, parent->p);
+    copy_name(name_out, n);
+    parent_out[0] = '\0';
+    if (parent->n) copy_name(parent_out, parent);
+    return GR_OK;
+}
+
 /* The checkpoint root a request names, as a path on this shard. With a configured ckpt_root
  * the request's root is relative to it and may not climb out of it. */
 static int resolve_root(srv_ckpt *k, const gr_proto_strv *v, char *out)
@@ -298,14 +314,7 @@ static int do_save(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
     }
     char root[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX], parent[GR_CKPT_NAME_MAX] = "";
     char dir[PATH_MAX_LEN], mpath[PATH_MAX_LEN];
-    if (!plain_name(&req.name))
-        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name ([A-Za-z0-9._-])",
-                         (int)req.name.n, req.name.p);
-    if (req.parent.n && !plain_name(&req.parent))
-        return gr_seterr(GR_EINVAL, "parent '%.*s' is not a plain checkpoint name",
-                         (int)req.parent.n, req.parent.p);
-    copy_name(name, &req.name);
-    if (req.parent.n) copy_name(parent, &req.parent);
+    if ((rc = take_names(&req.name, &req.parent, name, parent))) return rc;
     if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name)) ||
         (rc = join(mpath, dir, "manifest.json")))
         return rc;
@@ -368,14 +377,7 @@ static int do_commit(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body,
     }
     char root[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX], parent[GR_CKPT_NAME_MAX] = "";
     char dir[PATH_MAX_LEN], path[PATH_MAX_LEN];
-    if (!plain_name(&req.name))
-        return gr_seterr(GR_EINVAL, "checkpoint name '%.*s' is not a plain name",
-                         (int)req.name.n, req.name.p);
-    if (req.parent.n && !plain_name(&req.parent))
-        return gr_seterr(GR_EINVAL, "parent '%.*s' is not a plain checkpoint name",
-                         (int)req.parent.n, req.parent.p);
-    copy_name(name, &req.name);
-    if (req.parent.n) copy_name(parent, &req.parent);
+    if ((rc = take_names(&req.name, &req.parent, name, parent))) return rc;
     if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name))) return rc;
     /* Every shard's dense part must be complete before the manifest may exist. */
     for (uint32_t i = 0; i < req.shards; i++) {
