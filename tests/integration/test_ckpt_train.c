@@ -341,7 +341,9 @@ static void test_pause_modes_resume_covers_the_rest(void **state)
         int rc = run(&a, NULL, 0, NULL, &r1);
         if (rc) fprintf(stderr, "%s: %s\n", gr_train_mode_name(modes[m]), gr_errmsg());
         assert_int_equal(rc, 0);
-        assert_true(r1.ckpt_saves >= 2);
+        /* How many pauses land before the workers run out of steps depends on scheduling
+         * (under ASan on 2 busy cores it has been 1); what matters is the resume below. */
+        assert_true(r1.ckpt_saves >= 1);
         assert_int_equal(r1.ckpt_failures, 0);
         assert_int_equal(r1.steps, 15);
         run_cfg b = a;
