@@ -9,6 +9,7 @@
  *    holds every chunk of bytes for the same one-way delay (the output says which).
  * The last line with --json holds every figure. */
 #include "bench/bench.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 

@@ -185,6 +185,28 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
  * sums the gradients of duplicates). Every function returns 0 or a negative gr_err. */
 struct gr_train_ckpt;
 
+/* The step calls of the modes with step tokens (sync, semisync, ssp, hybrid; docs/sync.md).
+ * A backend that has them has all of them. A worker's step is: begin (acquire a token) ->
+ * fetch -> compute -> push; in hybrid mode fetch and push carry only the dense parameters
+ * (n = 0 rows) and the rows go through the core's pull and push, outside the step. */
+typedef struct gr_train_steps {
+    int (*begin)(void *ctx, uint32_t worker, uint64_t *token);
+    /* The n unique rows (n may be 0) and the whole dense parameter together: fetched right
+     * after the token, they are exactly the current step's. */
+    int (*fetch)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                 const char *dense, float *params, size_t np);
+    /* The step's whole gradient tagged with the token: row gradients (n may be 0) and the
+     * dense gradient. *dropped: it was refused as stale (semisync) and counts as dropped. */
+    int (*push)(void *ctx, uint32_t worker, uint64_t token, uint32_t table, const uint64_t *keys,
+                size_t n, const float *grads, const char *dense, const float *dgrad, size_t dn,
+                bool *dropped);
+    /* The worker has finished its data: steps stop waiting for it. */
+    int (*leave)(void *ctx, uint32_t worker);
+    /* After a failure: make calls blocked in other threads (begin) return an error promptly. */
+    void (*cancel)(void *ctx);
+} gr_train_steps;
+
+/* A backend: a required core (every slot set) and the optional step calls. */
 typedef struct gr_train_backend {
     void *ctx;
     /* Declares an embedding table (idempotent: an existing table with the same spec is
@@ -199,44 +221,26 @@ typedef struct gr_train_backend {
     int (*dense_init)(void *ctx, const char *name, const float *init, size_t n);
     int (*dense_pull)(void *ctx, const char *name, float *out, size_t n);
     int (*dense_push)(void *ctx, const char *name, const float *grad, size_t n);
-    /* Step tokens for sync/semisync/ssp (NULL in async mode: every push applies on arrival).
-     * A worker's step is: step_begin (acquire a token) -> pull -> compute -> push ->
-     * step_commit. A commit refused as too stale returns GR_ESTALE and counts as dropped. */
-    int (*step_begin)(void *ctx, uint32_t worker, uint64_t *token);
-    int (*step_commit)(void *ctx, uint32_t worker, uint64_t token);
-    /* Frees ctx. */
-    void (*destroy)(void *ctx);
-    /* ---- Optional; the parameter-server backend has them (NULL elsewhere). ---- */
-    /* Pulls the unique rows and the whole dense parameter together (both requests in flight
-     * at once). Used in the sync modes, where the dense parameters are fetched with the rows
-     * right after the step token. */
-    int (*fetch)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
-                 const char *dense, float *params, size_t np);
-    /* The step's whole gradient in one message per shard, tagged with the token from
-     * step_begin: row gradients and (dense != NULL) the dense gradient. Replaces push +
-     * dense_push + step_commit in the sync modes. *dropped: a shard dropped it as stale. */
-    int (*push_step)(void *ctx, uint32_t worker, uint64_t token, uint32_t table,
-                     const uint64_t *keys, size_t n, const float *grads, const char *dense,
-                     const float *dgrad, size_t dn, bool *dropped);
-    /* The worker has finished its data: steps stop waiting for it. */
-    int (*worker_done)(void *ctx, uint32_t worker);
-    /* After a failure: make calls blocked in other threads (step_begin) return an error
-     * promptly. */
-    void (*cancel)(void *ctx);
-    /* Async forms of dense_pull and dense_push: start, do other work, then op_wait (exactly
-     * once per started op). The trainer overlaps the dense round trips of async mode with
-     * its own memory work this way. */
+    /* Started forms of dense_pull and dense_push: start, do other work, then op_wait (exactly
+     * once per started op). A backend without real async I/O does the work at the start and
+     * hands back a NULL op (op_wait(NULL) is GR_OK). */
     int (*dense_pull_start)(void *ctx, const char *name, float *out, size_t n, void **op);
     int (*dense_push_start)(void *ctx, const char *name, const float *grad, size_t n, void **op);
     int (*op_wait)(void *ctx, void *op);
     /* Checkpoints of everything the backend holds (tables and dense parameters, with optimizer
      * state); the trainer calls them only while no step is in flight (docs/checkpoints.md,
-     * "In training"). */
+     * "In training"). A backend that keeps none says so (checkpoints false) and both return
+     * GR_EINVAL. */
     int (*ckpt_save)(void *ctx, struct gr_train_ckpt *c);
     /* Restores the checkpoint `name` under root (NULL: root itself when it is a checkpoint,
      * else the newest complete one), and forgets any step state of the job (a resumed job
      * starts its step tokens over). Fills *loaded; loaded->meta is malloc'd (caller frees). */
     int (*ckpt_load)(void *ctx, const char *root, const char *name, struct gr_train_ckpt *loaded);
+    /* Frees ctx. */
+    void (*destroy)(void *ctx);
+    bool checkpoints; /* ckpt_save and ckpt_load work (the parameter-server backend) */
+    /* NULL in async mode: every push applies on arrival. */
+    const gr_train_steps *steps;
 } gr_train_backend;
 
 /* One checkpoint, as the trainer asks a backend for it (in: root .. meta; out: the rest), or
@@ -294,15 +298,6 @@ GR_API int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *o
 /* Drops the sync job from the shards (at the end of a run; the trainer does not). */
 GR_API int gr_ps_backend_finish(gr_train_backend *b);
 
-/* An embedded cluster: S shards as in-process gr_servers on free loopback ports, for
- * `granary train` without --servers, the benchmark and tests. */
-typedef struct gr_local_cluster gr_local_cluster;
-/* threads: worker threads per shard (0 = 2). */
-GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
-/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
-GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
-/* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
-GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 
 /* A backend in this process over gr_table (tables created by table_init) and dense
  * parameters held in memory with their optimizer (Adam by default, lr 1e-3). Free it with

@@ -4,6 +4,7 @@
  * (--local). Prints progress on stderr and reports test AUC/logloss and throughput, also as
  * JSON (--metrics-out). */
 #include "cli/cli.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 

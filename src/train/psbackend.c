@@ -246,6 +246,9 @@ static void ps_cancel(void *ctx)
     (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR | GR_CLIENT_SYNC_LIVE, NULL);
 }
 
+static const gr_train_steps ps_steps = {ps_step_begin, ps_fetch, ps_push_step, ps_worker_done,
+                                         ps_cancel};
+
 static void ps_destroy(void *ctx)
 {
     ps_ctx *p = ctx;
@@ -371,13 +374,8 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
     out->op_wait = ps_op_wait;
     out->ckpt_save = ps_ckpt_save;
     out->ckpt_load = ps_ckpt_load;
-    if (p->stepped) {
-        out->step_begin = ps_step_begin;
-        out->fetch = ps_fetch;
-        out->push_step = ps_push_step;
-        out->worker_done = ps_worker_done;
-        out->cancel = ps_cancel;
-    }
+    out->checkpoints = true;
+    out->steps = p->stepped ? &ps_steps : NULL;
     return GR_OK;
 }
 

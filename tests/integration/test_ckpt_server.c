@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "granary/ckpt.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/server.h"
 #include "granary/train.h"
