@@ -316,6 +316,9 @@ typedef enum {
     GR_MODE_SYNC = 1,
     GR_MODE_SEMISYNC = 2,
     GR_MODE_SSP = 3,
+    /* Dense parameters synchronous (every step averages all workers' dense gradients, through
+     * the shards' sync job), embedding rows asynchronous with a bounded staleness (PERSIA). */
+    GR_MODE_HYBRID = 4,
 } gr_train_mode;
 
 GR_API const char *gr_train_mode_name(gr_train_mode m);
@@ -367,7 +370,23 @@ typedef struct gr_train_opts {
     /* Stop once every worker has done this many steps (batches), counting those done before
      * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
     uint64_t max_steps;
+    /* Hybrid mode: how many of a worker's own earlier batches may still be unpushed when it
+     * pulls a batch's rows (0 = none: every row read includes all of this worker's updates).
+     * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
+     * before its own previous push lands are what costs accuracy (docs/train.md). */
+    uint32_t emb_staleness;
 } gr_train_opts;
+
+#define GR_TRAIN_STALENESS_DEFAULT 0u
+
+/* The mode `granary train` picks for W workers when none is given: async for one worker
+ * (nothing to synchronise), hybrid for more (dense parameters exact, as with one worker). */
+GR_API gr_train_mode gr_train_default_mode(unsigned workers);
+/* The dense learning rate for a mode and worker count, from the one-worker rate: the modes
+ * that average W workers' dense gradients per step (sync, hybrid) take W times fewer dense
+ * steps with a W times larger batch, so the rate grows with sqrt(W) (Adam's usual scaling
+ * for a larger batch). Other modes: unchanged. */
+GR_API float gr_train_dense_lr(gr_train_mode mode, unsigned workers, float base_lr);
 
 enum { GR_TRAIN_DATA_AUTO = 0, GR_TRAIN_DATA_STATIC = 1, GR_TRAIN_DATA_SHARED = 2 };
 
@@ -398,6 +417,15 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
+    /* Seconds per stage, summed over all batches of all workers: read (parse), pull (rows
+     * and dense parameters in), compute (the model), push (gradients out), wait (step
+     * tokens; hybrid: the staleness bound). */
+    double read_seconds, pull_seconds, compute_seconds, push_seconds, stage_wait_seconds;
+    /* Hybrid: the embedding staleness bound, and the staleness seen at the pulls (in batches
+     * of the same worker not yet pushed): max and mean. */
+    uint32_t emb_staleness_bound;
+    uint64_t emb_staleness_max;
+    double emb_staleness_mean;
 } gr_train_result;
 
 /* Trains with W worker threads against the backend, then evaluates on the test file.

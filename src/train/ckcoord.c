@@ -326,9 +326,9 @@ void tr_ck_setup(trainer *tr)
 {
     const gr_train_opts *o = tr->o;
     if (!tr->ck.on) return;
-    /* Sync pauses every worker before the same step's token; the other modes pause all
+    /* Sync and hybrid pause every worker before the same step; the other modes pause all
      * workers wherever they are once enough batches were pushed. */
-    tr->ck.rounds = o->mode == GR_MODE_SYNC && tr->stepped;
+    tr->ck.rounds = (o->mode == GR_MODE_SYNC || o->mode == GR_MODE_HYBRID) && tr->stepped;
     uint64_t from = tr->res->resumed_step;
     tr->ck.target = tr->ck.rounds && o->ckpt_every ? (from / o->ckpt_every + 1) * o->ckpt_every : 0;
     tr->ck.next_total = tr->base_total + o->ckpt_every * o->workers;

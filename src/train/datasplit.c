@@ -116,16 +116,21 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
             if (o->max_steps && w->base + w->read >= o->max_steps) break;
             tr_item *it = single ? single : tr_queue_pop(pool);
             if (!it) break; /* tr_aborted */
+            double t0 = gr_now_s();
             rc = gr_criteo_next(r, &it->batch);
             while (!rc && it->batch.n > 0 && *skip > 0) {
                 (*skip)--;
                 rc = gr_criteo_next(r, &it->batch);
             }
+            memset(&it->t, 0, sizeof it->t);
+            it->t.read = gr_now_s() - t0;
+            it->dropped = false;
             if (rc || it->batch.n == 0) {
                 if (!single) tr_queue_push(pool, it);
                 break;
             }
             it->chunk = chunk;
+            it->seq = w->next_seq++;
             w->read++;
             atomic_fetch_add(&tr->read_examples, it->batch.n);
             if (single) {

@@ -31,6 +31,7 @@ void tr_fail(trainer *tr, tr_worker *w, int rc)
         tr_worker *x = &tr->workers[i];
         pthread_mutex_lock(&x->mu);
         x->abort = true;
+        pthread_cond_broadcast(&x->inflight_cv);
         tr_queue *qs[] = {&x->free_q, &x->read_q, &x->fetch_q, &x->push_q};
         for (int k = 0; k < 4; k++)
             if (qs[k]->cap) pthread_cond_broadcast(&qs[k]->cv);
@@ -77,6 +78,44 @@ static void item_fini(tr_item *it)
     free(it->gdense);
 }
 
+/* Takes the step token for it (waiting for the others as the mode says); the time counts
+ * as waiting. */
+static int take_token(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    gr_train_backend *be = tr->be;
+    double t0 = gr_now_s();
+    int rc;
+    for (;;) {
+        uint64_t pauses = tr_ck_pauses(tr);
+        rc = be->steps->begin(be->ctx, w->id, &it->token);
+        /* A token that could not come because every other worker stood paused for a
+         * checkpoint longer than the step timeout is asked for again. */
+        uint64_t now = tr_ck_pauses(tr);
+        if (rc != GR_ETIMEDOUT || !tr->ck.on || (now == pauses && !(now & 1))) break;
+        GR_LOGI("train: worker %u: step token timed out during a checkpoint; asking again", w->id);
+    }
+    it->t.wait += gr_now_s() - t0;
+    return rc;
+}
+
+/* Hybrid: the rows of batch it->seq may be pulled once at most emb_bound of this worker's
+ * earlier batches are still unpushed, so no row it reads misses more than emb_bound of this
+ * worker's own updates (other workers' pushes land asynchronously, as in async mode). */
+static int wait_inflight(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    double t0 = gr_now_s();
+    pthread_mutex_lock(&w->mu);
+    while (!w->abort && it->seq - w->pushed_seq > tr->emb_bound)
+        pthread_cond_wait(&w->inflight_cv, &w->mu);
+    it->stale = it->seq - w->pushed_seq;
+    bool ab = w->abort;
+    pthread_mutex_unlock(&w->mu);
+    it->t.wait += gr_now_s() - t0;
+    return ab ? gr_seterr(GR_ESHUTDOWN, "training stopped") : GR_OK;
+}
+
 static int stage_fetch(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
@@ -87,30 +126,17 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
     if (tr->ck.on && (rc = tr_ck_gate(w, false))) return rc;
-    if (tr->stepped) {
-        double t0 = gr_now_s();
-        for (;;) {
-            uint64_t pauses = tr_ck_pauses(tr);
-            rc = be->steps->begin(be->ctx, w->id, &it->token);
-            /* A token that could not come because every other worker stood paused for a
-             * checkpoint longer than the step timeout is asked for again. */
-            uint64_t now = tr_ck_pauses(tr);
-            if (rc != GR_ETIMEDOUT || !tr->ck.on || (now == pauses && !(now & 1))) break;
-            GR_LOGI("train: worker %u: step token timed out during a checkpoint; asking again",
-                    w->id);
-        }
-        double waited = gr_now_s() - t0;
-        pthread_mutex_lock(&tr->mu);
-        tr->wait_s += waited;
-        pthread_mutex_unlock(&tr->mu);
-        if (rc) return rc;
-    }
+    /* Hybrid takes its token in compute: only the dense parameters wait for the step. */
+    bool token_here = tr->stepped && !tr->hybrid;
+    if (token_here && (rc = take_token(w, it))) return rc;
     if (tr->ck.on && (rc = tr_ck_gate(w, true))) return rc;
+    if (tr->hybrid && (rc = wait_inflight(w, it))) return rc;
+    double t0 = gr_now_s();
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
-    if (tr->stepped)
-        rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, tr->dense_name,
-                       it->params, tr->np);
+    if (token_here)
+        rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows,
+                              tr->dense_name, it->params, tr->np);
     else
         rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
     if (rc) return rc;
@@ -119,6 +145,7 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     const uint32_t d = tr->dim;
     for (size_t i = 0; i < occ; i++)
         memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
+    it->t.pull += gr_now_s() - t0;
     return GR_OK;
 }
 
@@ -131,42 +158,85 @@ static void sleep_s(double secs)
     }
 }
 
-static int stage_compute(tr_worker *w, tr_item *it)
+/* The dense parameters of this step, before compute: async pulls the newest ones (started
+ * and waited for); hybrid takes the step token and fetches them alone (no rows), so they are
+ * exactly the current global step's. The sync modes have them from stage_fetch already. */
+static int dense_in(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    gr_train_backend *be = tr->be;
+    int rc = GR_OK;
+    if (tr->hybrid && (rc = take_token(w, it))) return rc;
+    double t0 = gr_now_s();
+    void *op = NULL;
+    if (tr->hybrid)
+        rc = be->steps->fetch(be->ctx, tr->o->emb.id, NULL, 0, NULL, tr->dense_name, it->params,
+                              tr->np);
+    else if (!tr->stepped)
+        rc = be->dense_pull_start(be->ctx, tr->dense_name, it->params, tr->np, &op);
+    if (!rc && op) rc = be->op_wait(be->ctx, op);
+    it->t.pull += gr_now_s() - t0;
+    return rc;
+}
+
+/* The dense gradient out, right after compute (async: applied on arrival; hybrid: the step's
+ * dense-only push, which the shards average over the workers; sync modes: later, with the
+ * rows in stage_push). */
+static int dense_out(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     double t0 = gr_now_s();
-    /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
-     * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
-     * 0.77 after 100 k rows), while a given embedding row is touched rarely. (In the sync
-     * modes the step token already orders them: stage_fetch pulled them.) */
     void *op = NULL;
     int rc = GR_OK;
-    if (!tr->stepped) rc = be->dense_pull_start(be->ctx, tr->dense_name, it->params, tr->np, &op);
+    if (tr->hybrid)
+        rc = be->steps->push(be->ctx, w->id, it->token, tr->o->emb.id, NULL, 0, NULL,
+                             tr->dense_name, it->gdense, tr->np, &it->dropped);
+    else if (!tr->stepped)
+        rc = be->dense_push_start(be->ctx, tr->dense_name, it->gdense, tr->np, &op);
+    if (!rc && op) rc = be->op_wait(be->ctx, op);
+    it->t.push += gr_now_s() - t0;
+    return rc;
+}
+
+static int stage_compute(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
+     * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
+     * 0.77 after 100 k rows), while a given embedding row is touched rarely. */
+    int rc = dense_in(w, it);
     if (rc) return rc;
-    if (op && (rc = be->op_wait(be->ctx, op))) return rc;
-    op = NULL;
+    double t0 = gr_now_s();
     rc = gr_model_train_step(tr->m, w->ws, it->params, it->batch.n, it->batch.dense, it->emb,
                              it->batch.labels, &it->loss, NULL, it->gdense, it->gemb);
     if (rc) return rc;
     if (!isfinite(it->loss))
         return gr_seterr(GR_EINVAL, "training loss is not finite (learning rate too high?)");
-    /* The dense gradient goes out at once, for the same reason the pull came late: the next
-     * batch's compute then sees this step's dense update (it is waited for before this stage
-     * ends). (Sync modes: with the step.) */
-    if (!tr->stepped) rc = be->dense_push_start(be->ctx, tr->dense_name, it->gdense, tr->np, &op);
-    if (rc) return rc;
-    if (op && (rc = be->op_wait(be->ctx, op))) return rc;
     if (w->id == tr->o->straggler && tr->o->straggler_factor > 1)
         sleep_s((tr->o->straggler_factor - 1) * (gr_now_s() - t0));
-    return GR_OK;
+    it->t.compute += gr_now_s() - t0;
+    /* The dense gradient goes out at once, for the same reason the pull came late: the next
+     * batch's compute then sees this step's dense update (it is waited for before this stage
+     * ends). */
+    return dense_out(w, it);
+}
+
+static void add_times(tr_stage_times *to, const tr_stage_times *t)
+{
+    to->read += t->read;
+    to->pull += t->pull;
+    to->compute += t->compute;
+    to->push += t->push;
+    to->wait += t->wait;
 }
 
 static int stage_push(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
-    bool dropped = false;
+    double t0 = gr_now_s();
+    bool dropped = it->dropped;
     int rc;
     /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
     const uint32_t d = tr->dim;
@@ -177,12 +247,19 @@ static int stage_push(tr_worker *w, tr_item *it)
         const float *src = it->gemb + i * d;
         for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
     }
-    if (tr->stepped)
+    if (tr->stepped && !tr->hybrid)
         rc = be->steps->push(be->ctx, w->id, it->token, tr->o->emb.id, it->uniq, it->nuniq,
-                           it->rows, tr->dense_name, it->gdense, tr->np, &dropped);
+                             it->rows, tr->dense_name, it->gdense, tr->np, &dropped);
     else
         rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
     if (rc) return rc;
+    it->t.push += gr_now_s() - t0;
+    if (tr->hybrid) {
+        pthread_mutex_lock(&w->mu);
+        w->pushed_seq = it->seq + 1;
+        pthread_cond_broadcast(&w->inflight_cv);
+        pthread_mutex_unlock(&w->mu);
+    }
     pthread_mutex_lock(&tr->mu);
     w->steps++;
     if (tr->data.chunk_pushed && it->chunk != UINT64_MAX) {
@@ -195,6 +272,11 @@ static int stage_push(tr_worker *w, tr_item *it)
     tr->dropped += dropped;
     tr->loss_sum += it->loss * (double)it->batch.n;
     tr->loss_n += it->batch.n;
+    add_times(&tr->t, &it->t);
+    if (tr->hybrid) {
+        tr->stale_sum += it->stale;
+        if (it->stale > tr->stale_max) tr->stale_max = it->stale;
+    }
     pthread_mutex_unlock(&tr->mu);
     return GR_OK;
 }

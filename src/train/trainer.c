@@ -18,18 +18,31 @@ const char *gr_train_mode_name(gr_train_mode m)
     case GR_MODE_SYNC: return "sync";
     case GR_MODE_SEMISYNC: return "semisync";
     case GR_MODE_SSP: return "ssp";
+    case GR_MODE_HYBRID: return "hybrid";
     }
     return "unknown";
 }
 
 int gr_train_mode_parse(const char *s, gr_train_mode *out)
 {
-    for (int m = GR_MODE_ASYNC; m <= GR_MODE_SSP; m++)
+    for (int m = GR_MODE_ASYNC; m <= GR_MODE_HYBRID; m++)
         if (s && !strcmp(s, gr_train_mode_name((gr_train_mode)m))) {
             *out = (gr_train_mode)m;
             return GR_OK;
         }
-    return gr_seterr(GR_EINVAL, "unknown mode '%s' (async, sync, semisync, ssp)", s ? s : "");
+    return gr_seterr(GR_EINVAL, "unknown mode '%s' (async, sync, semisync, ssp, hybrid)", s ? s : "");
+}
+
+gr_train_mode gr_train_default_mode(unsigned workers)
+{
+    return workers > 1 ? GR_MODE_HYBRID : GR_MODE_ASYNC;
+}
+
+float gr_train_dense_lr(gr_train_mode mode, unsigned workers, float base_lr)
+{
+    if ((mode == GR_MODE_SYNC || mode == GR_MODE_HYBRID) && workers > 1)
+        return base_lr * sqrtf((float)workers);
+    return base_lr;
 }
 
 void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
@@ -43,6 +56,7 @@ void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
     o->pipeline = true;
     o->queue_depth = 1;
     o->progress_s = 5.0;
+    o->emb_staleness = GR_TRAIN_STALENESS_DEFAULT;
     gr_table_spec *t = &o->emb;
     if (kind == GR_MODEL_LR) {
         gr_table_spec_default(t, "lr_weights", 1);
@@ -157,8 +171,12 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     gr_model_init_dense(tr.m, init);
     if ((rc = be->dense_init(be->ctx, tr.dense_name, init, tr.np))) goto out;
     tr.stepped = be->steps != NULL;
+    tr.hybrid = o->mode == GR_MODE_HYBRID;
+    tr.emb_bound = o->emb_staleness;
+    /* Sync and hybrid take one batch of every worker per step: static ranges. */
     tr.data.shared = o->data == GR_TRAIN_DATA_SHARED ||
-                (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC);
+                     (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC &&
+                      o->mode != GR_MODE_HYBRID);
     /* Small chunks taken in turn (shared data): a fast worker reads more of the file, so a
      * straggler does not leave a tail of its own range for the end of the run. A resumed run
      * keeps the chunking it was checkpointed with. */
@@ -231,6 +249,16 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     res->wait_seconds = tr.wait_s;
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
         res->worker_steps[i] = tr.workers[i].steps;
+    res->read_seconds = tr.t.read;
+    res->pull_seconds = tr.t.pull;
+    res->compute_seconds = tr.t.compute;
+    res->push_seconds = tr.t.push;
+    res->stage_wait_seconds = tr.t.wait;
+    if (tr.hybrid) {
+        res->emb_staleness_bound = tr.emb_bound;
+        res->emb_staleness_max = tr.stale_max;
+        res->emb_staleness_mean = tr.steps ? (double)tr.stale_sum / (double)tr.steps : 0;
+    }
     if (tr.err) {
         rc = gr_seterr(tr.err, "%s", tr.errmsg);
         goto out;

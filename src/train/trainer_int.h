@@ -34,6 +34,13 @@ void tr_queue_close(tr_queue *q);
 
 /* ---- a batch on its way through a worker's stages ----------------------------------------- */
 
+/* Seconds per stage, of one batch or summed (read: parse; pull: rows and dense
+ * parameters in; compute: the model; push: gradients out; wait: step tokens and the hybrid
+ * staleness bound). */
+typedef struct tr_stage_times {
+    double read, pull, compute, push, wait;
+} tr_stage_times;
+
 struct tr_item {
     gr_batch batch;
     uint64_t *uniq;
@@ -47,16 +54,14 @@ struct tr_item {
     double loss;
     uint64_t token;
     uint64_t chunk;   /* shared data: the chunk (counter value) it was read from */
-    uint64_t seq;     /* this worker's batch number (hybrid: embedding staleness) */
-    double t_read;    /* seconds in the read stage for this batch */
+    uint64_t seq;     /* this worker's batch number, from 0 (hybrid: embedding staleness) */
+    uint64_t stale;   /* hybrid: this worker's earlier batches not yet pushed at its pull */
+    bool dropped;     /* its step push was refused as stale */
+    tr_stage_times t; /* seconds this batch spent in each stage */
 };
 
 typedef struct trainer trainer;
 
-/* Seconds per stage, summed over a worker's batches (each stage thread writes its own). */
-typedef struct tr_stage_times {
-    double read, pull, compute, push, wait;
-} tr_stage_times;
 
 typedef struct tr_worker {
     trainer *tr;
@@ -78,10 +83,10 @@ typedef struct tr_worker {
     int gate;           /* TR_GATE_* */
     bool finished;      /* its threads are done (it left the job) */
     uint64_t cur_chunk; /* shared data: chunk of its last pushed item (UINT64_MAX: none) */
-    /* Hybrid: embedding rows pulled but whose gradients are not pushed yet (under mu). */
-    uint64_t pulled_seq, pushed_seq;
+    /* Batches read (the reader's) and pushed (under mu; hybrid waits on inflight_cv for the
+     * staleness bound). */
+    uint64_t next_seq, pushed_seq;
     pthread_cond_t inflight_cv;
-    tr_stage_times t; /* under tr->mu when read by others */
 } tr_worker;
 
 /* Where a worker's fetch stage is, for the checkpoint coordinator. */
@@ -135,7 +140,8 @@ struct trainer {
     double loss_sum;        /* since the last progress line: sum of loss * n */
     uint64_t loss_n;
     double wait_s;          /* in step_begin, summed over workers */
-    uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) seen at push */
+    uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
+    tr_stage_times t;       /* summed over all batches */
     atomic_uint_fast64_t read_examples; /* for max_examples */
     atomic_bool cancelled;
     tr_data data;
