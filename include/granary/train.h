@@ -417,9 +417,11 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
-    /* Seconds per stage, summed over all batches of all workers: read (parse), pull (rows
-     * and dense parameters in), compute (the model), push (gradients out), wait (step
-     * tokens; hybrid: the staleness bound). */
+    /* Seconds per pipeline stage, summed over all batches of all workers: read (parse), pull
+     * (the fetch stage: rows; sync/semisync/ssp: with the dense parameters), compute (the
+     * compute stage: the model; async/hybrid: with the dense round trips), push (the push
+     * stage: row gradients; sync/semisync/ssp: with the dense gradient), wait (blocked on
+     * step tokens or the hybrid staleness bound, counted in no other stage). */
     double read_seconds, pull_seconds, compute_seconds, push_seconds, stage_wait_seconds;
     /* Hybrid: the embedding staleness bound, and the staleness seen at the pulls (in batches
      * of the same worker not yet pushed): max and mean. */

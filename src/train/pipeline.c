@@ -175,7 +175,7 @@ static int dense_in(tr_worker *w, tr_item *it)
     else if (!tr->stepped)
         rc = be->dense_pull_start(be->ctx, tr->dense_name, it->params, tr->np, &op);
     if (!rc && op) rc = be->op_wait(be->ctx, op);
-    it->t.pull += gr_now_s() - t0;
+    it->t.compute += gr_now_s() - t0; /* the compute stage's time: it bounds the pipeline */
     return rc;
 }
 
@@ -195,7 +195,7 @@ static int dense_out(tr_worker *w, tr_item *it)
     else if (!tr->stepped)
         rc = be->dense_push_start(be->ctx, tr->dense_name, it->gdense, tr->np, &op);
     if (!rc && op) rc = be->op_wait(be->ctx, op);
-    it->t.push += gr_now_s() - t0;
+    it->t.compute += gr_now_s() - t0;
     return rc;
 }
 

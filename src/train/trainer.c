@@ -84,22 +84,38 @@ void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
 
 /* ---- run ---------------------------------------------------------------------------------- */
 
-static void progress_line(trainer *tr, double t0, double *last_t, uint64_t *last_ex,
-                          double *window_loss)
+/* What the last progress line saw, so the next one reports its own window. */
+typedef struct progress {
+    double t0, last_t, window_loss;
+    uint64_t last_ex, last_steps;
+    tr_stage_times last;
+} progress;
+
+/* A progress line: examples/s and loss over the window, and each stage's milliseconds per
+ * batch (summed over workers, so the stage that bounds a worker's rate shows). */
+static void progress_line(trainer *tr, progress *pg)
 {
     double now = gr_now_s();
     pthread_mutex_lock(&tr->mu);
-    uint64_t ex = tr->examples;
+    uint64_t ex = tr->examples, steps = tr->steps;
+    tr_stage_times t = tr->t;
     double loss = tr->loss_n ? tr->loss_sum / (double)tr->loss_n : NAN;
     tr->loss_sum = 0;
     tr->loss_n = 0;
     pthread_mutex_unlock(&tr->mu);
-    if (!isnan(loss)) *window_loss = loss;
-    double dt = now - *last_t;
-    fprintf(stderr, "train: %.1fs %llu examples, %.0f examples/s, loss %.5f\n", now - t0,
-            (unsigned long long)ex, dt > 0 ? (double)(ex - *last_ex) / dt : 0.0, *window_loss);
-    *last_t = now;
-    *last_ex = ex;
+    if (!isnan(loss)) pg->window_loss = loss;
+    double dt = now - pg->last_t, nb = (double)(steps - pg->last_steps);
+    double k = nb > 0 ? 1e3 / nb : 0;
+    fprintf(stderr, "train: %.1fs %llu examples, %.0f examples/s, loss %.5f; ms/batch read %.2f "
+            "pull %.2f compute %.2f push %.2f wait %.2f\n", now - pg->t0, (unsigned long long)ex,
+            dt > 0 ? (double)(ex - pg->last_ex) / dt : 0.0, pg->window_loss,
+            (t.read - pg->last.read) * k, (t.pull - pg->last.pull) * k,
+            (t.compute - pg->last.compute) * k, (t.push - pg->last.push) * k,
+            (t.wait - pg->last.wait) * k);
+    pg->last_t = now;
+    pg->last_ex = ex;
+    pg->last_steps = steps;
+    pg->last = t;
 }
 
 static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
@@ -199,8 +215,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     if (resumed && (rc = tr_ck_apply(&tr, resumed))) goto out;
     tr_ck_setup(&tr);
 
-    double t0 = gr_now_s(), last_t = t0, window_loss = NAN;
-    uint64_t last_ex = 0;
+    double t0 = gr_now_s();
+    progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
     tr.running = o->workers;
     for (; started < o->workers; started++) {
         if (pthread_create(&tids[started], NULL, o->pipeline ? tr_pipeline_main : tr_sequential_main,
@@ -225,7 +241,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
             int w = pthread_cond_timedwait(&tr.cv, &tr.mu, &ts);
             if (w != 0 && tr.running) {
                 pthread_mutex_unlock(&tr.mu);
-                progress_line(&tr, t0, &last_t, &last_ex, &window_loss);
+                progress_line(&tr, &pg);
                 pthread_mutex_lock(&tr.mu);
             }
         } else {
@@ -236,14 +252,14 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
     tr_ck_finish(&tr);
     double t1 = gr_now_s();
-    if (o->progress_s > 0) progress_line(&tr, t0, &last_t, &last_ex, &window_loss);
-    else if (tr.loss_n) window_loss = tr.loss_sum / (double)tr.loss_n;
+    if (o->progress_s > 0) progress_line(&tr, &pg);
+    else if (tr.loss_n) pg.window_loss = tr.loss_sum / (double)tr.loss_n;
 
     res->examples = tr.examples;
     res->steps = tr.steps;
     res->train_seconds = t1 - t0;
     res->examples_per_sec = res->train_seconds > 0 ? (double)tr.examples / res->train_seconds : 0;
-    res->last_loss = window_loss;
+    res->last_loss = pg.window_loss;
     res->dropped_gradients = tr.dropped;
     res->bad_lines = tr.bad_lines;
     res->wait_seconds = tr.wait_s;

@@ -34,9 +34,11 @@ void tr_queue_close(tr_queue *q);
 
 /* ---- a batch on its way through a worker's stages ----------------------------------------- */
 
-/* Seconds per stage, of one batch or summed (read: parse; pull: rows and dense
- * parameters in; compute: the model; push: gradients out; wait: step tokens and the hybrid
- * staleness bound). */
+/* Seconds per pipeline stage, of one batch or summed: read (parse), pull (the fetch stage:
+ * rows, and in sync/semisync/ssp the dense parameters with them), compute (the compute stage:
+ * the model, and in async/hybrid the dense parameters' round trips, which sit there for
+ * accuracy), push (the push stage: row gradients, in sync/semisync/ssp with the dense one),
+ * wait (blocked on step tokens or the hybrid staleness bound; not in the others). */
 typedef struct tr_stage_times {
     double read, pull, compute, push, wait;
 } tr_stage_times;
