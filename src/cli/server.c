@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "  --auth-file F       require HMAC-SHA256 challenge-response with the secret in F\n"
             "  --insecure          allow a non-loopback address without --auth-file\n"
             "  --ckpt-root DIR     checkpoint requests may only name directories under DIR (given\n"
-            "                      relative to it); without it any path this process can write\n"
+            "                      relative to it, no '..', no symlink out of it); default: the\n"
+            "                      working directory\n"
             "  --config FILE       JSON {\"tables\":[spec...],\"dense\":[...],\"server\":{options}}\n"
             "                      (server options: listen, shard, shards, threads, auth_file,\n"
             "                      insecure, max_connections, max_body, max_keys, max_tables,\n"
@@ -232,7 +233,8 @@ int gr_cli_server(int argc, char **argv)
         cfg.limits.max_body = (uint32_t)o.max_body;
     }
     cfg.insecure = o.insecure > 0;
-    cfg.ckpt_root = o.ckpt_root;
+    /* Never "any path": without --ckpt-root, checkpoints stay under the working directory. */
+    cfg.ckpt_root = o.ckpt_root && *o.ckpt_root ? o.ckpt_root : ".";
     if (o.auth_file) {
         size_t n;
         if (read_secret(o.auth_file, &secret, &n)) goto out;

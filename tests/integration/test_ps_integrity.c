@@ -8,11 +8,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "granary/client.h"
@@ -137,10 +141,121 @@ static void test_multi_table_push_is_all_or_nothing(void **state)
     assert_int_equal(ps_test_server_stop(&s, 0), 0);
 }
 
+/* `granary server` without --ckpt-root keeps checkpoints under its working directory: an
+ * absolute path, a '..' and a symlink out are refused and create nothing; a relative root is
+ * created under the working directory. */
+static void test_default_ckpt_root_is_working_dir(void **state)
+{
+    (void)state;
+    char dir[128], outside[128], here[PATH_MAX], bin[PATH_MAX], path[512];
+    assert_int_equal(ps_test_tmpdir(dir, sizeof dir), 0);
+    assert_int_equal(ps_test_tmpdir(outside, sizeof outside), 0);
+    /* The harness finds the binary relative to the working directory: pin it first. */
+    assert_non_null(realpath(ps_test_granary_bin(), bin));
+    *strrchr(bin, '/') = '\0';
+    setenv("GR_BUILD_DIR", bin, 1);
+    assert_non_null(getcwd(here, sizeof here));
+    assert_int_equal(chdir(dir), 0);
+    ps_test_server s;
+    int started = ps_test_server_start(&s, 0, 1, 0, NULL);
+    assert_int_equal(chdir(here), 0);
+    assert_int_equal(started, 0);
+    gr_client *c = client_for(s.addr);
+    char spec[256];
+    snprintf(spec, sizeof spec, spec_fmt, 1u, 1u);
+    assert_int_equal(gr_client_create_table(c, spec), 0);
+    snprintf(path, sizeof path, "%s/escape", dir);
+    assert_int_equal(symlink(outside, path), 0);
+    snprintf(path, sizeof path, "%s/abs", outside);
+    const char *bad[] = {path, "../x", "escape/x"};
+    for (int i = 0; i < 3; i++) {
+        gr_client_ckpt_opts o = {.root = bad[i], .step = 1};
+        assert_int_equal(gr_client_ckpt_save(c, &o, NULL), GR_EINVAL);
+    }
+    snprintf(path, sizeof path, "%s/abs", outside);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/x", outside);
+    assert_int_equal(access(path, F_OK), -1);
+    gr_client_ckpt_opts o = {.root = "jobs", .step = 1};
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), 0);
+    snprintf(path, sizeof path, "%s/jobs/step-000000000001/manifest.json", dir);
+    assert_int_equal(access(path, F_OK), 0);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+    ps_test_rmdir(dir);
+    ps_test_rmdir(outside);
+}
+
+/* Files in a checkpoint directory that are not what they claim: a FIFO named manifest.json,
+ * user.json or dense.json is refused at once (the checkpoint thread never waits on it), a
+ * 1 GiB sparse user.json is refused by its size before it is read, and SIGTERM still stops
+ * the shard promptly afterwards. */
+static void test_hostile_checkpoint_files(void **state)
+{
+    (void)state;
+    char dir[128], path[512];
+    assert_int_equal(ps_test_tmpdir(dir, sizeof dir), 0);
+    const char *extra[] = {"--ckpt-root", dir, NULL};
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client_config cfg;
+    gr_client_config_default(&cfg);
+    cfg.servers = s.addr;
+    cfg.request_timeout_ms = 5000; /* before the fix a FIFO stalled the load forever */
+    gr_client *c = NULL;
+    assert_int_equal(gr_client_create(&cfg, &c), 0);
+    char spec[256];
+    snprintf(spec, sizeof spec, spec_fmt, 1u, 1u);
+    assert_int_equal(gr_client_create_table(c, spec), 0);
+    gr_client_ckpt_opts o = {.root = "good", .step = 1, .meta = "{\"a\":1}"};
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), 0);
+    gr_client_ckpt_loaded ld;
+    /* A FIFO in place of the manifest. */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/fifo/step-000000000001", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/fifo/step-000000000001/manifest.json", dir);
+    assert_int_equal(mkfifo(path, 0644), 0);
+    assert_int_equal(gr_client_ckpt_load(c, "fifo", "step-000000000001", false, &ld),
+                     GR_ECORRUPT);
+    assert_non_null(strstr(gr_errmsg(), "not a regular file"));
+    /* A FIFO in place of user.json, then of the dense index, in a good checkpoint. */
+    const char *names[] = {"user.json", "dense-00000-of-00001/dense.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/good/step-000000000001/%s", dir, names[i]);
+        char keep[600];
+        snprintf(keep, sizeof keep, "%s.keep", path);
+        assert_int_equal(rename(path, keep), 0);
+        assert_int_equal(mkfifo(path, 0644), 0);
+        assert_int_equal(gr_client_ckpt_load(c, "good", "step-000000000001", false, &ld),
+                         GR_ECORRUPT);
+        assert_non_null(strstr(gr_errmsg(), names[i]));
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rename(keep, path), 0);
+    }
+    /* A 1 GiB sparse user.json: refused by its size. */
+    snprintf(path, sizeof path, "%s/good/step-000000000001/user.json", dir);
+    assert_int_equal(truncate(path, 1ll << 30), 0);
+    assert_int_equal(gr_client_ckpt_load(c, "good", "step-000000000001", false, &ld),
+                     GR_ETOOBIG);
+    assert_non_null(strstr(gr_errmsg(), "1073741824 bytes"));
+    assert_int_equal(truncate(path, 7), 0);
+    assert_int_equal(gr_client_ckpt_load(c, "good", "step-000000000001", false, &ld), 0);
+    assert_string_equal(ld.meta, "{\"a\":1}");
+    free(ld.meta);
+    gr_client_destroy(c);
+    /* The shard is not stuck anywhere: SIGTERM stops it, exit status 0. */
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+    ps_test_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multi_table_push_is_all_or_nothing),
+        cmocka_unit_test(test_default_ckpt_root_is_working_dir),
+        cmocka_unit_test(test_hostile_checkpoint_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
