@@ -571,6 +571,8 @@ char *srv_stats_json(gr_server *s)
             cJSON_AddNumberToObject(o, "misses", (double)st.misses);
             cJSON_AddNumberToObject(o, "applies", (double)st.applies);
             cJSON_AddNumberToObject(o, "rejects", (double)st.rejects);
+            cJSON_AddNumberToObject(o, "nonfinite_rejected", (double)st.nonfinite_rejected);
+            cJSON_AddNumberToObject(o, "nonfinite_clipped", (double)st.nonfinite_clipped);
             cJSON_AddNumberToObject(o, "evictions", (double)(st.evictions + st.expirations));
             cJSON_AddItemToArray(items[i]->dense ? dense : tables, o);
             total_bytes += st.bytes;
