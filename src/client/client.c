@@ -2,6 +2,7 @@
  * split to fit the server's limits, scatter of replies to every occurrence), waiting with
  * deadlines, and the control calls (tables, dense parameters, stats, shutdown). */
 #include "client/client_int.h"
+#include "client/check.h"
 
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
@@ -798,13 +799,15 @@ int gr_client_pull_start(gr_client *c, const gr_client_batch *b, size_t nb, unsi
 
 int gr_client_push_start(gr_client *c, const gr_client_batch *b, size_t nb, gr_client_op **op)
 {
-    return batch_start(c, GR_OP_PUSH, b, nb, 0, op);
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH, b, nb, 0, op);
 }
 
 int gr_client_push_pull_start(gr_client *c, const gr_client_batch *b, size_t nb,
                               gr_client_op **op)
 {
-    return batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
 }
 
 int gr_client_pull_many(gr_client *c, const gr_client_batch *b, size_t nb, unsigned flags)
@@ -1127,6 +1130,7 @@ int gr_client_dense_push(gr_client *c, const char *name, const float *grad, size
     int rc = check_name(name);
     if (rc) return rc;
     if (n && !grad) return gr_seterr(GR_EINVAL, "NULL gradient");
+    if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
     uint32_t shard = dense_owner(c, name);
     gr_proto_buf body;
     gr_proto_buf_init(&body);
@@ -1235,6 +1239,7 @@ int gr_client_dense_push_start(gr_client *c, const char *name, const float *grad
     if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
     *op = NULL;
     if (!grad || !n) return gr_seterr(GR_EINVAL, "dense push needs a gradient");
+    if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
     gr_client_op *o;
     int rc = dense_op(c, GR_OP_DENSE_PUSH, name, grad, n, &o);
     if (rc) return rc;
@@ -1366,6 +1371,7 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
     *op = NULL;
     if (!tags) return gr_seterr(GR_EINVAL, "push_step needs the tags from acquire");
     if ((nb && !b) || (nd && !d)) return gr_seterr(GR_EINVAL, "NULL tables or dense gradients");
+    if (cl_check_grads(b, nb) || cl_check_dense_grads(d, nd)) return GR_EINVAL;
     for (size_t i = 0; i < nd; i++) {
         int rc = check_name(d[i].name);
         if (rc) return rc;

@@ -141,6 +141,82 @@ static void test_multi_table_push_is_all_or_nothing(void **state)
     assert_int_equal(ps_test_server_stop(&s, 0), 0);
 }
 
+/* Through a shard: SGD lr 1, two pushes of 3e38 (the issue's case) leave the row at -3e38,
+ * the second push answers an error naming the key, stats count it; the same for a dense
+ * parameter (a table on the shard). */
+static void test_nonfinite_result_refused_on_shard(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, NULL), 0);
+    gr_client *c = client_for(s.addr);
+    char spec[256];
+    snprintf(spec, sizeof spec, spec_fmt, 1u, 1u);
+    assert_int_equal(gr_client_create_table(c, spec), 0);
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"mlp\",\"size\":3,"
+                                               "\"optimizer\":{\"kind\":\"sgd\",\"lr\":1}}"),
+                     0);
+    uint64_t key = 42;
+    float g[4] = {3e38f, 3e38f, 3e38f, 3e38f}, row[4];
+    assert_int_equal(gr_client_push(c, 1, 4, &key, 1, g), 0);
+    assert_int_equal(gr_client_push(c, 1, 4, &key, 1, g), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "key 42 would make its row non-finite"));
+    assert_int_equal(gr_client_pull(c, 1, 4, &key, 1, row), 0);
+    for (int i = 0; i < 4; i++) assert_true(row[i] == -3e38f);
+    assert_int_equal(gr_client_dense_push(c, "mlp", g, 3), 0);
+    assert_int_equal(gr_client_dense_push(c, "mlp", g, 3), GR_EINVAL);
+    float d[3];
+    assert_int_equal(gr_client_dense_pull(c, "mlp", d, 3), 0);
+    for (int i = 0; i < 3; i++) assert_true(d[i] == -3e38f);
+    char *js = NULL;
+    assert_int_equal(gr_client_stats(c, 0, &js), 0);
+    assert_non_null(strstr(js, "\"nonfinite_rejected\":1"));
+    free(js);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
+/* The client refuses non-finite gradients before sending: push (any batch of several),
+ * push-pull, dense push; the shard sees no request at all. */
+static void test_client_refuses_nonfinite(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, NULL), 0);
+    gr_client *c = client_for(s.addr);
+    char spec[256];
+    for (unsigned t = 1; t <= 2; t++) {
+        snprintf(spec, sizeof spec, spec_fmt, t, t);
+        assert_int_equal(gr_client_create_table(c, spec), 0);
+    }
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"mlp\",\"size\":10}"), 0);
+    uint64_t k1[2] = {1, 2}, k2[2] = {7, 8};
+    float g1[8], g2[8], rows[8];
+    for (int i = 0; i < 8; i++) g1[i] = g2[i] = 0.5f;
+    g2[6] = INFINITY;
+    gr_client_batch b[2] = {{1, 4, 2, k1, rows, g1}, {2, 4, 2, k2, rows, g2}};
+    assert_int_equal(gr_client_push_many(c, b, 2), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "table 2, key 8 (row 1, element 2)"));
+    assert_non_null(strstr(gr_errmsg(), "nothing was sent"));
+    gr_client_op *op = (gr_client_op *)1;
+    assert_int_equal(gr_client_push_pull_start(c, b, 2, &op), GR_EINVAL);
+    assert_null(op);
+    float dg[10] = {0};
+    dg[9] = NAN;
+    assert_int_equal(gr_client_dense_push(c, "mlp", dg, 10), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "dense gradient 'mlp' element 9"));
+    assert_int_equal(gr_client_dense_push_start(c, "mlp", dg, 10, &op), GR_EINVAL);
+    /* Nothing reached the shard. */
+    char *js = NULL;
+    assert_int_equal(gr_client_stats(c, 0, &js), 0);
+    assert_non_null(strstr(js, "\"push\":{\"count\":0"));
+    assert_non_null(strstr(js, "\"push_pull\":{\"count\":0"));
+    assert_non_null(strstr(js, "\"dense_push\":{\"count\":0"));
+    free(js);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
 /* `granary server` without --ckpt-root keeps checkpoints under its working directory: an
  * absolute path, a '..' and a symlink out are refused and create nothing; a relative root is
  * created under the working directory. */
@@ -254,6 +330,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multi_table_push_is_all_or_nothing),
+        cmocka_unit_test(test_client_refuses_nonfinite),
+        cmocka_unit_test(test_nonfinite_result_refused_on_shard),
         cmocka_unit_test(test_default_ckpt_root_is_working_dir),
         cmocka_unit_test(test_hostile_checkpoint_files),
     };
