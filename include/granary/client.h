@@ -53,7 +53,7 @@ typedef struct gr_client_batch {
     const float *grads; /* push, push_pull: n * dim floats, read only during the start call */
 } gr_client_batch;
 
-#define GR_CLIENT_READONLY 1u /* pull: missing keys read the default row, nothing is created */
+#define GR_CLIENT_READONLY GR_READONLY /* pull: missing keys read the default row, nothing is created */
 
 /* Starts a pull of nb tables' keys. keys arrays are read only during the call; rows arrays
  * must stay valid until gr_client_wait returns. On success *op is a handle to wait on; on
@@ -122,8 +122,11 @@ GR_API int gr_client_dense_set(gr_client *c, const char *name, const float *valu
  * step); when it runs out of data it leaves. Tags are per shard because in semisync two
  * shards may be at different steps for a moment. */
 
-enum { GR_CLIENT_SYNC_ASYNC = 0, GR_CLIENT_SYNC_SYNC = 1, GR_CLIENT_SYNC_SEMISYNC = 2,
-       GR_CLIENT_SYNC_SSP = 3 };
+/* The core's gr_sync_mode values, under the client's names. */
+#define GR_CLIENT_SYNC_ASYNC GR_SYNC_ASYNC
+#define GR_CLIENT_SYNC_SYNC GR_SYNC_SYNC
+#define GR_CLIENT_SYNC_SEMISYNC GR_SYNC_SEMISYNC
+#define GR_CLIENT_SYNC_SSP GR_SYNC_SSP
 
 typedef struct gr_client_sync_config {
     uint32_t mode;      /* GR_CLIENT_SYNC_* */

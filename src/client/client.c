@@ -558,7 +558,7 @@ int gr_client_wait(gr_client_op *op, int timeout_ms)
 
 static inline uint32_t shard_of_key(const gr_client *c, uint64_t key)
 {
-    return c->nshards == 1 ? 0 : gr_proto_default_shard(gr_slot_of(key), c->nshards);
+    return c->nshards == 1 ? 0 : gr_slot_shard(gr_slot_of(key), c->nshards);
 }
 
 /* Dedups each table's keys, links every occurrence of a key, and groups unique keys by shard. */
@@ -1062,7 +1062,7 @@ int gr_client_evict(gr_client *c, const char *name, uint64_t *evicted)
 
 static uint32_t dense_owner(gr_client *c, const char *name)
 {
-    return c->nshards == 1 ? 0 : gr_proto_default_shard(gr_proto_dense_slot(name, strlen(name)), c->nshards);
+    return c->nshards == 1 ? 0 : gr_slot_shard(gr_proto_dense_slot(name, strlen(name)), c->nshards);
 }
 
 static int check_name(const char *name)
