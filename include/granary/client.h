@@ -211,8 +211,9 @@ typedef struct gr_client_stats_t {
     uint64_t keys_in;        /* keys given to batch calls (before dedup) */
     uint64_t keys_sent;      /* keys sent (after dedup) */
     uint64_t reconnects;     /* successful connects after the first */
-    /* Where the client's time goes, summed over every batch call (pull, push, push_pull,
-     * delete, step push) since create, in nanoseconds of the thread that did it: */
+    /* Where the client's CPU goes, summed over every batch call (pull, push, push_pull,
+     * delete, step push) since create: CPU time (ns) of the thread that did each phase, so
+     * time blocked on a full socket or an empty one is not counted. */
     uint64_t plan_ns;    /* dedup, occurrence links and routing by slot (start call) */
     uint64_t frame_ns;   /* splitting into requests, frame building, gradient sums (start) */
     uint64_t send_ns;    /* writing frames to the sockets, every frame (the kernel's copy) */

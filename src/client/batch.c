@@ -9,14 +9,14 @@
 
 static void count_ns(atomic_uint_fast64_t *ctr, uint64_t since)
 {
-    atomic_fetch_add_explicit(ctr, gr_now_ns() - since, memory_order_relaxed);
+    atomic_fetch_add_explicit(ctr, gr_thread_cpu_ns() - since, memory_order_relaxed);
 }
 
 /* A PULL or PUSH_PULL reply: its rows to every occurrence (runs on the reader thread). */
 static int rows_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal)
 {
     gr_client_op *op = r->ctx;
-    uint64_t t0 = gr_now_ns();
+    uint64_t t0 = gr_thread_cpu_ns();
     gr_proto_batch b;
     int rc = gr_proto_decode_batch(body, h->body_len, GR_PROTO_VALUES,
                                    &op->cl->conns[r->shard].limits, &b);
@@ -46,13 +46,13 @@ static int plan_batch(gr_client_op *op, const gr_client_batch *b, size_t nb, boo
 {
     gr_client *c = op->cl;
     gr_proto_layout layout = push ? GR_PROTO_KEYS_VALUES : GR_PROTO_KEYS;
-    uint64_t t0 = gr_now_ns();
+    uint64_t t0 = gr_thread_cpu_ns();
     int rc = cl_plan_tables(&op->plan, c->link.nshards, b, nb, rows, push);
     count_ns(&c->plan_ns, t0);
     if (rc) return rc;
     atomic_fetch_add(&c->keys_in, op->plan.keys_in);
     atomic_fetch_add(&c->keys_sent, op->plan.keys_sent);
-    t0 = gr_now_ns();
+    t0 = gr_thread_cpu_ns();
     gr_proto_limits *lims = malloc(c->link.nshards * sizeof *lims);
     if (!lims) return gr_seterr(GR_ENOMEM, "out of memory");
     for (uint32_t s = 0; s < c->link.nshards; s++) lims[s] = c->conns[s].limits;

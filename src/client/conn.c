@@ -362,12 +362,12 @@ static void *reader_main(void *arg)
                 break;
             }
         }
-        uint64_t t0 = gr_now_ns();
+        uint64_t t0 = gr_thread_cpu_ns();
         if (h.body_len && read_full(fd, k->rbuf, h.body_len) != (ssize_t)h.body_len) {
             snprintf(why, sizeof why, "connection closed in the middle of a reply");
             break;
         }
-        atomic_fetch_add_explicit(&cl->recv_ns, gr_now_ns() - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&cl->recv_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
         atomic_fetch_add(&cl->bytes_received, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
         cl_req *req = h.id ? take_pending(k, h.id) : NULL;
         if (!req) {
@@ -512,10 +512,10 @@ int cl_conn_send(cl_conn *k, cl_req *r)
     r->next = k->pending;
     k->pending = r;
     pthread_mutex_unlock(&k->mu);
-    uint64_t t0 = gr_now_ns();
+    uint64_t t0 = gr_thread_cpu_ns();
     int w = write_full(fd, r->frame.data, r->frame.len);
     int err = errno;
-    atomic_fetch_add_explicit(&k->link->send_ns, gr_now_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&k->link->send_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     if (w != 0) {
         /* A partial frame corrupts the stream: drop the connection; the reader fails the
          * other pending requests. */

@@ -134,10 +134,10 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
     if (!o) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
     o->outcomes_out = outcomes;
     cl_plan *p = &o->plan;
-    uint64_t t0 = gr_now_ns();
+    uint64_t t0 = gr_thread_cpu_ns();
     int rc = nb ? cl_plan_tables(p, c->link.nshards, b, nb, false, true) : GR_OK;
-    atomic_fetch_add_explicit(&c->plan_ns, gr_now_ns() - t0, memory_order_relaxed);
-    t0 = gr_now_ns();
+    atomic_fetch_add_explicit(&c->plan_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
+    t0 = gr_thread_cpu_ns();
     if (!rc) {
         atomic_fetch_add(&c->keys_in, p->keys_in);
         atomic_fetch_add(&c->keys_sent, p->keys_sent);
@@ -185,7 +185,7 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
     }
     free(dshard);
     if (!rc && nb) cl_plan_sum_grads(p, b);
-    atomic_fetch_add_explicit(&c->frame_ns, gr_now_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->frame_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     if (!rc) rc = cl_op_send(o);
     if (rc) {
         cl_op_free(o);
