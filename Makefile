@@ -66,6 +66,12 @@ $(BUILD)/tests/%: tests/%.c $(STATIC) $(TEST_HELPER_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
 
+# src/cli is not in libgranary: its unit tests link the cli objects (all but main).
+CLI_TEST_OBJ := $(filter-out %/main.o,$(CLI_OBJ))
+$(BUILD)/tests/unit/cli/%: tests/unit/cli/%.c $(STATIC) $(TEST_HELPER_OBJ) $(CLI_TEST_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_TEST_OBJ) $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
+
 # The two README commands install what they need first.
 setup:
 	@bash scripts/setup
