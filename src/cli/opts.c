@@ -37,7 +37,13 @@ static int choice_index(const char *choices, const char *word)
 
 static void range_text(const gr_cli_opt *o, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%.17g..%.17g", o->lo, o->hi);
+    /* Whole bounds print in full (1..4294967295, not 4.29e+09); others as short as exact. */
+    const char *lf = o->lo == floor(o->lo) && fabs(o->lo) < 1e17 ? "%.0f" : "%.15g";
+    const char *hf = o->hi == floor(o->hi) && fabs(o->hi) < 1e17 ? "%.0f" : "%.15g";
+    char lo[40], hi[40];
+    snprintf(lo, sizeof lo, lf, o->lo);
+    snprintf(hi, sizeof hi, hf, o->hi);
+    snprintf(buf, cap, "%s..%s", lo, hi);
 }
 
 /* A whole decimal integer: optional sign, digits, nothing else. */
@@ -318,6 +324,11 @@ static const char *metavar(const gr_cli_opt *o)
 void gr_cli_help(const gr_cli_spec *spec, FILE *out)
 {
     fprintf(out, "usage: %s\n", spec->synopsis);
+    gr_cli_help_options(spec, out);
+}
+
+void gr_cli_help_options(const gr_cli_spec *spec, FILE *out)
+{
     if (spec->n_opts || spec->config_section) fprintf(out, "options:\n");
     for (size_t i = 0; i < spec->n_opts; i++) {
         const gr_cli_opt *o = &spec->opts[i];

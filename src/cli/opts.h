@@ -111,6 +111,8 @@ int gr_cli_parse_or_exit(const gr_cli_spec *spec, int argc, char **argv, gr_cli_
 /* Writes the usage line and one entry per option (flag, value placeholder, help, default,
  * range or words, config key). */
 void gr_cli_help(const gr_cli_spec *spec, FILE *out);
+/* The same without the usage line, for a command that writes its own (ckpt's subcommands). */
+void gr_cli_help_options(const gr_cli_spec *spec, FILE *out);
 
 /* Checks one text value against an option and stores it (what the parser does per flag);
  * exposed for tests and for commands with a value that arrives another way. */

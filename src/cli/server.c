@@ -63,7 +63,7 @@ static const gr_cli_spec server_spec = {
               "(docs/table.md has the table specs, docs/server.md the rest).\n",
 };
 
-static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
+static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port_out)
 {
     const char *colon = strrchr(s, ':');
     if (!colon) return -1;
@@ -75,10 +75,12 @@ static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
     if ((size_t)(he - h) >= hcap) return -1;
     memcpy(host, h, (size_t)(he - h));
     host[he - h] = '\0';
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end || p < 0 || p > 65535 || colon[1] == '\0') return -1;
-    *port = (uint16_t)p;
+    /* The port goes through the option checker like every number the cli reads. */
+    static const gr_cli_opt port = {0, "listen", GR_CLI_INT, NULL, 0, 65535, NULL, NULL, NULL, ""};
+    gr_cli_value v;
+    char err[256];
+    if (gr_cli_set_text(&port, colon + 1, &v, err, sizeof err)) return -1;
+    *port_out = (uint16_t)v.i;
     return 0;
 }
 

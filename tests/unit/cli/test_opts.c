@@ -282,6 +282,32 @@ static void test_server_uses_the_table(void **state)
     assert_non_null(strstr(out, "--max-body needs a value"));
 }
 
+static void test_other_commands_use_tables(void **state)
+{
+    (void)state;
+    static char out[16384];
+    assert_int_equal(run_granary("datagen --help", out, sizeof out), 0);
+    assert_non_null(strstr(out, "--train-rows N"));
+    assert_non_null(strstr(out, "config \"test_rows\""));
+    assert_int_equal(run_granary("datagen --out /tmp/x --train-rows 1 --test-rows 1 --threads 65",
+                                 out, sizeof out), 2);
+    assert_non_null(strstr(out, "granary datagen: --threads must be in 1..64, got 65"));
+    assert_int_equal(run_granary("datagen --out /tmp/x --train-rows 1e3 --test-rows 1", out,
+                                 sizeof out), 2);
+    assert_non_null(strstr(out, "--train-rows wants a whole number"));
+    assert_int_equal(run_granary("stats --server", out, sizeof out), 2);
+    assert_non_null(strstr(out, "granary stats: --server needs a value"));
+    assert_int_equal(run_granary("stats --serve 127.0.0.1:1", out, sizeof out), 2);
+    assert_non_null(strstr(out, "unknown option --serve"));
+    assert_int_equal(run_granary("ckpt reshard /tmp --shards 2 --out /tmp/y --zstd 20", out,
+                                 sizeof out), 2);
+    assert_non_null(strstr(out, "granary ckpt: --zstd must be in 0..19, got 20"));
+    assert_int_equal(run_granary("ckpt retain /tmp --keep -1", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--keep must be in 0..4294967295, got -1"));
+    assert_int_equal(run_granary("ckpt inspect /tmp /tmp", out, sizeof out), 2);
+    assert_non_null(strstr(out, "unexpected argument '/tmp'"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -295,6 +321,7 @@ int main(void)
         cmocka_unit_test_teardown(test_help_lists_every_option, teardown),
         cmocka_unit_test_teardown(test_table_id_mismatch_is_caught, teardown),
         cmocka_unit_test(test_server_uses_the_table),
+        cmocka_unit_test(test_other_commands_use_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
