@@ -42,7 +42,7 @@ STATIC := $(BUILD)/libgranary.a
 SHARED := $(BUILD)/libgranary.so
 PROG   := $(BUILD)/granary
 
-.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests
+.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests check-deps
 all: $(STATIC) $(SHARED) $(PROG) tests
 
 lib: $(STATIC) $(SHARED)
@@ -80,6 +80,11 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory all
 	@bash scripts/run-tests $(BUILD) $(TEST_BIN)
+
+# Includes between parts must follow the table in docs/architecture.md (make test runs it too,
+# through tests/integration/test_check_deps.c).
+check-deps:
+	@python3 scripts/check-deps
 
 demo: setup
 	@$(MAKE) --no-print-directory all
