@@ -13,24 +13,20 @@
 
 const char *gr_train_mode_name(gr_train_mode m)
 {
-    switch (m) {
-    case GR_MODE_ASYNC: return "async";
-    case GR_MODE_SYNC: return "sync";
-    case GR_MODE_SEMISYNC: return "semisync";
-    case GR_MODE_SSP: return "ssp";
-    case GR_MODE_HYBRID: return "hybrid";
-    }
-    return "unknown";
+    return m == GR_MODE_HYBRID ? "hybrid" : gr_sync_mode_name((uint32_t)m);
 }
 
 int gr_train_mode_parse(const char *s, gr_train_mode *out)
 {
-    for (int m = GR_MODE_ASYNC; m <= GR_MODE_HYBRID; m++)
-        if (s && !strcmp(s, gr_train_mode_name((gr_train_mode)m))) {
-            *out = (gr_train_mode)m;
-            return GR_OK;
-        }
-    return gr_seterr(GR_EINVAL, "unknown mode '%s' (async, sync, semisync, ssp, hybrid)", s ? s : "");
+    if (s && !strcmp(s, "hybrid")) {
+        *out = GR_MODE_HYBRID;
+        return GR_OK;
+    }
+    gr_sync_mode m;
+    int rc = gr_sync_mode_parse(s, &m);
+    if (rc) return gr_seterr(rc, "%s (or hybrid)", gr_errmsg());
+    *out = (gr_train_mode)m;
+    return GR_OK;
 }
 
 gr_train_mode gr_train_default_mode(unsigned workers)
