@@ -38,7 +38,7 @@ static void on_signal(int sig)
       "allow a non-loopback address without --auth-file")                                      \
     X(SO_CKPT_ROOT, "ckpt-root", GR_CLI_STR, "ckpt_root", 0, 0, NULL, "DIR", NULL,              \
       "checkpoint requests may only name directories under DIR (given relative\n"              \
-      "to it); without it any path this process can write")                                   \
+      "to it, no '..', no symlink out of it); default: the working directory")                                   \
     X(SO_MAX_CONNECTIONS, "max-connections", GR_CLI_INT, "max_connections", 1, 1048576, NULL,  \
       "N", NULL, "connections served at once; more are refused (default 256)")                \
     X(SO_MAX_BODY, "max-body", GR_CLI_SIZE, "max_body", 1, 4294967295.0, NULL, NULL, NULL,      \
