@@ -77,6 +77,7 @@ typedef struct ck_writer {
     ck_job *cur;
     ck_table_info ti;
     uint32_t table;
+    const char *table_name; /* for messages */
     uint64_t rows, keys, fault_after;
     uint64_t table_rows, table_keys;
     int cb_err;
@@ -452,6 +453,13 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
         w->cb_err = gr_seterr(GR_EIO, "injected failure after %llu rows (testing hook)",
                               (unsigned long long)w->rows);
         return w->cb_err;
+    }
+    /* What the loader would refuse is never written: the save fails, naming the row. */
+    int bad = ck_check_row("checkpoint save (nothing committed)", w->table_name, key, weights,
+                           w->ti.dim, w->ti.weight_type == CK_W_F16, state, w->ti.state_floats);
+    if (bad) {
+        w->cb_err = bad;
+        return bad;
     }
     if (!w->cur) {
         bool pause;
@@ -906,6 +914,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         if (rc != GR_OK) break;
         w->ti = ti;
         w->table = (uint32_t)i;
+        w->table_name = sp->name;
         w->table_rows = w->table_keys = 0;
         keylist kl;
         if (o->kind == GR_CKPT_DELTA) {
