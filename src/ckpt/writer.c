@@ -654,6 +654,14 @@ static int write_rows_by_key(ck_writer *w, gr_table *t, const keylist *kl)
             }
             m++;
         }
+        /* What the loader would refuse is never written: the save fails, naming the row. */
+        for (uint64_t i = 0; rc == GR_OK && i < m; i++)
+            rc = ck_check_row("checkpoint save (nothing committed)", w->table_name, keys[i],
+                              wout + i * dim, dim, f16, sf ? scol + i * sf : NULL, sf);
+        if (rc != GR_OK) {
+            put_block(w, j);
+            break;
+        }
         if (f16) {
             uint16_t *h = (uint16_t *)wcol;
             for (uint64_t i = 0; i < m * dim; i++) h[i] = ck_f32_to_f16(wtmp[i]);
