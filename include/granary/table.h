@@ -140,7 +140,7 @@ GR_API void gr_table_destroy(gr_table *t);
 /* The table's spec; valid for the table's lifetime. */
 GR_API const gr_table_spec *gr_table_get_spec(const gr_table *t);
 
-#define GR_LOOKUP_READONLY 1u /* missing keys read the default row; nothing is created */
+#define GR_LOOKUP_READONLY GR_READONLY /* missing keys read the default row; nothing is created */
 
 /* Gathers the rows of n keys into out (n * dim floats, row i at out + i*dim). Missing keys
  * are created by the initializer (subject to admission) unless GR_LOOKUP_READONLY; keys not

@@ -1,4 +1,4 @@
-/* Small helpers of the ckpt part: names, slot maps, half floats, paths and directory
+/* Small helpers of the ckpt part: names, slot maps, paths and directory
  * removal. Kept apart so the writer, reader and loader stay about the format itself. */
 #include "ckpt/ckpt_internal.h"
 
@@ -31,7 +31,7 @@ int gr_ckpt_slot_map_default(gr_ckpt_slot_map *map, uint32_t shards)
                          GR_CKPT_SHARDS_MAX);
     map->shards = shards;
     for (uint32_t s = 0; s < GR_SLOTS; s++)
-        map->owner[s] = (uint32_t)(((uint64_t)s * shards) / GR_SLOTS);
+        map->owner[s] = gr_slot_shard(s, shards);
     return GR_OK;
 }
 
@@ -81,62 +81,6 @@ bool ck_parse_name(const char *name, uint64_t *step)
     }
     if (step) *step = v;
     return true;
-}
-
-/* Half floats: bit manipulation with round-to-nearest-even, so that every half value survives
- * f16 -> f32 -> f16 exactly (checkpoints of f16 tables rely on it for bitwise round trips). */
-uint16_t ck_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = (x >> 23) & 0xffu;
-    uint32_t man = x & 0x7fffffu;
-    if (exp == 0xffu) /* inf or NaN (keep NaN quiet and non-zero) */
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    int32_t e = (int32_t)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
-    if (e <= 0) {                                    /* subnormal half or zero */
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - e);
-        uint32_t h = man >> shift;
-        uint32_t rem = man & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
-    uint32_t rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into the exponent */
-    return (uint16_t)(sign | h);
-}
-
-float ck_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0) {
-        if (man == 0) {
-            x = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400u));
-            x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        x = sign | 0x7f800000u | (man << 13);
-    } else {
-        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
 }
 
 int ck_path(char *buf, size_t cap, const char *dir, const char *name)

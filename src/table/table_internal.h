@@ -1,6 +1,7 @@
 /* Internals of the table part, shared by its .c files and by its unit tests: the partition
- * and row layout, the per-partition lock, the index, the half-float conversion and the
- * optimizer/initializer kernels. Nothing outside src/table and tests/unit/table includes it. */
+ * and row layout, the per-partition lock, the index and the optimizer/initializer kernels
+ * (half floats are core's gr_f32_to_f16 / gr_f16_to_f32). Nothing outside src/table and
+ * tests/unit/table includes it. */
 #ifndef GRANARY_TABLE_INTERNAL_H
 #define GRANARY_TABLE_INTERNAL_H
 
@@ -187,10 +188,6 @@ static inline float *gr_row_state(const gr_table *t, uint8_t *row)
 uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64_t h,
                              uint32_t *pos);
 void gr_part_remove_locked(gr_table *t, gr_part *p, uint32_t pos, uint32_t slot);
-
-/* Half floats (IEEE binary16), round to nearest even; portable bit manipulation. */
-uint16_t gr_f32_to_f16(float f);
-float gr_f16_to_f32(uint16_t h);
 
 /* Kernels (opt.c). */
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w /* dim */);

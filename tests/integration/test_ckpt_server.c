@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "granary/ckpt.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/server.h"
 #include "granary/train.h"
@@ -113,7 +114,7 @@ static void snapshot_take(gr_client *c, snapshot *s)
     s->user = malloc(NKEYS * 8 * sizeof(float));
     s->item = malloc(NKEYS / 2 * 4 * sizeof(float));
     s->mlp = malloc(MLP_SIZE * sizeof(float));
-    gr_client_batch b[2] = {{1, 8, NKEYS, keys, s->user, NULL}, {2, 4, NKEYS / 2, keys, s->item, NULL}};
+    gr_client_batch b[2] = {{1, 8, NKEYS, keys, s->user, NULL, 0}, {2, 4, NKEYS / 2, keys, s->item, NULL, 0}};
     assert_int_equal(gr_client_pull_many(c, b, 2, GR_CLIENT_READONLY), 0);
     assert_int_equal(gr_client_dense_pull(c, "mlp", s->mlp, MLP_SIZE), 0);
     free(keys);

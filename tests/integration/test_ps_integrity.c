@@ -194,7 +194,8 @@ static void test_client_refuses_nonfinite(void **state)
     float g1[8], g2[8], rows[8];
     for (int i = 0; i < 8; i++) g1[i] = g2[i] = 0.5f;
     g2[6] = INFINITY;
-    gr_client_batch b[2] = {{1, 4, 2, k1, rows, g1}, {2, 4, 2, k2, rows, g2}};
+    gr_client_batch b[2] = {{.table = 1, .dim = 4, .n = 2, .keys = k1, .rows = rows, .grads = g1},
+                            {.table = 2, .dim = 4, .n = 2, .keys = k2, .rows = rows, .grads = g2}};
     assert_int_equal(gr_client_push_many(c, b, 2), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "table 2, key 8 (row 1, element 2)"));
     assert_non_null(strstr(gr_errmsg(), "nothing was sent"));
