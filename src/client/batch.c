@@ -24,8 +24,8 @@ static int rows_stream(cl_req *r, const gr_proto_header *h, cl_body *body)
     uint64_t t0 = gr_thread_cpu_ns();
     size_t want_len = cl_plan_body_size(p, r->tag, GR_PROTO_VALUES);
     if (h->body_len != want_len)
-        return gr_seterr(GR_EPROTO, "reply body of %u bytes, the request needs %zu", h->body_len,
-                         want_len);
+        return gr_seterr(GR_EPROTO, "reply body of %u bytes does not match the request (%zu "
+                         "bytes)", h->body_len, want_len);
     uint8_t want[16], got[16];
     gr_proto_batch_head_bytes(pr->npieces, want);
     int rc = cl_body_read(body, got, 8);
