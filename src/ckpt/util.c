@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,4 +176,68 @@ void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *b
     cJSON_Delete(b);
     free(ja);
     free(jb);
+}
+
+/* ---- opening files of a checkpoint directory ---- */
+
+int gr_ckpt_open_regular(const char *path, int *fd_out, uint64_t *size)
+{
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. It
+     * changes nothing for a regular file, which is all this returns. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        if (errno == ENOENT) return gr_seterr(GR_ENOENT, "%s: missing", path);
+        return gr_seterr(GR_EIO, "cannot open %s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return gr_seterr(GR_EIO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return gr_seterr(GR_ECORRUPT, "%s is not a regular file (a FIFO, device or directory "
+                         "cannot be part of a checkpoint)", path);
+    }
+    *fd_out = fd;
+    *size = (uint64_t)st.st_size;
+    return GR_OK;
+}
+
+int gr_ckpt_read_small(const char *path, size_t max, char **out, size_t *len)
+{
+    *out = NULL;
+    if (len) *len = 0;
+    int fd;
+    uint64_t size;
+    int rc = gr_ckpt_open_regular(path, &fd, &size);
+    if (rc) return rc;
+    if (size > max) {
+        close(fd);
+        return gr_seterr(GR_ETOOBIG, "%s is %" PRIu64 " bytes, over the %zu-byte limit for it",
+                         path, size, max);
+    }
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        close(fd);
+        return gr_seterr(GR_ENOMEM, "cannot allocate %" PRIu64 " bytes for %s", size, path);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        free(buf);
+        return gr_seterr(GR_EIO, "short read on %s (%zu of %" PRIu64 " bytes)", path, got, size);
+    }
+    buf[got] = '\0';
+    *out = buf;
+    if (len) *len = got;
+    return GR_OK;
 }

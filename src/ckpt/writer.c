@@ -875,7 +875,9 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     }
     XXH3_64bits_reset(w->fh);
 
-    w->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A fresh file, never whatever already has the name (a FIFO there would block the open). */
+    unlink(tmp);
+    w->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         rc = gr_seterr(GR_EIO, "cannot create %s: %s", tmp, strerror(errno));
         goto out;

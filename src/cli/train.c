@@ -4,6 +4,7 @@
  * (--local). Prints progress on stderr and reports test AUC/logloss and throughput, also as
  * JSON (--metrics-out). */
 #include "cli/cli.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 
@@ -26,7 +27,9 @@ static void usage(FILE *f)
             "  --batch B            examples per worker step (default 1024)\n"
             "  --epochs E           passes over the training file (default 1)\n"
             "  --workers W          worker threads (default 2)\n"
-            "  --mode M             async (default), sync, semisync or ssp (docs/sync.md)\n"
+            "  --mode M             async, sync, semisync, ssp or hybrid (docs/sync.md); default:\n"
+            "                       async for 1 worker (and --local), hybrid for more\n"
+            "  --emb-staleness S    hybrid: a worker's unpushed batches allowed at a pull (default 0)\n"
             "  --aggregate K        semisync: gradients per applied step (default N-1, N > 1)\n"
             "  --backup B           semisync: B backup workers, i.e. K = N - B\n"
             "  --staleness S        semisync: drop gradients older than S steps (default 0);\n"
@@ -45,7 +48,8 @@ static void usage(FILE *f)
             "                       only; same as --shards 0)\n"
             "  --lr X               embedding learning rate (Adagrad lr; LR: FTRL alpha)\n"
             "                       (default 0.05)\n"
-            "  --dense-lr X         dense parameters' learning rate (default dlrm 0.001, lr 0.01)\n"
+            "  --dense-lr X         dense parameters' learning rate for one worker (default dlrm\n"
+            "                       0.001, lr 0.01); sync and hybrid use X * sqrt(W)\n"
             "  --dense-optimizer O  adam (default), adagrad or sgd\n"
             "  --emb-optimizer O    adagrad (dlrm default), rowwise_adagrad, adam, sgd, ftrl (lr\n"
             "                       default)\n"
@@ -162,6 +166,18 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "straggler_factor", o->straggler_factor);
     }
     cJSON_AddNumberToObject(j, "wait_seconds", r->wait_seconds);
+    /* Seconds per stage, summed over every batch of every worker (docs/train.md). */
+    cJSON *st = cJSON_AddObjectToObject(j, "stage_seconds");
+    cJSON_AddNumberToObject(st, "read", r->read_seconds);
+    cJSON_AddNumberToObject(st, "pull", r->pull_seconds);
+    cJSON_AddNumberToObject(st, "compute", r->compute_seconds);
+    cJSON_AddNumberToObject(st, "push", r->push_seconds);
+    cJSON_AddNumberToObject(st, "wait", r->stage_wait_seconds);
+    if (o->mode == GR_MODE_HYBRID) {
+        cJSON_AddNumberToObject(j, "emb_staleness_bound", r->emb_staleness_bound);
+        cJSON_AddNumberToObject(j, "emb_staleness_max", (double)r->emb_staleness_max);
+        cJSON_AddNumberToObject(j, "emb_staleness_mean", r->emb_staleness_mean);
+    }
     if (o->resume || o->ckpt_dir) {
         cJSON_AddNumberToObject(j, "resumed_step", (double)r->resumed_step);
         cJSON_AddStringToObject(j, "resumed_from", r->resumed_from);
@@ -201,7 +217,7 @@ int gr_cli_train(int argc, char **argv)
         O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT, O_DEPTH,
         O_AGG, O_BACKUP, O_STALE, O_STRAG, O_STIMEOUT, O_SRESET, O_DATA, O_SHTHREADS, O_AUTH,
         O_LOCAL, O_CKDIR, O_CKEVERY, O_CKKEEP, O_CKINCR, O_CKFULL, O_CKZSTD, O_RESUME,
-        O_MAXSTEPS,
+        O_MAXSTEPS, O_EMBSTALE,
     };
     static const struct option opts[] = {
         {"train", required_argument, NULL, O_TRAIN},     {"test", required_argument, NULL, O_TEST},
@@ -237,6 +253,7 @@ int gr_cli_train(int argc, char **argv)
         {"ckpt-zstd", required_argument, NULL, O_CKZSTD},
         {"resume", required_argument, NULL, O_RESUME},
         {"max-steps", required_argument, NULL, O_MAXSTEPS},
+        {"emb-staleness", required_argument, NULL, O_EMBSTALE},
         {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
     };
     /* First pass: the model kind decides the defaults the other options change. */
@@ -262,7 +279,7 @@ int gr_cli_train(int argc, char **argv)
     long shards = 2, shard_threads = 2, aggregate = -1, backup = -1, staleness = -1;
     double sync_timeout = 60000;
     bool sync_reset = false;
-    bool dim_set = false;
+    bool dim_set = false, mode_set = false;
     uint64_t seed = 1;
     optind = 1;
     int c;
@@ -289,6 +306,7 @@ int gr_cli_train(int argc, char **argv)
                 fprintf(stderr, "granary train: %s\n", gr_errmsg());
                 return 2;
             }
+            mode_set = true;
             break;
         case O_WORKERS:
             if (parse_num("--workers", optarg, 1, 256, &v)) return 2;
@@ -441,6 +459,10 @@ int gr_cli_train(int argc, char **argv)
             if (parse_num("--max-steps", optarg, 0, 1e15, &v)) return 2;
             o.max_steps = (uint64_t)v;
             break;
+        case O_EMBSTALE:
+            if (parse_num("--emb-staleness", optarg, 0, 64, &v)) return 2;
+            o.emb_staleness = (uint32_t)v;
+            break;
         case O_LOCAL: shards = 0; break;
         case O_DEPTH:
             if (parse_num("--queue-depth", optarg, 1, 64, &v)) return 2;
@@ -464,6 +486,8 @@ int gr_cli_train(int argc, char **argv)
         return 2;
     }
     bool local = !servers && shards == 0;
+    /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
+    if (!mode_set) o.mode = local ? GR_MODE_ASYNC : gr_train_default_mode(o.workers);
     if (local && (o.ckpt_dir || o.resume)) {
         fprintf(stderr, "granary train: checkpoints are written by the parameter servers: drop "
                         "--local (the embedded cluster checkpoints)\n");
@@ -545,7 +569,9 @@ int gr_cli_train(int argc, char **argv)
             po.timeout_ms = (uint32_t)sync_timeout;
             po.reset = sync_reset;
             po.dense_opt = bo.dense_opt;
-            po.dense_lr = bo.dense_lr;
+            /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps
+             * average several workers' dense gradients. */
+            po.dense_lr = gr_train_dense_lr(o.mode, o.workers, bo.dense_lr);
             po.beta1 = bo.beta1;
             po.beta2 = bo.beta2;
             po.eps = bo.eps;
@@ -563,6 +589,9 @@ int gr_cli_train(int argc, char **argv)
         snprintf(modebuf, sizeof modebuf, "semisync (K %u of %u, staleness %u)", k, o.workers, stale);
     else if (o.mode == GR_MODE_SSP)
         snprintf(modebuf, sizeof modebuf, "ssp (staleness %u)", stale);
+    else if (o.mode == GR_MODE_HYBRID)
+        snprintf(modebuf, sizeof modebuf, "hybrid (dense sync, embedding staleness <= %u)",
+                 o.emb_staleness);
     else
         snprintf(modebuf, sizeof modebuf, "%s", gr_train_mode_name(o.mode));
     fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s, %s\n",

@@ -2,6 +2,7 @@
  * one request per planned piece of work, and its replies are scattered back by the reader
  * threads as they arrive. The client's time in each phase is counted (gr_client_stats_t). */
 #include "client/op.h"
+#include "client/check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,13 +141,15 @@ int gr_client_pull_start(gr_client *c, const gr_client_batch *b, size_t nb, unsi
 
 int gr_client_push_start(gr_client *c, const gr_client_batch *b, size_t nb, gr_client_op **op)
 {
-    return batch_start(c, GR_OP_PUSH, b, nb, 0, op);
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH, b, nb, 0, op);
 }
 
 int gr_client_push_pull_start(gr_client *c, const gr_client_batch *b, size_t nb,
                               gr_client_op **op)
 {
-    return batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
 }
 
 int gr_client_pull_many(gr_client *c, const gr_client_batch *b, size_t nb, unsigned flags)

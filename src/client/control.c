@@ -3,6 +3,7 @@
  * replies are read after the wait, except the async dense pull's, which lands in the caller's
  * output as it arrives. */
 #include "client/op.h"
+#include "client/check.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -211,6 +212,7 @@ int gr_client_dense_push(gr_client *c, const char *name, const float *grad, size
     int rc = cl_check_dense_name(name);
     if (rc) return rc;
     if (n && !grad) return gr_seterr(GR_EINVAL, "NULL gradient");
+    if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
     uint32_t shard = cl_dense_owner(c, name);
     gr_proto_buf body;
     gr_proto_buf_init(&body);
@@ -338,6 +340,7 @@ int gr_client_dense_push_start(gr_client *c, const char *name, const float *grad
     if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
     *op = NULL;
     if (!grad || !n) return gr_seterr(GR_EINVAL, "dense push needs a gradient");
+    if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
     gr_client_op *o;
     int rc = dense_op(c, GR_OP_DENSE_PUSH, name, grad, n, &o);
     if (rc) return rc;

@@ -2,6 +2,7 @@
  * push a step's gradients (one frame per shard, planned by plan.c), leave. Acquire and step
  * push replies land in the caller's tags and outcomes as they arrive. */
 #include "client/op.h"
+#include "client/check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,7 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
     *op = NULL;
     if (!tags) return gr_seterr(GR_EINVAL, "push_step needs the tags from acquire");
     if ((nb && !b) || (nd && !d)) return gr_seterr(GR_EINVAL, "NULL tables or dense gradients");
+    if (cl_check_grads(b, nb) || cl_check_dense_grads(d, nd)) return GR_EINVAL;
     for (size_t i = 0; i < nd; i++) {
         int rc = cl_check_dense_name(d[i].name);
         if (rc) return rc;

@@ -3,6 +3,7 @@
  * Kept apart from the index code so the arithmetic can be read against the formulas. */
 #include "table/table_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <sched.h>
 #include <string.h>
@@ -201,4 +202,29 @@ void gr_table_opt_step(const gr_table_spec *spec, uint32_t dim, float *w, float 
     case GR_OPT_ADAM: step_adam(o, dim, w, state, g); break;
     case GR_OPT_FTRL: step_ftrl(o, dim, w, state, g); break;
     }
+}
+
+/* ---- the finite policy ---- */
+
+bool gr_row_finite(const float *w, uint32_t dim, const float *state, uint32_t nstate,
+                   float wlimit)
+{
+    /* Branch-free so the loops vectorize: a NaN fails every comparison and so counts as bad. */
+    uint32_t ok = 1;
+    for (uint32_t i = 0; i < dim; i++) ok &= (uint32_t)(fabsf(w[i]) < wlimit);
+    for (uint32_t i = 0; i < nstate; i++) ok &= (uint32_t)(fabsf(state[i]) <= FLT_MAX);
+    return ok != 0;
+}
+
+static inline float clip_one(float v, float old, float max)
+{
+    if (isnan(v)) return old;
+    return v > max ? max : v < -max ? -max : v;
+}
+
+void gr_row_clip(float *w, const float *w_old, uint32_t dim, float *state,
+                 const float *state_old, uint32_t nstate, float wmax)
+{
+    for (uint32_t i = 0; i < dim; i++) w[i] = clip_one(w[i], w_old[i], wmax);
+    for (uint32_t i = 0; i < nstate; i++) state[i] = clip_one(state[i], state_old[i], FLT_MAX);
 }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "granary/ckpt.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"

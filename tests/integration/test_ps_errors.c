@@ -209,7 +209,7 @@ static void test_semantic_errors_keep_connection(void **state)
     gr_client *c = client_for(list);
     assert_int_equal(gr_client_create_table(c, user_spec), 0);
     uint64_t keys[3] = {1, 2, 3};
-    float rows[3 * 16], g[3 * 32];
+    float rows[3 * 16], g[3 * 32] = {0}; /* the client checks them: defined values */
     /* Wrong dim: GR_EDIM with the table's name and both dims, naming the shard. */
     assert_int_equal(gr_client_pull(c, 1, 8, keys, 3, rows), GR_EDIM);
     assert_non_null(strstr(gr_errmsg(), "table 'user' has dim 16, pull carried dim 8"));
