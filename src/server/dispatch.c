@@ -508,12 +508,15 @@ char *srv_stats_json(gr_server *s)
     cJSON_AddStringToObject(root, "version", GR_VERSION_STRING);
     cJSON_AddNumberToObject(root, "uptime_s", (double)(gr_now_ns() - s->start_ns) / 1e9);
     cJSON_AddNumberToObject(root, "threads", s->nworkers);
-    pthread_mutex_lock(&s->conn_mu);
-    cJSON_AddNumberToObject(root, "connections", s->nconns);
-    pthread_mutex_unlock(&s->conn_mu);
-    cJSON_AddNumberToObject(root, "connections_total", (double)atomic_load(&s->conns_total));
-    cJSON_AddNumberToObject(root, "connections_rejected", (double)atomic_load(&s->conns_rejected));
-    cJSON_AddNumberToObject(root, "bad_frames", (double)atomic_load(&s->bad_frames));
+    srv_net_stats *ns = srv_net_counters(s->net);
+    cJSON_AddNumberToObject(root, "connections", atomic_load(&ns->nconns));
+    cJSON_AddNumberToObject(root, "connections_total", (double)atomic_load(&ns->conns_total));
+    cJSON_AddNumberToObject(root, "connections_rejected", (double)atomic_load(&ns->conns_rejected));
+    cJSON_AddNumberToObject(root, "connections_reaped", (double)atomic_load(&ns->reaped));
+    cJSON_AddNumberToObject(root, "connections_dropped_slow", (double)atomic_load(&ns->dropped_slow));
+    cJSON_AddNumberToObject(root, "inflight_bytes", (double)atomic_load(&ns->total_inflight_bytes));
+    cJSON_AddNumberToObject(root, "bad_frames",
+                            (double)(atomic_load(&s->bad_frames) + atomic_load(&ns->bad_frames)));
     cJSON_AddNumberToObject(root, "auth_failures", (double)atomic_load(&s->auth_failures));
     cJSON_AddNumberToObject(root, "inflight", (double)atomic_load(&s->inflight));
     pthread_mutex_lock(&s->q_mu);

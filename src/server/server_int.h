@@ -5,6 +5,7 @@
 #define GRANARY_SERVER_INT_H
 
 #include "granary/server.h"
+#include "server/conn.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,28 +49,29 @@ typedef struct srv_op_stats {
     atomic_uint_fast64_t count, errors, keys, bytes_in, bytes_out;
 } srv_op_stats;
 
-struct srv_conn;
 typedef struct srv_sync srv_sync; /* sync.c: the shard's sync job and its parked acquires */
+
+/* Where an opcode runs (server.c's table of operations, op_rows): on the connection loop
+ * (short, never blocking), on the worker pool, answered or parked by the sync job, or on the
+ * checkpoint thread. */
+typedef enum srv_where {
+    SRV_RUN_NONE, /* not an opcode */
+    SRV_RUN_LOOP,
+    SRV_RUN_POOL,
+    SRV_RUN_PARKED,
+    SRV_RUN_CKPT,
+} srv_where;
+srv_where srv_op_where(unsigned op);
 
 struct gr_server {
     gr_server_config cfg;
     char host[256];
     uint8_t *secret;
     uint16_t port;
-    int listen_fd;
     int stop_pipe[2];   /* gr_server_request_stop writes here; gr_server_wait reads */
-    int accept_pipe[2]; /* wakes the accept thread at stop */
     bool owns[GR_SLOTS];
     srv_registry reg;
-
-    pthread_mutex_t conn_mu; /* guards the connection list, nconns and the exited readers */
-    pthread_cond_t conn_cv;
-    struct srv_conn *conns;
-    uint32_t nconns;
-    /* Readers that have exited but are not joined yet. They are joined (by the accept thread,
-     * and at stop) so a thread's thread-local cleanup (OpenSSL's) finishes before exit. */
-    pthread_t *exited;
-    size_t nexited, capexited;
+    srv_net *net;       /* conn.c: the connection loop */
 
     pthread_mutex_t q_mu; /* guards the work queue */
     pthread_cond_t q_cv;
@@ -77,14 +79,13 @@ struct gr_server {
     size_t q_len;
     bool q_closed;
 
-    pthread_t acceptor;
     pthread_t *workers;
     uint32_t nworkers;
     bool started, stopped;
     atomic_bool stopping;
 
     srv_op_stats ops[GR_PROTO_OP_LIMIT];
-    atomic_uint_fast64_t conns_total, conns_rejected, bad_frames, auth_failures;
+    atomic_uint_fast64_t bad_frames, auth_failures; /* beyond the loop's own counts */
     atomic_uint_fast64_t inflight;
     uint64_t start_ns;
     srv_sync *sync;
@@ -109,12 +110,10 @@ char *srv_stats_json(gr_server *s);
 /* Creates a dense parameter from its JSON spec. */
 int srv_dense_create_json(gr_server *s, const char *json, size_t len, bool *created);
 
-/* server.c: connection references and writes for replies sent after the request's own
- * handler returned (parked SYNC_ACQUIREs). */
-void srv_conn_get(struct srv_conn *c);
-void srv_conn_put(struct srv_conn *c);
-void srv_conn_send(struct srv_conn *c, const void *frame, size_t n, unsigned op);
-void srv_conn_send_error(struct srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg);
+/* server.c: replies sent after the request's own handler returned (parked SYNC_ACQUIREs,
+ * checkpoints): never block; bytes_out of op is counted. */
+void srv_conn_send(srv_conn *c, const void *frame, size_t n, unsigned op);
+void srv_conn_send_error(srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg);
 
 /* sync.c: the sync job (SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE, DENSE_SET).
  * create/destroy with the server; start with its threads; stop (after the worker pool has
@@ -128,6 +127,8 @@ void srv_sync_destroy(gr_server *s);
  * an error for the caller to send; *fatal when the body does not decode. */
 int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
                      const uint8_t *body, bool *fatal);
+/* The peer of c hung up: its parked acquires are dropped now (no reply, nobody reads it). */
+void srv_sync_conn_closed(gr_server *s, srv_conn *c);
 /* The other sync opcodes, run by the worker pool like any dispatch handler. */
 int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
                 bool *fatal);

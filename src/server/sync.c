@@ -291,6 +291,30 @@ static void fail_waiters(srv_sync *sy, sync_job *j, int rc, const char *msg)
     }
 }
 
+void srv_sync_conn_closed(gr_server *s, srv_conn *c)
+{
+    srv_sync *sy = s->sync;
+    srv_waiter *out = NULL;
+    pthread_mutex_lock(&sy->mu);
+    for (srv_waiter **pp = &sy->waiters; *pp;) {
+        srv_waiter *w = *pp;
+        if (w->c == c) {
+            *pp = w->next;
+            sy->nwaiters--;
+            w->next = out;
+            out = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&sy->mu);
+    while (out) {
+        srv_waiter *w = out;
+        out = w->next;
+        waiter_free(w);
+    }
+}
+
 /* ---- lifecycle ---- */
 
 int srv_sync_create(gr_server *s)
