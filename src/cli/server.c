@@ -29,6 +29,8 @@ static void usage(FILE *f)
             "                      [--auth-file F] [--insecure] [--config FILE]\n"
             "                      [--max-connections N] [--max-body SIZE] [--max-keys N]\n"
             "                      [--max-tables N] [--max-inflight-bytes SIZE] [--ckpt-root DIR]\n"
+            "                      [--max-total-inflight-bytes SIZE] [--send-timeout MS]\n"
+            "                      [--frame-timeout MS] [--auth-timeout MS] [--idle-timeout MS]\n"
             "  --listen HOST:PORT  address to serve (PORT 0 = any free port; printed on stdout)\n"
             "  --shard I --shards N  serve shard I of N (default 0 of 1)\n"
             "  --threads T         worker threads (default: CPUs)\n"
@@ -43,7 +45,13 @@ static void usage(FILE *f)
             "                      flags win)\n"
             "  limits: --max-connections (default 256), --max-body bytes per frame (256M),\n"
             "          --max-keys per request (4M), --max-tables per shard (1024),\n"
-            "          --max-inflight-bytes of request bodies held per connection (1G)\n");
+            "          --max-inflight-bytes of request bodies held per connection (1G),\n"
+            "          --max-total-inflight-bytes of request bodies over all connections (4G)\n"
+            "  deadlines (ms): --send-timeout a queued reply must be read by the peer (30000),\n"
+            "          --frame-timeout a started frame must be complete (60000),\n"
+            "          --auth-timeout from connect to authenticated, with --auth-file (10000),\n"
+            "          --idle-timeout a connection with nothing in flight may stay silent\n"
+            "          (900000; 0 = never)\n");
 }
 
 static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -89,7 +97,8 @@ static int read_secret(const char *path, char **out, size_t *len)
 typedef struct opts {
     const char *listen, *auth_file, *config;
     long shard, shards, threads, max_conns, max_keys, max_tables;
-    uint64_t max_body, max_inflight_bytes;
+    uint64_t max_body, max_inflight_bytes, max_total_inflight_bytes;
+    long send_timeout, frame_timeout, auth_timeout, idle_timeout; /* ms; -1 = default */
     int insecure;
     const char *ckpt_root;
 } opts;
@@ -134,7 +143,7 @@ static int config_options(cJSON *srv, opts *o)
 
 int gr_cli_server(int argc, char **argv)
 {
-    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, 0, -1, NULL};
+    opts o = {NULL, NULL, NULL, -1, -1, -1, -1, -1, -1, 0, 0, 0, -1, -1, -1, -1, -1, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -160,7 +169,16 @@ int gr_cli_server(int argc, char **argv)
         else if (!strcmp(a, "--max-connections")) o.max_conns = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-keys")) o.max_keys = strtol(v, &end, 10);
         else if (!strcmp(a, "--max-tables")) o.max_tables = strtol(v, &end, 10);
-        else if (!strcmp(a, "--max-inflight-bytes")) {
+        else if (!strcmp(a, "--send-timeout")) o.send_timeout = strtol(v, &end, 10);
+        else if (!strcmp(a, "--frame-timeout")) o.frame_timeout = strtol(v, &end, 10);
+        else if (!strcmp(a, "--auth-timeout")) o.auth_timeout = strtol(v, &end, 10);
+        else if (!strcmp(a, "--idle-timeout")) o.idle_timeout = strtol(v, &end, 10);
+        else if (!strcmp(a, "--max-total-inflight-bytes")) {
+            if (gr_parse_size(v, &o.max_total_inflight_bytes) || !o.max_total_inflight_bytes) {
+                fprintf(stderr, "granary server: bad --max-total-inflight-bytes '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-inflight-bytes")) {
             if (gr_parse_size(v, &o.max_inflight_bytes) || !o.max_inflight_bytes) {
                 fprintf(stderr, "granary server: bad --max-inflight-bytes '%s'\n", v);
                 return 2;
@@ -224,6 +242,26 @@ int gr_cli_server(int argc, char **argv)
     if (o.max_keys > 0) cfg.limits.max_keys = (uint32_t)o.max_keys;
     if (o.max_tables > 0) cfg.max_tables = (uint32_t)o.max_tables;
     if (o.max_inflight_bytes) cfg.max_inflight_bytes = o.max_inflight_bytes;
+    if (o.max_total_inflight_bytes) cfg.max_total_inflight_bytes = o.max_total_inflight_bytes;
+    {
+        /* Deadlines in ms: 1 ms .. 1 day; --idle-timeout 0 turns idle reaping off. */
+        const struct { const char *flag; long v; uint32_t *dst; bool zero_ok; } dl[] = {
+            {"--send-timeout", o.send_timeout, &cfg.send_timeout_ms, false},
+            {"--frame-timeout", o.frame_timeout, &cfg.frame_timeout_ms, false},
+            {"--auth-timeout", o.auth_timeout, &cfg.auth_timeout_ms, false},
+            {"--idle-timeout", o.idle_timeout, &cfg.idle_timeout_ms, true},
+        };
+        for (size_t k = 0; k < sizeof dl / sizeof dl[0]; k++) {
+            if (dl[k].v == -1) continue;
+            if (dl[k].v < (dl[k].zero_ok ? 0 : 1) || dl[k].v > 86400000L) {
+                fprintf(stderr, "granary server: %s must be %s..86400000 ms, got %ld\n",
+                        dl[k].flag, dl[k].zero_ok ? "0" : "1", dl[k].v);
+                status = 2;
+                goto out;
+            }
+            *dl[k].dst = dl[k].v == 0 ? UINT32_MAX : (uint32_t)dl[k].v;
+        }
+    }
     if (o.max_body) {
         if (o.max_body > UINT32_MAX) {
             fprintf(stderr, "granary server: --max-body must be below 4G\n");

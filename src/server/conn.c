@@ -406,8 +406,8 @@ static void enter_drain(srv_conn *c)
     if (c->body) { /* a frame half read: its budget goes back */
         free(c->body);
         c->body = NULL;
+        srv_conn_get(c); /* srv_conn_done drops a reference this frame never took */
         srv_conn_done(c, c->h.body_len);
-        srv_conn_get(c); /* srv_conn_done dropped a reference this frame never took */
     }
     c->have_header = false;
     c->state = C_DRAIN;
