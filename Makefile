@@ -42,7 +42,7 @@ STATIC := $(BUILD)/libgranary.a
 SHARED := $(BUILD)/libgranary.so
 PROG   := $(BUILD)/granary
 
-.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests
+.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests check-deps
 all: $(STATIC) $(SHARED) $(PROG) tests
 
 lib: $(STATIC) $(SHARED)
@@ -66,6 +66,12 @@ $(BUILD)/tests/%: tests/%.c $(STATIC) $(TEST_HELPER_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
 
+# src/cli is not in libgranary: its unit tests link the cli objects (all but main).
+CLI_TEST_OBJ := $(filter-out %/main.o,$(CLI_OBJ))
+$(BUILD)/tests/unit/cli/%: tests/unit/cli/%.c $(STATIC) $(TEST_HELPER_OBJ) $(CLI_TEST_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_TEST_OBJ) $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
+
 # The two README commands install what they need first.
 setup:
 	@bash scripts/setup
@@ -74,6 +80,11 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory all
 	@bash scripts/run-tests $(BUILD) $(TEST_BIN)
+
+# Includes between parts must follow the table in docs/architecture.md (make test runs it too,
+# through tests/integration/test_check_deps.c).
+check-deps:
+	@python3 scripts/check-deps
 
 demo: setup
 	@$(MAKE) --no-print-directory all

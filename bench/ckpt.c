@@ -134,7 +134,7 @@ static void *net_probe_main(void *arg)
     while (!atomic_load(&p->stop)) {
         for (int i = 0; i < 8; i++) keys[i] = key_of(gr_rng_next(&r) % p->rows);
         uint64_t t0 = gr_now_ns();
-        if ((p->rc = gr_client_pull_many(p->c, &(gr_client_batch){1, DIM, 8, keys, out, NULL}, 1,
+        if ((p->rc = gr_client_pull_many(p->c, &(gr_client_batch){1, DIM, 8, keys, out, NULL, 0}, 1,
                                          GR_CLIENT_READONLY)))
             break;
         uint64_t d = gr_now_ns() - t0;

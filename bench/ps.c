@@ -477,12 +477,16 @@ typedef struct run_stats {
     double p50_ms, p99_ms;
     uint64_t wire_bytes, ids, unique;
     unsigned nbatches;
+    /* The client's time per batch by phase, in microseconds (gr_client_stats_t): */
+    double plan_us, frame_us, send_us, recv_us, scatter_us;
 } run_stats;
 
-/* Runs `rounds` passes over the batches with `inflight` operations in flight. */
-static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned rounds,
-                  unsigned inflight, bool push, float *rows_pool, const float *grads,
-                  run_stats *st)
+/* Runs `rounds` passes over the batches with `inflight` operations in flight. With nuniq,
+ * batch b's column t holds nuniq[b][t] keys that are already unique (a trainer's deduplicated
+ * batch), passed with GR_CLIENT_BATCH_UNIQUE. */
+static int ps_run(gr_client *c, uint64_t *const *batches, uint32_t *const *nuniq, unsigned nb,
+                  unsigned rounds, unsigned inflight, bool push, float *rows_pool,
+                  const float *grads, run_stats *st)
 {
     unsigned total = nb * rounds;
     double *lat = calloc(total, sizeof *lat);
@@ -504,7 +508,8 @@ static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned 
                 gr_client_batch *x = &b[slot * COLS + t];
                 x->table = t + 1;
                 x->dim = DIM;
-                x->n = EXAMPLES;
+                x->n = nuniq ? nuniq[started % nb][t] : EXAMPLES;
+                x->flags = nuniq ? GR_CLIENT_BATCH_UNIQUE : 0;
                 x->keys = ids + (size_t)t * EXAMPLES;
                 x->rows = push ? NULL : rows_pool + ((size_t)slot * IDS + (size_t)t * EXAMPLES) * DIM;
                 x->grads = push ? grads + (size_t)t * EXAMPLES * DIM : NULL;
@@ -535,6 +540,11 @@ static int ps_run(gr_client *c, uint64_t *const *batches, unsigned nb, unsigned 
         st->ids = s1.keys_in - s0.keys_in;
         st->unique = s1.keys_sent - s0.keys_sent;
         st->nbatches = total;
+        st->plan_us = (double)(s1.plan_ns - s0.plan_ns) / 1e3 / total;
+        st->frame_us = (double)(s1.frame_ns - s0.frame_ns) / 1e3 / total;
+        st->send_us = (double)(s1.send_ns - s0.send_ns) / 1e3 / total;
+        st->recv_us = (double)(s1.recv_ns - s0.recv_ns) / 1e3 / total;
+        st->scatter_us = (double)(s1.scatter_ns - s0.scatter_ns) / 1e3 / total;
     }
     free(lat);
     free(ops);
@@ -597,7 +607,9 @@ int gr_bench_ps(int argc, char **argv)
     int status = 1;
     child shards[SHARDS] = {{0, 0}, {0, 0}}, redis = {0, 0};
     gr_client *c = NULL;
-    run_stats pull = {0}, push = {0};
+    run_stats pull = {0}, push = {0}, upull = {0}, upush = {0};
+    uint64_t **ubatches = calloc(o.batches, sizeof *ubatches);
+    uint32_t **ununiq = calloc(o.batches, sizeof *ununiq);
     double mget = NAN, mset = NAN, loop = NAN;
     for (unsigned i = 0; i < SHARDS; i++)
         if (start_shard(&shards[i], i, o.threads)) {
@@ -634,27 +646,51 @@ int gr_bench_ps(int argc, char **argv)
     /* Warm-up pass creates the rows, so the timed passes read and update existing rows. */
     fprintf(stderr, "bench ps: warm-up (creates the rows)\n");
     run_stats warm;
-    if (ps_run(c, batches, o.batches, 1, o.inflight, false, rows, grads, &warm)) {
+    if (ps_run(c, batches, NULL, o.batches, 1, o.inflight, false, rows, grads, &warm)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
     fprintf(stderr, "bench ps: pull\n");
-    if (ps_run(c, batches, o.batches, o.rounds, o.inflight, false, rows, grads, &pull)) {
+    if (ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, false, rows, grads, &pull)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
     fprintf(stderr, "bench ps: push\n");
-    if (ps_run(c, batches, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
+    if (ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
+    /* The training path: the trainer has deduplicated each column already and hands the
+     * client unique keys (GR_CLIENT_BATCH_UNIQUE); it computes on the unique rows. Same
+     * batches, so rows/s still count every id of the original batch. */
+    fprintf(stderr, "bench ps: pull and push of keys given unique\n");
+    for (unsigned b = 0; b < o.batches; b++) {
+        ubatches[b] = malloc(IDS * sizeof(uint64_t));
+        ununiq[b] = malloc(COLS * sizeof(uint32_t));
+        uint32_t *inv = malloc(EXAMPLES * sizeof *inv);
+        uint64_t *u = malloc(EXAMPLES * sizeof *u);
+        for (unsigned t = 0; t < COLS; t++) {
+            long n = gr_dedup(batches[b] + (size_t)t * EXAMPLES, EXAMPLES, u, inv, NULL);
+            memcpy(ubatches[b] + (size_t)t * EXAMPLES, u, (size_t)n * sizeof *u);
+            ununiq[b][t] = (uint32_t)n;
+        }
+        free(inv);
+        free(u);
+    }
+    if (ps_run(c, ubatches, ununiq, o.batches, o.rounds, o.inflight, false, rows, grads, &upull) ||
+        ps_run(c, ubatches, ununiq, o.batches, o.rounds, o.inflight, true, rows, grads, &upush)) {
+        fprintf(stderr, "bench ps: %s\n", gr_errmsg());
+        goto out;
+    }
+    upull.rows_per_sec = upull.rows_per_sec * pull.ids / upull.ids; /* ids of the full batch */
+    upush.rows_per_sec = upush.rows_per_sec * pull.ids / upush.ids;
     /* Latency per batch is measured alone (one batch in flight): with K in flight each batch
      * would also wait for the K - 1 ahead of it. */
     if (o.inflight > 1) {
         fprintf(stderr, "bench ps: latency (one batch in flight)\n");
         run_stats lp, lq;
-        if (ps_run(c, batches, o.batches, 1, 1, false, rows, grads, &lp) ||
-            ps_run(c, batches, o.batches, 1, 1, true, rows, grads, &lq)) {
+        if (ps_run(c, batches, NULL, o.batches, 1, 1, false, rows, grads, &lp) ||
+            ps_run(c, batches, NULL, o.batches, 1, 1, true, rows, grads, &lq)) {
             fprintf(stderr, "bench ps: %s\n", gr_errmsg());
             goto out;
         }
@@ -704,6 +740,19 @@ int gr_bench_ps(int argc, char **argv)
            push.rows_per_sec / 1e6, push.p50_ms, push.p99_ms);
     printf("  CPU per batch               pull %.1f ms client + %.1f ms shards, push %.1f + %.1f ms\n",
            pull.client_cpu_ms, pull.server_cpu_ms, push.client_cpu_ms, push.server_cpu_ms);
+    printf("  client time per pull batch  %.0f us: dedup+route %.0f, frames %.0f, send %.0f, "
+           "recv %.0f, scatter %.0f (client CPU %.0f us)\n",
+           pull.plan_us + pull.frame_us + pull.send_us + pull.recv_us + pull.scatter_us,
+           pull.plan_us, pull.frame_us, pull.send_us, pull.recv_us, pull.scatter_us,
+           pull.client_cpu_ms * 1e3);
+    printf("  client time per push batch  %.0f us: dedup+route %.0f, frames+sums %.0f, send %.0f, "
+           "recv %.0f (client CPU %.0f us)\n",
+           push.plan_us + push.frame_us + push.send_us + push.recv_us + push.scatter_us,
+           push.plan_us, push.frame_us, push.send_us, push.recv_us, push.client_cpu_ms * 1e3);
+    printf("  keys given unique (trainer) pull %.2f M rows/s (client CPU %.1f ms), push %.2f M "
+           "rows/s (client CPU %.1f ms)\n",
+           upull.rows_per_sec / 1e6, upull.client_cpu_ms, upush.rows_per_sec / 1e6,
+           upush.client_cpu_ms);
     printf("  wire bytes per pull batch   %10.2f MB (without dedup %.2f MB)\n", bpb_pull / 1e6,
            bpb_pull_nodedup / 1e6);
     printf("  wire bytes per push batch   %10.2f MB (without dedup %.2f MB)\n", bpb_push / 1e6,
@@ -733,6 +782,19 @@ int gr_bench_ps(int argc, char **argv)
                pull.p99_ms, push.p50_ms, push.p99_ms, (double)pull.unique / (double)pull.ids,
                pull.client_cpu_ms + pull.server_cpu_ms, push.client_cpu_ms + push.server_cpu_ms,
                bpb_pull, bpb_pull_nodedup, bpb_push, bpb_push_nodedup, pull_bytes, pull_wire);
+        printf("\"pull_client_cpu_ms_per_batch\":%.2f,\"push_client_cpu_ms_per_batch\":%.2f,"
+               "\"pull_client_plan_us\":%.0f,\"pull_client_frame_us\":%.0f,"
+               "\"pull_client_send_us\":%.0f,\"pull_client_recv_us\":%.0f,"
+               "\"pull_client_scatter_us\":%.0f,\"push_client_plan_us\":%.0f,"
+               "\"push_client_frame_us\":%.0f,\"push_client_send_us\":%.0f,"
+               "\"push_client_recv_us\":%.0f,"
+               "\"unique_pull_rows_per_sec\":%.0f,\"unique_push_rows_per_sec\":%.0f,"
+               "\"unique_pull_client_cpu_ms_per_batch\":%.2f,"
+               "\"unique_push_client_cpu_ms_per_batch\":%.2f,",
+               pull.client_cpu_ms, push.client_cpu_ms, pull.plan_us, pull.frame_us, pull.send_us,
+               pull.recv_us, pull.scatter_us, push.plan_us, push.frame_us, push.send_us,
+               push.recv_us, upull.rows_per_sec, upush.rows_per_sec, upull.client_cpu_ms,
+               upush.client_cpu_ms);
         if (isfinite(mget) && isfinite(mset))
             printf("\"redis_mget_rows_per_sec\":%.0f,\"redis_mset_rows_per_sec\":%.0f,", mget, mset);
         else
@@ -745,8 +807,14 @@ out:
     gr_client_destroy(c);
     for (unsigned i = 0; i < SHARDS; i++) stop_child(&shards[i]);
     stop_child(&redis);
-    for (unsigned b = 0; b < o.batches; b++) free(batches[b]);
+    for (unsigned b = 0; b < o.batches; b++) {
+        free(batches[b]);
+        free(ubatches[b]);
+        free(ununiq[b]);
+    }
     free(batches);
+    free(ubatches);
+    free(ununiq);
     free(rows);
     free(grads);
     return status;

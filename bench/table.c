@@ -4,6 +4,7 @@
  * same run: a flat-array gather of the same rows (huge pages, prefetched) and PyTorch's
  * EmbeddingBag + sparse Adagrad (bench/torch_embedding.py, when /usr/bin/python3 has torch). */
 #include "bench/bench.h"
+#include "cli/opts.h"
 #include "granary/table.h"
 
 #include <errno.h>
@@ -27,33 +28,36 @@
 #define PERM_MUL 2654435761ull /* row = ((rank - 1) * PERM_MUL) % rows, as in the torch script */
 #define MAX_THREADS 64
 
+/* Every option of `granary bench table`, declared once. */
+#define TABLE_BENCH_OPTIONS(X)                                                                 \
+    X(TB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                               \
+      "print a final JSON line with the figures")                                             \
+    X(TB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "50M rows unless --rows")     \
+    X(TB_ROWS, "rows", GR_CLI_SIZE, NULL, 1, 4294967295.0, NULL, "N", "10M", "table rows")      \
+    X(TB_BATCHES, "batches", GR_CLI_INT, NULL, 1, 1000000, NULL, "B", "100",                    \
+      "batches of 4096 x 26 ids per thread per measurement")                                  \
+    X(TB_THREADS, "threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                           \
+      "measure with 1 and T threads")                                                         \
+    X(TB_REPEAT, "repeat", GR_CLI_INT, NULL, 1, 100, NULL, "R", "1",                            \
+      "measure the flat gather and the lookup R times, alternating, and report\n"             \
+      "medians (for A/B comparisons on a busy machine)")                                       \
+    X(TB_ONLY, "only", GR_CLI_CHOICE, NULL, 0, 0, "all|lookup", NULL, "all",                     \
+      "lookup: skip the adagrad and PyTorch figures")
+
+enum { TABLE_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
+static const gr_cli_opt table_bench_opts[] = {TABLE_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec table_bench_spec = {
+    .command = "bench table",
+    .synopsis = "granary bench table [--json] [--full] [--rows N] [--batches B] [--threads T]",
+    .opts = table_bench_opts,
+    .n_opts = TB_COUNT,
+};
+
 typedef struct opts {
     uint64_t rows;
-    unsigned batches, threads;
-    bool json, full;
+    unsigned batches, threads, repeat;
+    bool json, full, lookup_only;
 } opts;
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: granary bench table [--json] [--full] [--rows N] [--batches B] "
-               "[--threads T]\n"
-               "  --rows N      table rows (default 10M; --full: 50M)\n"
-               "  --batches B   batches of %d x %d ids per thread per measurement (default 100)\n"
-               "  --threads T   measure with 1 and T threads (default 2)\n"
-               "  --json        print a final JSON line with the figures\n",
-            EXAMPLES, BAG);
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    if (gr_parse_size(s, out) == GR_OK) return 0;
-    char *end;
-    errno = 0;
-    double d = strtod(s, &end);
-    if (errno || *end || d < 1 || d > 1e15) return -1;
-    *out = (uint64_t)d;
-    return 0;
-}
 
 /* Keys are a fixed bijection of the Zipf rank, so hot keys land in all partitions. */
 static uint64_t key_of_rank(uint64_t rank)
@@ -209,8 +213,21 @@ static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
 
 typedef struct result {
     unsigned threads;
-    double flat, lookup, adagrad, torch;
+    double flat, lookup, ratio, adagrad, torch; /* ratio: median of lookup / flat pairs */
 } result;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of n values (sorts them). */
+static double median(double *v, unsigned n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 static void json_num(char *buf, size_t cap, double v)
 {
@@ -220,42 +237,19 @@ static void json_num(char *buf, size_t cap, double v)
 
 int gr_bench_table(int argc, char **argv)
 {
-    opts o = {.rows = 10000000, .batches = 100, .threads = 2};
-    bool rows_set = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        uint64_t v;
-        if (!strcmp(a, "--json")) {
-            o.json = true;
-        } else if (!strcmp(a, "--full")) {
-            o.full = true;
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if ((!strcmp(a, "--rows") || !strcmp(a, "--batches") || !strcmp(a, "--threads")) &&
-                   i + 1 < argc) {
-            if (parse_u64(argv[++i], &v) != 0) {
-                fprintf(stderr, "granary bench table: bad value '%s' for %s\n", argv[i], a);
-                return 2;
-            }
-            if (!strcmp(a, "--rows")) {
-                o.rows = v;
-                rows_set = true;
-            } else if (!strcmp(a, "--batches")) {
-                o.batches = v > 1000000 ? 1000000 : (unsigned)v;
-            } else {
-                if (v > MAX_THREADS) {
-                    fprintf(stderr, "granary bench table: at most %d threads\n", MAX_THREADS);
-                    return 2;
-                }
-                o.threads = (unsigned)v;
-            }
-        } else {
-            fprintf(stderr, "granary bench table: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    gr_cli_value v[TB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&table_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    opts o = {.rows = v[TB_ROWS].u,
+              .batches = (unsigned)v[TB_BATCHES].i,
+              .threads = (unsigned)v[TB_THREADS].i,
+              .repeat = (unsigned)v[TB_REPEAT].i,
+              .json = v[TB_JSON].b,
+              .full = v[TB_FULL].b,
+              .lookup_only = v[TB_ONLY].i == 1};
+    bool rows_set = v[TB_ROWS].given;
     if (o.full && !rows_set) o.rows = 50000000;
     if (o.rows > UINT32_MAX) {
         fprintf(stderr, "granary bench table: at most %u rows\n", UINT32_MAX);
@@ -384,10 +378,22 @@ int gr_bench_table(int argc, char **argv)
         result *r = &res[nres++];
         r->threads = nt;
         r->torch = -1;
-        r->flat = measure(ws, nt, KIND_FLAT);
-        r->lookup = measure(ws, nt, KIND_LOOKUP);
-        r->adagrad = measure(ws, nt, KIND_ADAGRAD);
-        if (r->flat < 0 || r->lookup < 0 || r->adagrad < 0) {
+        /* Alternating the two, R times, lets each lookup figure be read against a flat
+         * gather taken moments before on the same (shared) machine. */
+        double fl[100], lk[100], ratio[100];
+        bool failed = false;
+        unsigned done = 0;
+        for (; done < o.repeat && !failed; done++) {
+            fl[done] = measure(ws, nt, KIND_FLAT);
+            lk[done] = measure(ws, nt, KIND_LOOKUP);
+            ratio[done] = lk[done] / fl[done];
+            failed = fl[done] < 0 || lk[done] < 0;
+        }
+        r->flat = median(fl, done);
+        r->lookup = median(lk, done);
+        r->ratio = median(ratio, done);
+        r->adagrad = o.lookup_only || failed ? -1 : measure(ws, nt, KIND_ADAGRAD);
+        if (failed || (!o.lookup_only && r->adagrad < 0)) {
             gr_table_destroy(t);
             free(flat);
             goto out;
@@ -398,7 +404,7 @@ int gr_bench_table(int argc, char **argv)
     gr_table_destroy(t);
     free(flat);
     unsigned torch_batches = o.batches < 30 ? o.batches : 30;
-    for (unsigned k = 0; k < nres; k++) {
+    for (unsigned k = 0; k < nres && !o.lookup_only; k++) {
         res[k].torch = run_torch(o.rows, torch_batches, res[k].threads);
         if (res[k].torch < 0) break; /* no torch here: skip the other thread counts */
     }
@@ -407,13 +413,14 @@ int gr_bench_table(int argc, char **argv)
            "x flat", "adagrad M ids/s", "torch M ids/s", "x torch");
     for (unsigned k = 0; k < nres; k++) {
         result *r = &res[k];
-        char tb[32] = "n/a", xb[32] = "n/a";
+        char tb[32] = "n/a", xb[32] = "n/a", ab[32] = "n/a";
+        if (r->adagrad >= 0) snprintf(ab, sizeof ab, "%.2f", r->adagrad / 1e6);
         if (r->torch > 0) {
             snprintf(tb, sizeof tb, "%.2f", r->torch / 1e6);
             snprintf(xb, sizeof xb, "%.1f", r->adagrad / r->torch);
         }
-        printf("%-8u %14.2f %15.2f %9.2f %15.2f %14s %9s\n", r->threads, r->flat / 1e6,
-               r->lookup / 1e6, r->lookup / r->flat, r->adagrad / 1e6, tb, xb);
+        printf("%-8u %14.2f %15.2f %9.2f %15s %14s %9s\n", r->threads, r->flat / 1e6,
+               r->lookup / 1e6, r->ratio, ab, tb, xb);
     }
     result *top = &res[nres - 1];
     printf("\nmemory: %.2f GiB for %" PRIu64 " rows = %.1f B/row; payload (weights + adagrad) "
@@ -421,27 +428,29 @@ int gr_bench_table(int argc, char **argv)
            (double)st.bytes / 1073741824.0, st.rows, st.bytes_per_row, st.payload_bytes, overhead);
     printf("targets at %u threads: lookup >= 0.6 x flat gather: %s (%.2f); adagrad >= 5 x torch: "
            "%s; overhead <= 32 B/row: %s\n",
-           top->threads, top->lookup >= 0.6 * top->flat ? "met" : "NOT met",
-           top->lookup / top->flat,
+           top->threads, top->ratio >= 0.6 ? "met" : "NOT met", top->ratio,
            top->torch > 0 ? (top->adagrad >= 5 * top->torch ? "met" : "NOT met") : "no torch",
            overhead <= 32 ? "met" : "NOT met");
     printf("(PyTorch: nn.EmbeddingBag(sparse=True, mode='sum') + torch.optim.Adagrad, %u "
            "batches, same id distribution; run by /usr/bin/python3 bench/torch_embedding.py)\n",
            torch_batches);
     if (o.json) {
-        char tj[32];
+        char tj[32], aj[32];
         json_num(tj, sizeof tj, top->torch);
+        json_num(aj, sizeof aj, top->adagrad);
         printf("{\"bench\":\"table\",\"rows\":%" PRIu64 ",\"dim\":%d,\"threads\":%u,\"batches\":%u,"
-               "\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":%.0f,"
-               "\"adagrad_ids_per_sec\":%.0f,\"torch_adagrad_ids_per_sec\":%s,"
+               "\"repeat\":%u,\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":%.0f,"
+               "\"lookup_per_flat\":%.3f,\"adagrad_ids_per_sec\":%s,\"torch_adagrad_ids_per_sec\":%s,"
                "\"overhead_bytes_per_row\":%.2f,\"bytes_per_row\":%.2f,\"by_threads\":[",
-               o.rows, DIM, top->threads, o.batches, top->lookup, top->flat, top->adagrad, tj,
-               overhead, st.bytes_per_row);
+               o.rows, DIM, top->threads, o.batches, o.repeat, top->lookup, top->flat, top->ratio,
+               aj, tj, overhead, st.bytes_per_row);
         for (unsigned k = 0; k < nres; k++) {
             json_num(tj, sizeof tj, res[k].torch);
+            json_num(aj, sizeof aj, res[k].adagrad);
             printf("%s{\"threads\":%u,\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":"
-                   "%.0f,\"adagrad_ids_per_sec\":%.0f,\"torch_adagrad_ids_per_sec\":%s}",
-                   k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].adagrad, tj);
+                   "%.0f,\"lookup_per_flat\":%.3f,\"adagrad_ids_per_sec\":%s,"
+                   "\"torch_adagrad_ids_per_sec\":%s}",
+                   k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].ratio, aj, tj);
         }
         printf("]}\n");
     }

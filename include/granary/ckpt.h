@@ -193,6 +193,22 @@ GR_API int gr_ckpt_reshard(const char *src, const char *dst, uint32_t shards, in
 GR_API int gr_ckpt_export(const char *dir, gr_table *const *tables, size_t ntables,
                           uint64_t step, bool f16, int zstd_level, gr_ckpt_file_info *info);
 
+/* ---- Opening files of a checkpoint directory ---- */
+
+/* Every file read from a checkpoint directory is opened with these, so that a FIFO, a device
+ * or a directory in place of a file is refused at once (never waited on) and a metadata file
+ * is sized before a byte of it is read. */
+#define GR_CKPT_MANIFEST_MAX (64u << 20) /* manifest.json */
+#define GR_CKPT_META_MAX (16u << 20)     /* user.json, dense.json */
+
+/* Opens path read-only without blocking and checks that it is a regular file: *fd (the
+ * caller closes it) and *size. GR_ENOENT when missing, GR_ECORRUPT when it is not a regular
+ * file, GR_EIO otherwise. */
+GR_API int gr_ckpt_open_regular(const char *path, int *fd, uint64_t *size);
+/* Reads a whole regular file of at most max bytes into a NUL-terminated buffer (*out, the
+ * caller frees it). GR_ETOOBIG, naming the size and the limit, before anything is read. */
+GR_API int gr_ckpt_read_small(const char *path, size_t max, char **out, size_t *len);
+
 /* ---- A root of checkpoints: the newest, retention ---- */
 
 /* The newest complete checkpoint ("step-*" with a manifest) under root: its name and step.

@@ -43,7 +43,8 @@ GR_API uint32_t gr_client_shards(const gr_client *c);
 /* "host:port" of a shard (valid for the client's lifetime), or NULL. */
 GR_API const char *gr_client_shard_addr(const gr_client *c, uint32_t shard);
 
-/* One table's part of a batch. Keys may repeat; they are deduplicated per table. */
+/* One table's part of a batch. Keys may repeat; they are deduplicated per table, unless
+ * flags has GR_CLIENT_BATCH_UNIQUE. */
 typedef struct gr_client_batch {
     uint32_t table;     /* the table's wire id (its spec's "id") */
     uint32_t dim;       /* must equal the table's dim (else GR_EDIM from the shard) */
@@ -51,9 +52,16 @@ typedef struct gr_client_batch {
     const uint64_t *keys;
     float *rows;        /* pull, push_pull: n * dim floats, written until the op completes */
     const float *grads; /* push, push_pull: n * dim floats, read only during the start call */
+    unsigned flags;     /* GR_CLIENT_BATCH_*; 0 by default */
 } gr_client_batch;
 
-#define GR_CLIENT_READONLY 1u /* pull: missing keys read the default row, nothing is created */
+/* The caller's keys of this table are already unique (a trainer that deduplicated its batch
+ * to compute on unique rows): the client skips its own dedup and occurrence links, row i of
+ * rows / grads belongs to keys[i], and each row is copied once. The keys are not checked: with
+ * this flag a repeated key is sent (and, in a push, applied) once per occurrence. */
+#define GR_CLIENT_BATCH_UNIQUE 1u
+
+#define GR_CLIENT_READONLY GR_READONLY /* pull: missing keys read the default row, nothing is created */
 
 /* Starts a pull of nb tables' keys. keys arrays are read only during the call; rows arrays
  * must stay valid until gr_client_wait returns. On success *op is a handle to wait on; on
@@ -122,8 +130,11 @@ GR_API int gr_client_dense_set(gr_client *c, const char *name, const float *valu
  * step); when it runs out of data it leaves. Tags are per shard because in semisync two
  * shards may be at different steps for a moment. */
 
-enum { GR_CLIENT_SYNC_ASYNC = 0, GR_CLIENT_SYNC_SYNC = 1, GR_CLIENT_SYNC_SEMISYNC = 2,
-       GR_CLIENT_SYNC_SSP = 3 };
+/* The core's gr_sync_mode values, under the client's names. */
+#define GR_CLIENT_SYNC_ASYNC GR_SYNC_ASYNC
+#define GR_CLIENT_SYNC_SYNC GR_SYNC_SYNC
+#define GR_CLIENT_SYNC_SEMISYNC GR_SYNC_SEMISYNC
+#define GR_CLIENT_SYNC_SSP GR_SYNC_SSP
 
 typedef struct gr_client_sync_config {
     uint32_t mode;      /* GR_CLIENT_SYNC_* */
@@ -200,6 +211,14 @@ typedef struct gr_client_stats_t {
     uint64_t keys_in;        /* keys given to batch calls (before dedup) */
     uint64_t keys_sent;      /* keys sent (after dedup) */
     uint64_t reconnects;     /* successful connects after the first */
+    /* Where the client's CPU goes, summed over every batch call (pull, push, push_pull,
+     * delete, step push) since create: CPU time (ns) of the thread that did each phase, so
+     * time blocked on a full socket or an empty one is not counted. */
+    uint64_t plan_ns;    /* dedup, occurrence links and routing by slot (start call) */
+    uint64_t frame_ns;   /* splitting into requests, frame building, gradient sums (start) */
+    uint64_t send_ns;    /* writing frames to the sockets, every frame (the kernel's copy) */
+    uint64_t recv_ns;    /* reading reply bodies from the sockets, every frame (readers) */
+    uint64_t scatter_ns; /* decoding replies and copying rows to the caller (reader threads) */
 } gr_client_stats_t;
 GR_API void gr_client_get_stats(gr_client *c, gr_client_stats_t *st);
 

@@ -67,6 +67,7 @@ GR_API void gr_log(gr_log_level level, const char *fmt, ...) __attribute__((form
 
 /* Time. */
 GR_API uint64_t gr_now_ns(void);   /* monotonic clock */
+GR_API uint64_t gr_thread_cpu_ns(void); /* CPU time of the calling thread (a syscall: ~0.3 us) */
 GR_API double gr_now_s(void);      /* monotonic clock, seconds */
 GR_API uint64_t gr_wall_s(void);   /* wall clock, seconds since the epoch */
 GR_API void gr_sleep_ms(unsigned ms);
@@ -82,6 +83,36 @@ GR_API uint64_t gr_checksum(const void *data, size_t len);
  * shards. */
 #define GR_SLOTS 16384u
 GR_API uint32_t gr_slot_of(uint64_t key);
+
+/* ---- Formats shared by the wire, the checkpoint files and every part (src/core/formats.c).
+ * Each is defined here once; the names other headers use for them are aliases. ---- */
+
+/* The default slot map: slot s belongs to shard (s * shards) / GR_SLOTS (contiguous ranges).
+ * Clients route by it, shards refuse keys it does not give them, checkpoints record it. */
+GR_API uint32_t gr_slot_shard(uint32_t slot, uint32_t shards);
+
+/* IEEE 754 half <-> single, round to nearest even; every half value survives
+ * f16 -> f32 -> f16 exactly (NaNs stay quiet NaNs). f16 tables and f16 exports use them. */
+GR_API uint16_t gr_f32_to_f16(float f);
+GR_API float gr_f16_to_f32(uint16_t h);
+
+/* Sync modes of a training job, with the values they have on the wire (SYNC_CONFIG) and in
+ * configs (docs/sync.md). */
+typedef enum {
+    GR_SYNC_ASYNC = 0,
+    GR_SYNC_SYNC = 1,
+    GR_SYNC_SEMISYNC = 2,
+    GR_SYNC_SSP = 3,
+} gr_sync_mode;
+/* "async", "sync", "semisync", "ssp"; "unknown" for any other value. Never NULL. */
+GR_API const char *gr_sync_mode_name(uint32_t mode);
+/* Parses one of those names; GR_EINVAL naming the bad word otherwise. */
+GR_API int gr_sync_mode_parse(const char *s, gr_sync_mode *out);
+
+/* Read-only access, one bit with one value everywhere: a pull or lookup with it reads the
+ * default row for a missing key and creates nothing. It is also the bit in the wire header's
+ * flags (GR_PROTO_F_READONLY), so the server passes it through unchanged. */
+#define GR_READONLY 1u
 
 /* Deterministic pseudo-random numbers (splitmix64 seeding xoshiro256**). */
 typedef struct gr_rng { uint64_t s[4]; } gr_rng;

@@ -62,7 +62,7 @@ GR_API const char *gr_proto_op_summary(unsigned op);
 enum { GR_PROTO_REQUEST = 0, GR_PROTO_RESPONSE = 1 };
 
 /* Request flags (header `flags`). */
-#define GR_PROTO_F_READONLY 0x0001u /* pull: missing keys read the default row, nothing created */
+#define GR_PROTO_F_READONLY GR_READONLY /* pull: missing keys read the default row, nothing created */
 
 /* The fixed 24-byte frame header. */
 typedef struct gr_proto_header {
@@ -207,16 +207,18 @@ GR_API int gr_proto_auth_mac(const uint8_t *secret, size_t secret_len,
 /* Fills buf with n cryptographically random bytes (OpenSSL RAND_bytes). */
 GR_API int gr_proto_random(uint8_t *buf, size_t n);
 
-/* Routing. The default slot map gives slot s to shard (s * shards) / GR_SLOTS (contiguous
- * ranges). A dense parameter lives whole on the shard that owns the slot of its name's hash. */
+/* Routing. The default slot map is the core's gr_slot_shard (this name forwards to it). A dense
+ * parameter lives whole on the shard that owns the slot of its name's hash. */
 GR_API uint32_t gr_proto_default_shard(uint32_t slot, uint32_t shards);
 GR_API uint32_t gr_proto_dense_slot(const char *name, size_t len);
 
 /* ---- Sync jobs (SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE; docs/protocol.md). ---- */
 
-/* Modes, as on the wire. */
-enum { GR_PROTO_SYNC_ASYNC = 0, GR_PROTO_SYNC_SYNC = 1, GR_PROTO_SYNC_SEMISYNC = 2,
-       GR_PROTO_SYNC_SSP = 3 };
+/* Modes, as on the wire: the core's gr_sync_mode values. */
+#define GR_PROTO_SYNC_ASYNC GR_SYNC_ASYNC
+#define GR_PROTO_SYNC_SYNC GR_SYNC_SYNC
+#define GR_PROTO_SYNC_SEMISYNC GR_SYNC_SEMISYNC
+#define GR_PROTO_SYNC_SSP GR_SYNC_SSP
 /* SYNC_CONFIG flags. */
 #define GR_PROTO_SYNC_RESET 1u /* drop the current job (waiters fail), then install this one */
 #define GR_PROTO_SYNC_CLEAR 2u /* drop the current job and install nothing */

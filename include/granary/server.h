@@ -42,8 +42,10 @@ typedef struct gr_server_config {
                                   pauses), default 4 GiB (a single larger frame is taken
                                   alone) */
     /* Checkpoint requests name directories on this shard's filesystem. With ckpt_root set,
-     * they must be relative paths under it (no ".."); NULL = any path the process may write.
-     * Copied by gr_server_create. */
+     * they must be relative paths under it (no "..", and no symlink may lead out of it; it is
+     * created if missing); NULL = any path the process may write (for servers embedded in a
+     * trusted process, e.g. the trainer's local cluster; `granary server` never passes NULL,
+     * it defaults to its working directory). Copied by gr_server_create. */
     const char *ckpt_root;
 } gr_server_config;
 

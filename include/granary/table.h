@@ -33,6 +33,20 @@ typedef enum {
     GR_OPT_FTRL = 4,            /* FTRL-proximal (McMahan et al. 2013), per element z and n */
 } gr_opt_kind;
 
+/* What an update does when its result would not be finite (a weight or optimizer state value
+ * that overflows to inf, or becomes NaN; for f16 storage, a weight outside +-65504). The
+ * gradients themselves are always checked first (non-finite gradients: GR_EINVAL, nothing in
+ * the batch applied); this is about finite gradients with a non-finite result, e.g. SGD lr 1
+ * pushed 3e38 twice, or an Adagrad accumulator overflowed by a gradient of 1e20. */
+typedef enum {
+    GR_NONFINITE_REJECT = 0, /* the row is left exactly as it was and counted (stats
+                                nonfinite_rejected); the batch's other rows are applied and
+                                gr_table_apply returns GR_EINVAL naming the first such key */
+    GR_NONFINITE_CLIP = 1,   /* the update is applied with every inf clamped to the largest
+                                finite value of the storage type (same sign) and every NaN
+                                element left at its previous value; counted (nonfinite_clipped) */
+} gr_nonfinite;
+
 typedef struct gr_init_spec {
     gr_init_kind kind;
     float value;        /* constant */
@@ -69,6 +83,7 @@ typedef struct gr_table_spec {
     uint64_t capacity;
     uint64_t mem_limit; /* bytes for rows + index; 0 = unlimited */
     uint32_t partitions; /* power of two; 0 = default (256) */
+    gr_nonfinite nonfinite; /* JSON "nonfinite": "reject" (default) or "clip" */
 } gr_table_spec;
 
 /* Row metadata, as the table keeps it. */
@@ -88,6 +103,8 @@ typedef struct gr_table_stats {
     uint64_t evictions;       /* capacity evictions */
     uint64_t expirations;     /* TTL evictions */
     uint64_t applies;         /* gradient rows applied */
+    uint64_t nonfinite_rejected; /* row updates refused: the result would not be finite */
+    uint64_t nonfinite_clipped;  /* row updates applied clipped (nonfinite = clip) */
     uint64_t mem_limit;
 } gr_table_stats;
 
@@ -123,7 +140,7 @@ GR_API void gr_table_destroy(gr_table *t);
 /* The table's spec; valid for the table's lifetime. */
 GR_API const gr_table_spec *gr_table_get_spec(const gr_table *t);
 
-#define GR_LOOKUP_READONLY 1u /* missing keys read the default row; nothing is created */
+#define GR_LOOKUP_READONLY GR_READONLY /* missing keys read the default row; nothing is created */
 
 /* Gathers the rows of n keys into out (n * dim floats, row i at out + i*dim). Missing keys
  * are created by the initializer (subject to admission) unless GR_LOOKUP_READONLY; keys not
@@ -138,6 +155,9 @@ GR_API int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *o
  * duplicates first, with gr_dedup, for the usual semantics). Missing keys are created by the
  * initializer first, subject to admission; gradients for keys not admitted are dropped and
  * counted as rejects. Non-finite gradients are GR_EINVAL and nothing in the batch is applied.
+ * A finite gradient whose result would not be finite follows spec.nonfinite (see gr_nonfinite):
+ * with "reject", that row is left unchanged, the others are applied and GR_EINVAL names the
+ * first such key and how many there were.
  * GR_ENOMEM when the memory cap stops a row from being created: that key's gradient is
  * dropped, every other key is applied. */
 GR_API int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads);

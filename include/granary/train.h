@@ -178,7 +178,7 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
 /* ------------------------------------------------------------------------------------------ */
 /* Backends: where embedding rows and dense parameters live                                    */
 
-#define GR_PULL_READONLY 1u /* do not create missing rows (evaluation); they read zeros */
+#define GR_PULL_READONLY GR_READONLY /* do not create missing rows (evaluation); they read zeros */
 
 /* The trainer calls these from several threads at once; a backend must be thread-safe.
  * Keys passed to pull/push are unique within a call (the trainer dedups with gr_dedup and
@@ -316,12 +316,12 @@ GR_API gr_table *gr_local_backend_table(gr_train_backend *b, uint32_t table);
 /* ------------------------------------------------------------------------------------------ */
 /* The trainer                                                                                 */
 
-typedef enum {
-    GR_MODE_ASYNC = 0,
-    GR_MODE_SYNC = 1,
-    GR_MODE_SEMISYNC = 2,
-    GR_MODE_SSP = 3,
-} gr_train_mode;
+/* The core's sync modes under the trainer's names. */
+typedef gr_sync_mode gr_train_mode;
+#define GR_MODE_ASYNC GR_SYNC_ASYNC
+#define GR_MODE_SYNC GR_SYNC_SYNC
+#define GR_MODE_SEMISYNC GR_SYNC_SEMISYNC
+#define GR_MODE_SSP GR_SYNC_SSP
 
 GR_API const char *gr_train_mode_name(gr_train_mode m);
 GR_API int gr_train_mode_parse(const char *s, gr_train_mode *out);

@@ -1,5 +1,5 @@
 /* Internal to the ckpt part: the shard file's byte layout (docs/checkpoints.md is the prose
- * version), half-float conversion, and the shard file reader that verify, load, commit and
+ * version) and the shard file reader that verify, load, commit and
  * the fuzz target share. Little-endian host assumed (checked below). */
 #ifndef GRANARY_CKPT_INTERNAL_H
 #define GRANARY_CKPT_INTERNAL_H
@@ -91,9 +91,6 @@ static inline uint64_t ck_row_bytes(const ck_table_info *ti)
            (uint64_t)ti->state_floats * 4u + (ti->has_meta ? 8u : 0u);
 }
 
-/* IEEE 754 half <-> single, round to nearest even; exact for every half value. */
-uint16_t ck_f32_to_f16(float f);
-float ck_f16_to_f32(uint16_t h);
 
 /* ---- Reader ---- */
 

@@ -404,7 +404,7 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
             for (uint32_t d = 0; d < dim; d++) {
                 uint16_t h;
                 memcpy(&h, hp + 2 * d, 2);
-                a->w[m * dim + d] = ck_f16_to_f32(h);
+                a->w[m * dim + d] = gr_f16_to_f32(h);
             }
         } else {
             memcpy(a->w + m * dim, (const float *)v.weights + i * dim, 4ull * dim);

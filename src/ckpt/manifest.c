@@ -301,7 +301,7 @@ int gr_ckpt_manifest_read(const char *dir, gr_ckpt_manifest **out)
         return gr_seterr(GR_ENOENT, "%s: no such checkpoint directory", dir);
     char *buf;
     size_t len;
-    rc = gr_read_file(path, &buf, &len);
+    rc = gr_ckpt_read_small(path, GR_CKPT_MANIFEST_MAX, &buf, &len);
     if (rc == GR_ENOENT)
         return gr_seterr(GR_ENOENT, "%s: incomplete checkpoint (no manifest.json)", dir);
     if (rc != GR_OK) return rc;

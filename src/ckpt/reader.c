@@ -105,23 +105,17 @@ int ck_reader_open(ck_reader *r, const char *path, uint64_t expect_size)
     memset(r, 0, sizeof *r);
     r->fd = -1;
     snprintf(r->path, sizeof r->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return gr_seterr(GR_ENOENT, "%s: missing (incomplete checkpoint)", path);
-        return gr_seterr(GR_EIO, "cannot open %s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return gr_seterr(GR_EIO, "cannot stat %s: %s", path, strerror(errno));
-    }
-    if (expect_size && (uint64_t)st.st_size != expect_size) {
+    int fd;
+    uint64_t size;
+    int rc = gr_ckpt_open_regular(path, &fd, &size);
+    if (rc == GR_ENOENT) return gr_seterr(GR_ENOENT, "%s: missing (incomplete checkpoint)", path);
+    if (rc) return rc;
+    if (expect_size && size != expect_size) {
         close(fd);
         return gr_seterr(GR_ECORRUPT, "%s: truncated or altered: %llu bytes, the manifest says %llu",
-                         path, (unsigned long long)st.st_size, (unsigned long long)expect_size);
+                         path, (unsigned long long)size, (unsigned long long)expect_size);
     }
-    int rc = ck_reader_open_fd(r, fd, (uint64_t)st.st_size, path, true);
+    rc = ck_reader_open_fd(r, fd, size, path, true);
     r->own_fd = true;
     if (rc != GR_OK) ck_reader_close(r);
     return rc;

@@ -1,9 +1,10 @@
-/* Small helpers of the ckpt part: names, slot maps, half floats, paths and directory
+/* Small helpers of the ckpt part: names, slot maps, paths and directory
  * removal. Kept apart so the writer, reader and loader stay about the format itself. */
 #include "ckpt/ckpt_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ int gr_ckpt_slot_map_default(gr_ckpt_slot_map *map, uint32_t shards)
                          GR_CKPT_SHARDS_MAX);
     map->shards = shards;
     for (uint32_t s = 0; s < GR_SLOTS; s++)
-        map->owner[s] = (uint32_t)(((uint64_t)s * shards) / GR_SLOTS);
+        map->owner[s] = gr_slot_shard(s, shards);
     return GR_OK;
 }
 
@@ -79,62 +80,6 @@ bool ck_parse_name(const char *name, uint64_t *step)
     }
     if (step) *step = v;
     return true;
-}
-
-/* Half floats: bit manipulation with round-to-nearest-even, so that every half value survives
- * f16 -> f32 -> f16 exactly (checkpoints of f16 tables rely on it for bitwise round trips). */
-uint16_t ck_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = (x >> 23) & 0xffu;
-    uint32_t man = x & 0x7fffffu;
-    if (exp == 0xffu) /* inf or NaN (keep NaN quiet and non-zero) */
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    int32_t e = (int32_t)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
-    if (e <= 0) {                                    /* subnormal half or zero */
-        if (e < -10) return (uint16_t)sign;
-        man |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - e);
-        uint32_t h = man >> shift;
-        uint32_t rem = man & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
-    uint32_t rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into the exponent */
-    return (uint16_t)(sign | h);
-}
-
-float ck_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0) {
-        if (man == 0) {
-            x = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400u));
-            x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        x = sign | 0x7f800000u | (man << 13);
-    } else {
-        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
 }
 
 int ck_path(char *buf, size_t cap, const char *dir, const char *name)
@@ -231,4 +176,68 @@ void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *b
     cJSON_Delete(b);
     free(ja);
     free(jb);
+}
+
+/* ---- opening files of a checkpoint directory ---- */
+
+int gr_ckpt_open_regular(const char *path, int *fd_out, uint64_t *size)
+{
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. It
+     * changes nothing for a regular file, which is all this returns. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        if (errno == ENOENT) return gr_seterr(GR_ENOENT, "%s: missing", path);
+        return gr_seterr(GR_EIO, "cannot open %s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return gr_seterr(GR_EIO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return gr_seterr(GR_ECORRUPT, "%s is not a regular file (a FIFO, device or directory "
+                         "cannot be part of a checkpoint)", path);
+    }
+    *fd_out = fd;
+    *size = (uint64_t)st.st_size;
+    return GR_OK;
+}
+
+int gr_ckpt_read_small(const char *path, size_t max, char **out, size_t *len)
+{
+    *out = NULL;
+    if (len) *len = 0;
+    int fd;
+    uint64_t size;
+    int rc = gr_ckpt_open_regular(path, &fd, &size);
+    if (rc) return rc;
+    if (size > max) {
+        close(fd);
+        return gr_seterr(GR_ETOOBIG, "%s is %" PRIu64 " bytes, over the %zu-byte limit for it",
+                         path, size, max);
+    }
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        close(fd);
+        return gr_seterr(GR_ENOMEM, "cannot allocate %" PRIu64 " bytes for %s", size, path);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        free(buf);
+        return gr_seterr(GR_EIO, "short read on %s (%zu of %" PRIu64 " bytes)", path, got, size);
+    }
+    buf[got] = '\0';
+    *out = buf;
+    if (len) *len = got;
+    return GR_OK;
 }

@@ -476,7 +476,7 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
     keys[i] = key;
     if (j->ti.weight_type == CK_W_F16) {
         uint16_t *h = (uint16_t *)wcol + (size_t)i * dim;
-        for (uint32_t d = 0; d < dim; d++) h[d] = ck_f32_to_f16(weights[d]);
+        for (uint32_t d = 0; d < dim; d++) h[d] = gr_f32_to_f16(weights[d]);
     } else {
         memcpy((float *)wcol + (size_t)i * dim, weights, 4ull * dim);
     }
@@ -648,7 +648,7 @@ static int write_rows_by_key(ck_writer *w, gr_table *t, const keylist *kl)
         }
         if (f16) {
             uint16_t *h = (uint16_t *)wcol;
-            for (uint64_t i = 0; i < m * dim; i++) h[i] = ck_f32_to_f16(wtmp[i]);
+            for (uint64_t i = 0; i < m * dim; i++) h[i] = gr_f32_to_f16(wtmp[i]);
         }
         if (w->fault_after && w->rows + m > w->fault_after) {
             put_block(w, j);
@@ -875,7 +875,9 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
     }
     XXH3_64bits_reset(w->fh);
 
-    w->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A fresh file, never whatever already has the name (a FIFO there would block the open). */
+    unlink(tmp);
+    w->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         rc = gr_seterr(GR_EIO, "cannot create %s: %s", tmp, strerror(errno));
         goto out;

@@ -2,6 +2,7 @@
  * directories (the format is in docs/checkpoints.md). Errors print the library's message,
  * which names the file and what is wrong, and exit 1. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "granary/ckpt.h"
 
 #include <cjson/cJSON.h>
@@ -190,58 +191,55 @@ static int cmd_verify(const char *dir, bool json, bool chain)
     return 0;
 }
 
-static int parse_u32(const char *s, uint32_t *out)
-{
-    char *end;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || v > UINT32_MAX) return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
+/* Every option of `granary ckpt`, declared once; each subcommand uses the ones it names. */
+#define CKPT_OPTIONS(X)                                                                        \
+    X(CO_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print the result as JSON")   \
+    X(CO_NO_CHAIN, "no-chain", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                        \
+      "verify: this checkpoint only, not the deltas' parents")                                \
+    X(CO_F16, "f16", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "export: weights as f16")       \
+    X(CO_SHARDS, "shards", GR_CLI_INT, NULL, 1, 4294967295.0, NULL, "N", NULL,                  \
+      "reshard: shards to write")                                                              \
+    X(CO_OUT, "out", GR_CLI_STR, NULL, 0, 0, NULL, "DIR2", NULL, "reshard, export: output directory") \
+    X(CO_ZSTD, "zstd", GR_CLI_INT, NULL, 0, 19, NULL, "LEVEL", "0",                             \
+      "reshard, export: compress sections (0 = raw)")                                         \
+    X(CO_KEEP, "keep", GR_CLI_INT, NULL, 0, 4294967295.0, NULL, "N", NULL,                      \
+      "retain: checkpoints to keep")
+
+enum { CKPT_OPTIONS(GR_CLI_ENUM) CO_COUNT };
+static const gr_cli_opt ckpt_opts[] = {CKPT_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec ckpt_spec = {
+    .command = "ckpt",
+    .synopsis = "granary ckpt inspect|verify|reshard|export|latest|retain DIR [options]",
+    .opts = ckpt_opts,
+    .n_opts = CO_COUNT,
+    .max_args = 1,
+};
+
+static int ckpt_run(const char *sub, const gr_cli_value *v, const char *dir);
 
 int gr_cli_ckpt(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
+        if (argc >= 2) gr_cli_help_options(&ckpt_spec, stdout);
         return argc < 2 ? 2 : 0;
     }
-    const char *sub = argv[1];
-    const char *dir = NULL, *out = NULL;
-    bool json = false, no_chain = false, f16 = false;
-    uint32_t shards = 0, keep = 0, zstd = 0;
-    bool have_keep = false;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--no-chain")) no_chain = true;
-        else if (!strcmp(a, "--f16")) f16 = true;
-        else if (!strcmp(a, "--shards") && i + 1 < argc) {
-            if (parse_u32(argv[++i], &shards) || shards == 0) {
-                fprintf(stderr, "granary ckpt: --shards needs a positive integer\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--keep") && i + 1 < argc) {
-            if (parse_u32(argv[++i], &keep)) {
-                fprintf(stderr, "granary ckpt: --keep needs an integer\n");
-                return 2;
-            }
-            have_keep = true;
-        } else if (!strcmp(a, "--zstd") && i + 1 < argc) {
-            if (parse_u32(argv[++i], &zstd) || zstd > 19) {
-                fprintf(stderr, "granary ckpt: --zstd needs a level 0..19\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "granary ckpt: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        } else if (!dir) dir = a;
-        else {
-            fprintf(stderr, "granary ckpt: unexpected argument '%s'\n", a);
-            return 2;
-        }
-    }
+    /* argv[1] is the subcommand: the options and the directory follow it. */
+    gr_cli_value v[CO_COUNT];
+    gr_cli_parsed p;
+    int status = gr_cli_parse_or_exit(&ckpt_spec, argc - 1, argv + 1, v, &p);
+    if (status < 0) status = ckpt_run(argv[1], v, p.n_args ? p.args[0] : NULL);
+    gr_cli_parsed_fini(&p);
+    return status;
+}
+
+static int ckpt_run(const char *sub, const gr_cli_value *v, const char *dir)
+{
+    const char *out = v[CO_OUT].s;
+    bool json = v[CO_JSON].b, no_chain = v[CO_NO_CHAIN].b, f16 = v[CO_F16].b;
+    uint32_t shards = (uint32_t)v[CO_SHARDS].i, keep = (uint32_t)v[CO_KEEP].i;
+    uint32_t zstd = (uint32_t)v[CO_ZSTD].i;
+    bool have_keep = v[CO_KEEP].given;
     if (!dir) {
         fprintf(stderr, "granary ckpt %s: a directory is required\n", sub);
         usage(stderr);

@@ -1,90 +1,60 @@
 /* `granary datagen`: writes synthetic Criteo-layout train/test files with a planted teacher
  * and the teacher's own test metrics (oracle.json), the ceiling a trained model can reach. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "granary/train.h"
 
-#include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: granary datagen --out DIR --train-rows N --test-rows M [--seed S]\n"
-            "                       [--threads T]\n"
-            "Writes DIR/train.tsv, DIR/test.tsv (label, 13 integer, 26 hex fields, tab-separated)\n"
-            "and DIR/oracle.json (the teacher's test AUC and logloss, rows, seed, positive rate).\n"
-            "Output depends only on the seed and row counts. Defaults: seed 1, threads 2.\n");
-}
+/* Every option of `granary datagen`, declared once (also the keys of --config FILE). */
+#define DATAGEN_OPTIONS(X)                                                                     \
+    X(DO_OUT, "out", GR_CLI_STR, "out", 0, 0, NULL, "DIR", NULL, "output directory; required")  \
+    X(DO_TRAIN_ROWS, "train-rows", GR_CLI_INT, "train_rows", 0, 1e15, NULL, "N", NULL,          \
+      "training rows to write; required")                                                      \
+    X(DO_TEST_ROWS, "test-rows", GR_CLI_INT, "test_rows", 0, 1e15, NULL, "M", NULL,             \
+      "test rows to write; required")                                                          \
+    X(DO_SEED, "seed", GR_CLI_INT, "seed", 0, 9007199254740992.0, NULL, "S", "1",              \
+      "the teacher's and the data's seed")                                                     \
+    X(DO_THREADS, "threads", GR_CLI_INT, "threads", 1, 64, NULL, "T", "2", "generator threads")
 
-static int parse_u64(const char *opt, const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-') {
-        fprintf(stderr, "granary datagen: %s wants a non-negative integer, got '%s'\n", opt, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
+enum { DATAGEN_OPTIONS(GR_CLI_ENUM) DO_COUNT };
+static const gr_cli_opt datagen_opts[] = {DATAGEN_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec datagen_spec = {
+    .command = "datagen",
+    .synopsis = "granary datagen --out DIR --train-rows N --test-rows M [--seed S] [--threads T]",
+    .opts = datagen_opts,
+    .n_opts = DO_COUNT,
+    .config_section = "",
+    .epilog = "Writes DIR/train.tsv, DIR/test.tsv (label, 13 integer, 26 hex fields, tab-separated)\n"
+              "and DIR/oracle.json (the teacher's test AUC and logloss, rows, seed, positive rate).\n"
+              "Output depends only on the seed and row counts.\n",
+};
 
 int gr_cli_datagen(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"out", required_argument, NULL, 'o'},        {"train-rows", required_argument, NULL, 'n'},
-        {"test-rows", required_argument, NULL, 'm'},  {"seed", required_argument, NULL, 's'},
-        {"threads", required_argument, NULL, 't'},    {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *out = NULL;
-    gr_datagen_opts o = {.seed = 1, .threads = 2};
-    bool have_train = false, have_test = false;
-    uint64_t v;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'n':
-            if (parse_u64("--train-rows", optarg, &o.train_rows)) return 2;
-            have_train = true;
-            break;
-        case 'm':
-            if (parse_u64("--test-rows", optarg, &o.test_rows)) return 2;
-            have_test = true;
-            break;
-        case 's':
-            if (parse_u64("--seed", optarg, &o.seed)) return 2;
-            break;
-        case 't':
-            if (parse_u64("--threads", optarg, &v)) return 2;
-            if (v < 1 || v > 64) {
-                fprintf(stderr, "granary datagen: --threads must be 1..64\n");
-                return 2;
-            }
-            o.threads = (unsigned)v;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
+    gr_cli_value v[DO_COUNT];
+    gr_cli_parsed p;
+    int exit_now = gr_cli_parse_or_exit(&datagen_spec, argc, argv, v, &p);
+    if (exit_now >= 0) {
+        gr_cli_parsed_fini(&p);
+        return exit_now;
     }
-    if (optind < argc) {
-        fprintf(stderr, "granary datagen: unexpected argument '%s'\n", argv[optind]);
+    const char *out = v[DO_OUT].s;
+    if (!out || !v[DO_TRAIN_ROWS].given || !v[DO_TEST_ROWS].given) {
+        fprintf(stderr, "granary datagen: --out, --train-rows and --test-rows are required (see "
+                        "granary datagen --help)\n");
+        gr_cli_parsed_fini(&p);
         return 2;
     }
-    if (!out || !have_train || !have_test) {
-        fprintf(stderr, "granary datagen: --out, --train-rows and --test-rows are required\n");
-        usage(stderr);
-        return 2;
-    }
+    gr_datagen_opts o = {.train_rows = (uint64_t)v[DO_TRAIN_ROWS].i,
+                         .test_rows = (uint64_t)v[DO_TEST_ROWS].i,
+                         .seed = (uint64_t)v[DO_SEED].i,
+                         .threads = (unsigned)v[DO_THREADS].i};
     gr_datagen_result r;
     int rc = gr_datagen_run(out, &o, &r);
     if (rc) {
         fprintf(stderr, "granary datagen: %s: %s\n", gr_strerror(rc), gr_errmsg());
+        gr_cli_parsed_fini(&p);
         return 1;
     }
     fprintf(stderr,
@@ -95,5 +65,6 @@ int gr_cli_datagen(int argc, char **argv)
             (double)(r.train_rows + r.test_rows) / (r.seconds > 0 ? r.seconds : 1e-9), out,
             r.train_positive_rate, r.test_positive_rate, r.teacher_auc, r.teacher_logloss,
             r.base_logloss);
+    gr_cli_parsed_fini(&p);
     return 0;
 }

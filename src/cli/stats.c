@@ -1,6 +1,7 @@
 /* `granary stats --server HOST:PORT [--json]`: asks one shard for its stats (tables, rows,
  * memory, request counters) and prints them as a table or as the raw JSON. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "granary/client.h"
 
 #include <cjson/cJSON.h>
@@ -70,25 +71,28 @@ static void print_human(const cJSON *root)
     }
 }
 
-int gr_cli_stats(int argc, char **argv)
+/* Every option of `granary stats`, declared once (also the keys of --config FILE). */
+#define STATS_OPTIONS(X)                                                                       \
+    X(STO_SERVER, "server", GR_CLI_STR, "server", 0, 0, NULL, "HOST:PORT", NULL,                 \
+      "the shard to ask; required")                                                           \
+    X(STO_JSON, "json", GR_CLI_FLAG, "json", 0, 0, NULL, NULL, NULL, "print the raw JSON")      \
+    X(STO_AUTH_FILE, "auth-file", GR_CLI_STR, "auth_file", 0, 0, NULL, "F", NULL,               \
+      "the shard's shared secret")
+
+enum { STATS_OPTIONS(GR_CLI_ENUM) STO_COUNT };
+static const gr_cli_opt stats_opts[] = {STATS_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec stats_spec = {
+    .command = "stats",
+    .synopsis = "granary stats --server HOST:PORT [--json] [--auth-file F]",
+    .opts = stats_opts,
+    .n_opts = STO_COUNT,
+    .config_section = "",
+};
+
+static int stats_run(const gr_cli_value *v)
 {
-    const char *server = NULL, *auth = NULL;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (!strcmp(argv[i], "--server") && i + 1 < argc) {
-            server = argv[++i];
-        } else if (!strcmp(argv[i], "--auth-file") && i + 1 < argc) {
-            auth = argv[++i];
-        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: granary stats --server HOST:PORT [--json] [--auth-file F]\n");
-            return 0;
-        } else {
-            fprintf(stderr, "granary stats: unknown or incomplete option %s (see --help)\n", argv[i]);
-            return 2;
-        }
-    }
+    const char *server = v[STO_SERVER].s, *auth = v[STO_AUTH_FILE].s;
+    bool json = v[STO_JSON].b;
     if (!server) {
         fprintf(stderr, "granary stats: --server HOST:PORT is required\n");
         return 2;
@@ -126,4 +130,14 @@ int gr_cli_stats(int argc, char **argv)
     }
     free(txt);
     return 0;
+}
+
+int gr_cli_stats(int argc, char **argv)
+{
+    gr_cli_value v[STO_COUNT];
+    gr_cli_parsed p;
+    int status = gr_cli_parse_or_exit(&stats_spec, argc, argv, v, &p);
+    if (status < 0) status = stats_run(v);
+    gr_cli_parsed_fini(&p);
+    return status;
 }

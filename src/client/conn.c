@@ -1,8 +1,9 @@
 /* Client connections: one TCP connection per shard with its own reader thread, which
- * completes requests as replies arrive (in any order, matched by request id). Connecting runs
- * the hello/auth handshake synchronously; a lost connection fails its pending requests and
- * is re-established with exponential backoff on the next send. */
-#include "client/client_int.h"
+ * completes requests as replies arrive (in any order, matched by request id) through each
+ * request's own handler and completion, so nothing here calls the layers above. Connecting
+ * runs the hello/auth handshake synchronously; a lost connection fails its pending requests
+ * and is re-established with exponential backoff on the next send. */
+#include "client/conn.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -20,10 +21,10 @@
 
 #define SOCK_BUF_BYTES (4 << 20)
 
-int cl_conn_init(cl_conn *k, gr_client *cl, uint32_t shard, const char *addr)
+int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr)
 {
     memset(k, 0, sizeof *k);
-    k->cl = cl;
+    k->link = link;
     k->shard = shard;
     k->fd = -1;
     size_t n = strlen(addr);
@@ -179,8 +180,7 @@ static int read_frame(cl_conn *k, int fd, gr_proto_header *h, uint8_t **body)
     return GR_OK;
 }
 
-/* The message of an error frame, or a placeholder. */
-static void error_text(const uint8_t *body, size_t len, char *out, size_t cap)
+void cl_error_text(const uint8_t *body, size_t len, char *out, size_t cap)
 {
     gr_proto_limits lim;
     gr_proto_limits_default(&lim);
@@ -202,7 +202,7 @@ static int roundtrip(cl_conn *k, int fd, gr_proto_buf *b, uint16_t op, gr_proto_
     if (rc) return rc;
     if (h->status < 0) {
         char msg[256];
-        error_text(*body, h->body_len, msg, sizeof msg);
+        cl_error_text(*body, h->body_len, msg, sizeof msg);
         free(*body);
         *body = NULL;
         return gr_seterr(h->status, "%s", msg);
@@ -217,7 +217,7 @@ static int roundtrip(cl_conn *k, int fd, gr_proto_buf *b, uint16_t op, gr_proto_
 
 static int handshake(cl_conn *k, int fd)
 {
-    gr_client *cl = k->cl;
+    cl_link *cl = k->link;
     gr_proto_buf b;
     gr_proto_buf_init(&b);
     uint64_t id = atomic_fetch_add(&cl->next_id, 1);
@@ -285,7 +285,7 @@ static void fail_pending(cl_conn *k, const char *why)
     snprintf(msg, sizeof msg, "connection lost: %s", why);
     while (list) {
         cl_req *next = list->next;
-        cl_req_complete(list, GR_ECONN, msg);
+        list->on_done(list, GR_ECONN, msg);
         list = next;
     }
 }
@@ -301,10 +301,33 @@ static cl_req *take_pending(cl_conn *k, uint64_t id)
     return r;
 }
 
+/* The result of a reply to r: the shard's error, a protocol error, or what r's handler makes
+ * of the body. */
+static int reply_result(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal)
+{
+    *fatal = false;
+    if (h->status < 0) {
+        char msg[300];
+        cl_error_text(body, h->body_len, msg, sizeof msg);
+        return gr_seterr(h->status, "%s", msg);
+    }
+    if (h->op != r->opcode) {
+        *fatal = true;
+        return gr_seterr(GR_EPROTO, "reply opcode %u does not match request opcode %u", h->op,
+                         r->opcode);
+    }
+    if (r->on_reply) return r->on_reply(r, h, body, fatal);
+    r->reply = malloc(h->body_len ? h->body_len : 8);
+    if (!r->reply) return gr_seterr(GR_ENOMEM, "out of memory for a %u-byte reply", h->body_len);
+    memcpy(r->reply, body, h->body_len);
+    r->reply_len = h->body_len;
+    return GR_OK;
+}
+
 static void *reader_main(void *arg)
 {
     cl_conn *k = arg;
-    gr_client *cl = k->cl;
+    cl_link *cl = k->link;
     int fd = k->fd; /* stable while this reader lives: only a reconnect, after joining us,
                        replaces it */
     char why[300] = "closed by the server";
@@ -339,24 +362,26 @@ static void *reader_main(void *arg)
                 break;
             }
         }
+        uint64_t t0 = gr_thread_cpu_ns();
         if (h.body_len && read_full(fd, k->rbuf, h.body_len) != (ssize_t)h.body_len) {
             snprintf(why, sizeof why, "connection closed in the middle of a reply");
             break;
         }
+        atomic_fetch_add_explicit(&cl->recv_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
         atomic_fetch_add(&cl->bytes_received, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
         cl_req *req = h.id ? take_pending(k, h.id) : NULL;
         if (!req) {
             if (h.status < 0 && h.id == 0) {
                 /* A connection-level error (limit reached, bad frame): the close follows. */
                 char msg[256];
-                error_text(k->rbuf, h.body_len, msg, sizeof msg);
+                cl_error_text(k->rbuf, h.body_len, msg, sizeof msg);
                 snprintf(why, sizeof why, "%s", msg);
             }
             continue; /* a reply to a request that timed out and was cancelled */
         }
         bool fatal = false;
-        rc = cl_req_handle_reply(req, &h, k->rbuf, &fatal);
-        cl_req_complete(req, rc, rc ? gr_errmsg() : NULL);
+        rc = reply_result(req, &h, k->rbuf, &fatal);
+        req->on_done(req, rc, rc ? gr_errmsg() : NULL);
         if (fatal) {
             snprintf(why, sizeof why, "malformed reply");
             break;
@@ -388,7 +413,7 @@ static bool retryable(int rc) { return rc == GR_ECONN || rc == GR_ETIMEDOUT || r
 
 int cl_conn_ensure(cl_conn *k)
 {
-    gr_client *cl = k->cl;
+    cl_link *cl = k->link;
     pthread_mutex_lock(&k->connect_mu);
     pthread_mutex_lock(&k->mu);
     bool ok = k->fd >= 0 && !k->broken;
@@ -454,6 +479,14 @@ int cl_conn_ensure(cl_conn *k)
     return GR_OK;
 }
 
+bool cl_conn_is_up(cl_conn *k)
+{
+    pthread_mutex_lock(&k->mu);
+    bool up = k->fd >= 0 && !k->broken;
+    pthread_mutex_unlock(&k->mu);
+    return up;
+}
+
 bool cl_conn_claim(cl_conn *k, cl_req *r)
 {
     pthread_mutex_lock(&k->mu);
@@ -479,8 +512,10 @@ int cl_conn_send(cl_conn *k, cl_req *r)
     r->next = k->pending;
     k->pending = r;
     pthread_mutex_unlock(&k->mu);
+    uint64_t t0 = gr_thread_cpu_ns();
     int w = write_full(fd, r->frame.data, r->frame.len);
     int err = errno;
+    atomic_fetch_add_explicit(&k->link->send_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     if (w != 0) {
         /* A partial frame corrupts the stream: drop the connection; the reader fails the
          * other pending requests. */
@@ -488,8 +523,8 @@ int cl_conn_send(cl_conn *k, cl_req *r)
     }
     pthread_mutex_unlock(&k->wlock);
     if (w == 0) {
-        atomic_fetch_add(&k->cl->requests, 1);
-        atomic_fetch_add(&k->cl->bytes_sent, r->frame.len);
+        atomic_fetch_add(&k->link->requests, 1);
+        atomic_fetch_add(&k->link->bytes_sent, r->frame.len);
         return GR_OK;
     }
     if (!cl_conn_claim(k, r)) return GR_OK; /* the reader already failed it */

@@ -65,7 +65,9 @@ int gr_write_file_atomic(const char *path, const void *data, size_t len)
     }
     snprintf(tmp, plen + 32, "%s.tmp.%d", path, (int)getpid());
     int rc = GR_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* A fresh file, never whatever already has the name (a FIFO there would block the open). */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = gr_seterr(GR_EIO, "cannot create %s: %s", tmp, strerror(errno));
         goto out;

@@ -10,6 +10,13 @@ uint64_t gr_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t gr_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 double gr_now_s(void) { return (double)gr_now_ns() / 1e9; }
 
 uint64_t gr_wall_s(void) { return (uint64_t)time(NULL); }

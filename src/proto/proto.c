@@ -467,7 +467,7 @@ int gr_proto_random(uint8_t *buf, size_t n)
 
 uint32_t gr_proto_default_shard(uint32_t slot, uint32_t shards)
 {
-    return (uint32_t)(((uint64_t)slot * shards) / GR_SLOTS);
+    return gr_slot_shard(slot, shards);
 }
 
 uint32_t gr_proto_dense_slot(const char *name, size_t len)

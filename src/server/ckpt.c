@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ typedef struct ck_job {
 struct srv_ckpt {
     gr_server *s;
     char *base;         /* the configured ckpt_root (copied), or NULL */
+    char *base_real;    /* base with symlinks resolved, for the containment check */
     pthread_mutex_t mu; /* the queue, stopping and the counters below */
     pthread_cond_t cv;
     ck_job *head, *tail;
@@ -97,6 +99,33 @@ static int take_names(const gr_proto_strv *n, const gr_proto_strv *parent, char 
     return GR_OK;
 }
 
+/* With a configured root, a path may not leave it through a symlink: the deepest part of the
+ * path that exists, with its symlinks resolved, must lie inside the root's own resolved path.
+ * What does not exist yet is created by this shard as plain directories, so it cannot point
+ * anywhere else. Called on every root and checkpoint directory a request names. */
+static int check_inside_root(const srv_ckpt *k, const char *path)
+{
+    if (!k->base_real) return GR_OK;
+    char probe[PATH_MAX_LEN], real[PATH_MAX];
+    snprintf(probe, sizeof probe, "%s", path);
+    for (;;) {
+        if (realpath(probe, real)) break;
+        if (errno != ENOENT && errno != ENOTDIR)
+            return gr_seterr(GR_EIO, "cannot resolve %s: %s", probe, strerror(errno));
+        char *slash = strrchr(probe, '/');
+        if (!slash || slash == probe) return gr_seterr(GR_EINVAL, "cannot resolve %s", path);
+        *slash = '\0';
+    }
+    size_t bl = strlen(k->base_real);
+    bool inside = !strncmp(real, k->base_real, bl) &&
+                  (real[bl] == '\0' || real[bl] == '/' || !strcmp(k->base_real, "/"));
+    if (!inside)
+        return gr_seterr(GR_EINVAL,
+                         "checkpoint path %s leaves this shard's checkpoint root %s (%s resolves "
+                         "to %s)", path, k->base, probe, real);
+    return GR_OK;
+}
+
 /* The checkpoint root a request names, as a path on this shard. With a configured ckpt_root
  * the request's root is relative to it and may not climb out of it. */
 static int resolve_root(srv_ckpt *k, const gr_proto_strv *v, char *out)
@@ -126,7 +155,8 @@ static int resolve_root(srv_ckpt *k, const gr_proto_strv *v, char *out)
     if (strlen(base) + 1 + v->n >= PATH_MAX_LEN - 128)
         return gr_seterr(GR_EINVAL, "checkpoint root path is too long");
     int n = snprintf(out, PATH_MAX_LEN, "%s/%s", base, req);
-    return n > 0 && n < PATH_MAX_LEN ? GR_OK : gr_seterr(GR_EINVAL, "checkpoint root path is too long");
+    if (n <= 0 || n >= PATH_MAX_LEN) return gr_seterr(GR_EINVAL, "checkpoint root path is too long");
+    return check_inside_root(k, out);
 }
 
 static int join(char *out, const char *a, const char *b)
@@ -316,6 +346,7 @@ static int do_save(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
     char dir[PATH_MAX_LEN], mpath[PATH_MAX_LEN];
     if ((rc = take_names(&req.name, &req.parent, name, parent))) return rc;
     if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name)) ||
+        (rc = check_inside_root(k, dir)) ||
         (rc = join(mpath, dir, "manifest.json")))
         return rc;
     if (exists(mpath))
@@ -323,6 +354,7 @@ static int do_save(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
                          dir);
     rc = ensure_saver(k, root, (req.flags & GR_PROTO_CKPT_INCREMENTAL) != 0, req.full_every,
                       req.zstd_level);
+    if (!rc) rc = check_inside_root(k, dir);
     if (rc) return rc;
     uint64_t t0 = gr_now_ns();
     snap x;
@@ -378,7 +410,9 @@ static int do_commit(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body,
     char root[PATH_MAX_LEN], name[GR_CKPT_NAME_MAX], parent[GR_CKPT_NAME_MAX] = "";
     char dir[PATH_MAX_LEN], path[PATH_MAX_LEN];
     if ((rc = take_names(&req.name, &req.parent, name, parent))) return rc;
-    if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name))) return rc;
+    if ((rc = resolve_root(k, &req.root, root)) || (rc = join(dir, root, name)) ||
+        (rc = check_inside_root(k, dir)))
+        return rc;
     /* Every shard's dense part must be complete before the manifest may exist. */
     for (uint32_t i = 0; i < req.shards; i++) {
         char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
@@ -484,7 +518,7 @@ static int read_dense_index(const char *sub, char (**names)[GR_TABLE_NAME_MAX], 
 {
     char path[PATH_MAX_LEN], *txt = NULL;
     int rc = join(path, sub, DENSE_INDEX);
-    if (!rc) rc = gr_read_file(path, &txt, NULL);
+    if (!rc) rc = gr_ckpt_read_small(path, GR_CKPT_META_MAX, &txt, NULL);
     if (rc) return rc;
     cJSON *root = cJSON_Parse(txt);
     free(txt);
@@ -592,14 +626,8 @@ static int read_meta(const char *dir, uint32_t max, char **meta, size_t *len)
     *len = 0;
     int rc = join(path, dir, META_FILE);
     if (rc || !exists(path)) return rc;
-    if ((rc = gr_read_file(path, meta, len))) return rc;
-    if (*len > max) {
-        free(*meta);
-        *meta = NULL;
-        return gr_seterr(GR_ETOOBIG, "%s is %zu bytes, over the %u-byte string limit", path, *len,
-                         max);
-    }
-    return GR_OK;
+    /* Sized (and checked to be a regular file) before it is read. */
+    return gr_ckpt_read_small(path, max < GR_CKPT_META_MAX ? max : GR_CKPT_META_MAX, meta, len);
 }
 
 static int do_load(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
@@ -775,6 +803,17 @@ int srv_ckpt_create(gr_server *s)
             return gr_seterr(GR_ENOMEM, "cannot copy the checkpoint root");
         }
         s->cfg.ckpt_root = k->base;
+        /* The root must exist to be resolved; create it as a save would. */
+        int rc = make_dirs(k->base);
+        if (!rc && !(k->base_real = realpath(k->base, NULL)))
+            rc = gr_seterr(GR_EIO, "cannot resolve the checkpoint root %s: %s", k->base,
+                           strerror(errno));
+        if (rc) {
+            free(k->base);
+            free(k);
+            s->cfg.ckpt_root = NULL;
+            return rc;
+        }
     }
     pthread_mutex_init(&k->mu, NULL);
     pthread_cond_init(&k->cv, NULL);
@@ -879,6 +918,7 @@ void srv_ckpt_destroy(gr_server *s)
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
     free(k->base);
+    free(k->base_real);
     s->cfg.ckpt_root = NULL;
     free(k);
     s->ckpt = NULL;

@@ -685,6 +685,8 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
         n->accept_paused_until = 0;
         event_add(n->lev, NULL);
     }
+    /* Same for a budget released just before a connection joined the global wait list. */
+    if (n->gwait) budget_cb(-1, 0, n);
     for (srv_conn *c = n->conns, *nx; c; c = nx) {
         nx = c->next;
         pthread_mutex_lock(&c->mu);
@@ -702,6 +704,12 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
         }
         if (c->state == C_LINGER) {
             if (now > c->linger_until_ns) conn_kill(c, NULL);
+            continue;
+        }
+        if (c->state == C_DRAIN) {
+            /* The last request's kick can race with the start of the drain (srv_conn_put
+             * reads drain_watch before the loop sets it): look again here. */
+            conn_pump(c);
             continue;
         }
         if (c->state != C_OPEN) continue;

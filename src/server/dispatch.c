@@ -88,6 +88,32 @@ static int check_routing(gr_server *s, const gr_proto_section *sec)
     return GR_OK;
 }
 
+/* Every value of every section is finite. Runs before anything is applied, so a request whose
+ * later section is bad changes nothing (the table's own check covers one section only). */
+static int validate_sections(const resolved *x, const char *opname)
+{
+    for (uint32_t i = 0; i < x->b.ntables; i++) {
+        const gr_proto_section *sec = &x->b.sections[i];
+        if (!sec->values) continue;
+        const size_t total = (size_t)sec->n * sec->dim;
+        /* The exponent-bits test vectorizes; the search for the culprit runs only on a hit. */
+        uint32_t bad = 0;
+        for (size_t k = 0; k < total; k++) {
+            uint32_t b;
+            memcpy(&b, &sec->values[k], sizeof b);
+            bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+        }
+        for (size_t k = 0; bad && k < total; k++)
+            if (!isfinite(sec->values[k]))
+                return gr_seterr(GR_EINVAL,
+                                 "table '%s': %s gradient for key %llu (section %u, element %zu) "
+                                 "is not finite; nothing in the request was applied",
+                                 x->ents[i]->name, opname,
+                                 (unsigned long long)sec->keys[k / sec->dim], i, k % sec->dim);
+    }
+    return GR_OK;
+}
+
 /* Decodes a batch and resolves and checks every section before anything runs. */
 static int resolve_batch(req *r, gr_proto_layout layout, resolved *x)
 {
@@ -119,6 +145,7 @@ static int resolve_batch(req *r, gr_proto_layout layout, resolved *x)
         rc = check_routing(r->s, sec);
         if (rc) break;
     }
+    if (!rc && layout == GR_PROTO_KEYS_VALUES) rc = validate_sections(x, opname);
     if (rc) resolved_fini(x);
     return rc;
 }
@@ -547,6 +574,8 @@ char *srv_stats_json(gr_server *s)
             cJSON_AddNumberToObject(o, "misses", (double)st.misses);
             cJSON_AddNumberToObject(o, "applies", (double)st.applies);
             cJSON_AddNumberToObject(o, "rejects", (double)st.rejects);
+            cJSON_AddNumberToObject(o, "nonfinite_rejected", (double)st.nonfinite_rejected);
+            cJSON_AddNumberToObject(o, "nonfinite_clipped", (double)st.nonfinite_clipped);
             cJSON_AddNumberToObject(o, "evictions", (double)(st.evictions + st.expirations));
             cJSON_AddItemToArray(items[i]->dense ? dense : tables, o);
             total_bytes += st.bytes;

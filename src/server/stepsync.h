@@ -21,12 +21,7 @@
 
 #include "granary/core.h"
 
-typedef enum {
-    GR_SYNC_ASYNC = 0,
-    GR_SYNC_SYNC = 1,
-    GR_SYNC_SEMISYNC = 2,
-    GR_SYNC_SSP = 3,
-} gr_sync_mode;
+/* gr_sync_mode (the modes, with their wire values) is in core.h. */
 
 typedef struct gr_sync_config {
     gr_sync_mode mode;

@@ -60,11 +60,7 @@ struct srv_sync {
     atomic_uint_fast64_t jobs, resets;
 };
 
-static const char *mode_name(uint32_t m)
-{
-    static const char *names[] = {"async", "sync", "semisync", "ssp"};
-    return m < 4 ? names[m] : "unknown";
-}
+static const char *mode_name(uint32_t m) { return gr_sync_mode_name(m); }
 
 /* ---- jobs ---- */
 

@@ -3,6 +3,7 @@
  * Kept apart from the index code so the arithmetic can be read against the formulas. */
 #include "table/table_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <sched.h>
 #include <string.h>
@@ -38,56 +39,6 @@ void gr_spin_lock_slow(gr_spin *l)
         }
         if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return;
     }
-}
-
-/* ---- half floats ---- */
-
-uint16_t gr_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with its top payload bits */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal half */
-        if (ax < 0x33000000u) return sign;                     /* <= 2^-25 rounds to zero */
-        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126u - e; /* 14..24 */
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t r = ax - 0x38000000u; /* rebias the exponent from 127 to 15 */
-    uint32_t q = r >> 13, rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-}
-
-float gr_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0) {
-        if (m == 0) {
-            x = sign;
-        } else {
-            e = 113;
-            while (!(m & 0x400u)) {
-                m <<= 1;
-                e--;
-            }
-            x = sign | (e << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13);
-    } else {
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
 }
 
 /* ---- initializers ---- */
@@ -251,4 +202,29 @@ void gr_table_opt_step(const gr_table_spec *spec, uint32_t dim, float *w, float 
     case GR_OPT_ADAM: step_adam(o, dim, w, state, g); break;
     case GR_OPT_FTRL: step_ftrl(o, dim, w, state, g); break;
     }
+}
+
+/* ---- the finite policy ---- */
+
+bool gr_row_finite(const float *w, uint32_t dim, const float *state, uint32_t nstate,
+                   float wlimit)
+{
+    /* Branch-free so the loops vectorize: a NaN fails every comparison and so counts as bad. */
+    uint32_t ok = 1;
+    for (uint32_t i = 0; i < dim; i++) ok &= (uint32_t)(fabsf(w[i]) < wlimit);
+    for (uint32_t i = 0; i < nstate; i++) ok &= (uint32_t)(fabsf(state[i]) <= FLT_MAX);
+    return ok != 0;
+}
+
+static inline float clip_one(float v, float old, float max)
+{
+    if (isnan(v)) return old;
+    return v > max ? max : v < -max ? -max : v;
+}
+
+void gr_row_clip(float *w, const float *w_old, uint32_t dim, float *state,
+                 const float *state_old, uint32_t nstate, float wmax)
+{
+    for (uint32_t i = 0; i < dim; i++) w[i] = clip_one(w[i], w_old[i], wmax);
+    for (uint32_t i = 0; i < nstate; i++) state[i] = clip_one(state[i], state_old[i], FLT_MAX);
 }

@@ -192,6 +192,8 @@ void gr_table_get_stats(gr_table *t, gr_table_stats *st)
         st->evictions += p->evictions;
         st->expirations += p->expirations;
         st->applies += p->applies;
+        st->nonfinite_rejected += p->nonfinite_rejected;
+        st->nonfinite_clipped += p->nonfinite_clipped;
         gr_spin_unlock(&p->lock);
     }
     st->bytes = t->base_bytes + atomic_load_explicit(&t->mem_used, memory_order_relaxed);

@@ -34,6 +34,12 @@ void gr_table_spec_default(gr_table_spec *spec, const char *name, uint32_t dim)
 static const char *const dtype_names[] = {"f32", "f16"};
 static const char *const init_names[] = {"zeros", "constant", "uniform", "trunc_normal"};
 static const char *const opt_names[] = {"sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"};
+static const char *const nonfinite_names[] = {"reject", "clip"};
+
+const char *gr_table_opt_name(gr_opt_kind kind)
+{
+    return (unsigned)kind < sizeof opt_names / sizeof opt_names[0] ? opt_names[kind] : "unknown";
+}
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 static bool finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
@@ -100,6 +106,9 @@ int gr_table_spec_validate(const gr_table_spec *s)
         s->admit_probability > 1.0f)
         return gr_seterr(GR_EINVAL, "table '%s': admit probability must be in [0, 1], got %g", n,
                          s->admit_probability);
+    if ((unsigned)s->nonfinite >= NELEM(nonfinite_names))
+        return gr_seterr(GR_EINVAL, "table '%s': unknown nonfinite policy %d", n,
+                         (int)s->nonfinite);
     if (s->partitions != 0 &&
         ((s->partitions & (s->partitions - 1)) != 0 || s->partitions > 65536))
         return gr_seterr(GR_EINVAL,
@@ -138,7 +147,7 @@ bool gr_table_spec_equal(const gr_table_spec *a, const gr_table_spec *b)
            feq(a->opt.beta, b->opt.beta) && a->admit_min_count == b->admit_min_count &&
            feq(a->admit_probability, b->admit_probability) && a->ttl_s == b->ttl_s &&
            a->capacity == b->capacity && a->mem_limit == b->mem_limit &&
-           a->partitions == b->partitions;
+           a->partitions == b->partitions && a->nonfinite == b->nonfinite;
 }
 
 /* ---- JSON ---- */
@@ -330,6 +339,10 @@ static int parse_spec_obj(const cJSON *o, gr_table_spec *spec)
         } else if (!strcmp(k, "partitions")) {
             rc = get_uint(f, "partitions", UINT32_MAX, false, &u);
             spec->partitions = (uint32_t)u;
+        } else if (!strcmp(k, "nonfinite")) {
+            int d = 0;
+            rc = lookup_name(f, nonfinite_names, NELEM(nonfinite_names), "nonfinite", &d);
+            spec->nonfinite = (gr_nonfinite)d;
         } else {
             rc = gr_seterr(GR_EINVAL, "table spec '%s': unknown field '%s'", spec->name, k);
         }
@@ -480,6 +493,10 @@ char *gr_table_spec_to_json(const gr_table_spec *s)
     cJSON *ev = cJSON_AddObjectToObject(o, "evict");
     good = good && ev && add_u64(ev, "ttl_s", s->ttl_s) && add_u64(ev, "capacity", s->capacity);
     good = good && add_u64(o, "mem_limit", s->mem_limit) && add_num(o, "partitions", s->partitions);
+    /* Written only when not the default, so specs (and the checkpoints holding them) written
+     * before the setting existed read back byte for byte the same. */
+    if (s->nonfinite == GR_NONFINITE_CLIP)
+        good = good && cJSON_AddStringToObject(o, "nonfinite", nonfinite_names[1]);
     char *txt = good ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return txt;

@@ -610,6 +610,8 @@ typedef struct op_ctx {
     gr_row_meta *mout;   /* get meta */
     bool *found;         /* get */
     size_t count;        /* delete: rows removed */
+    size_t nonfinite;    /* apply: rows refused by the finite policy */
+    uint64_t nonfinite_key; /* the first of them */
     uint32_t now;
     int rc;
 } op_ctx;
@@ -665,23 +667,46 @@ static inline void prefetch_lines(const void *p, size_t bytes, int write)
     }
 }
 
-static inline void apply_row(gr_table *t, gr_part *p, uint8_t *row, uint32_t s, const float *g,
+/* F32_WMAX: any finite float. F16_WLIMIT: the smallest f32 that rounds to an f16 inf. */
+#define F32_WMAX 3.40282347e38f
+#define F16_WMAX 65504.0f
+#define F16_WLIMIT 65520.0f
+
+/* One optimizer step on one row, under the finite policy: the row (weights and state) is saved
+ * first, and a step whose result is not finite is undone (reject) or clipped (clip). Returns
+ * false when the row was refused. The copy is a few hundred bytes per row, next to the
+ * optimizer's own reads and writes of the same lines. */
+static inline bool apply_row(gr_table *t, gr_part *p, uint8_t *row, uint32_t s, const float *g,
                              uint32_t now)
 {
+    const uint32_t dim = t->dim, ns = t->state_floats;
+    const bool f32 = t->spec.dtype == GR_DTYPE_F32;
+    float *st = gr_row_state(t, row);
+    float wbuf[GR_TABLE_DIM_MAX], w_old[GR_TABLE_DIM_MAX], s_old[2 * GR_TABLE_DIM_MAX + 1];
+    float *w = f32 ? (float *)gr_row_weights(row) : wbuf;
+    if (f32) memcpy(w_old, w, (size_t)dim * sizeof *w);
+    else copy_weights_out(t, row, w_old);
+    if (!f32) memcpy(wbuf, w_old, (size_t)dim * sizeof *w);
+    memcpy(s_old, st, (size_t)ns * sizeof *st);
+    gr_table_opt_step(&t->spec, dim, w, st, g);
+    if (!gr_row_finite(w, dim, st, ns, f32 ? INFINITY : F16_WLIMIT)) {
+        if (t->spec.nonfinite == GR_NONFINITE_CLIP) {
+            gr_row_clip(w, w_old, dim, st, s_old, ns, f32 ? F32_WMAX : F16_WMAX);
+            p->nonfinite_clipped++;
+        } else {
+            if (f32) memcpy(w, w_old, (size_t)dim * sizeof *w);
+            memcpy(st, s_old, (size_t)ns * sizeof *st);
+            p->nonfinite_rejected++;
+            return false;
+        }
+    }
+    if (!f32) write_weights_in(t, row, w);
     gr_row_hdr *hd = gr_row_hdr_of(row);
     bump_hits(hd);
     hd->meta.last_update = now;
-    float *st = gr_row_state(t, row);
-    if (t->spec.dtype == GR_DTYPE_F32) {
-        gr_table_opt_step(&t->spec, t->dim, gr_row_weights(row), st, g);
-    } else {
-        float w[GR_TABLE_DIM_MAX];
-        copy_weights_out(t, row, w);
-        gr_table_opt_step(&t->spec, t->dim, w, st, g);
-        write_weights_in(t, row, w);
-    }
     dirty_mark(t, p, s);
     p->applies++;
+    return true;
 }
 
 /* Stage A: prefetches a key's partition line and index bucket without the lock. */
@@ -799,7 +824,9 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
                     }
                 }
             }
-            if (ok) apply_row(t, p, rowp, s, c->grads + i * dim, c->now);
+            if (ok && !apply_row(t, p, rowp, s, c->grads + i * dim, c->now) &&
+                c->nonfinite++ == 0)
+                c->nonfinite_key = key;
         } else if (op == OP_GET) {
             if (c->found) c->found[i] = rowp != NULL;
             if (!rowp) {
@@ -923,7 +950,15 @@ int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *gra
     int rc = check_finite(t, "gradient", keys, grads, n, t->dim);
     if (rc) return rc;
     op_ctx c = {.keys = keys, .grads = grads};
-    return run_batch(t, &c, n, OP_APPLY);
+    rc = run_batch(t, &c, n, OP_APPLY);
+    if (!rc && c.nonfinite)
+        rc = gr_seterr(GR_EINVAL,
+                       "table '%s': the update of key %" PRIu64 " would make its row non-finite "
+                       "(%s, lr %g); %zu of %zu rows refused and left unchanged, the others "
+                       "applied (table setting \"nonfinite\": \"reject\")",
+                       t->spec.name, c.nonfinite_key, gr_table_opt_name(t->spec.opt.kind),
+                       (double)t->spec.opt.lr, c.nonfinite, n);
+    return rc;
 }
 
 int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted)

@@ -1,6 +1,7 @@
 /* Internals of the table part, shared by its .c files and by its unit tests: the partition
- * and row layout, the per-partition lock, the index, the half-float conversion and the
- * optimizer/initializer kernels. Nothing outside src/table and tests/unit/table includes it. */
+ * and row layout, the per-partition lock, the index and the optimizer/initializer kernels
+ * (half floats are core's gr_f32_to_f16 / gr_f16_to_f32). Nothing outside src/table and
+ * tests/unit/table includes it. */
 #ifndef GRANARY_TABLE_INTERNAL_H
 #define GRANARY_TABLE_INTERNAL_H
 
@@ -86,6 +87,7 @@ typedef struct gr_part {
     uint64_t rng;       /* eviction sampling */
     uint64_t dirty_n[GR_TABLE_TRACKERS];
     uint64_t admits, rejects, evictions, expirations;
+    uint64_t nonfinite_rejected, nonfinite_clipped; /* see gr_nonfinite */
 } __attribute__((aligned(64))) gr_part;
 
 /* A region of address space that index arrays are carved from. */
@@ -187,16 +189,24 @@ uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64
                              uint32_t *pos);
 void gr_part_remove_locked(gr_table *t, gr_part *p, uint32_t pos, uint32_t slot);
 
-/* Half floats (IEEE binary16), round to nearest even; portable bit manipulation. */
-uint16_t gr_f32_to_f16(float f);
-float gr_f16_to_f32(uint16_t h);
-
 /* Kernels (opt.c). */
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w /* dim */);
 void gr_table_init_state(const gr_table *t, float *state);
 /* One optimizer step on f32 weights w with gradient g; state is the row's state. */
 void gr_table_opt_step(const gr_table_spec *spec, uint32_t dim, float *w, float *state,
                        const float *g);
+/* The finite policy (gr_nonfinite), opt.c. wmax is the largest weight the storage type holds
+ * (FLT_MAX for f32, 65504 for f16). gr_row_finite: every weight within +-wmax (rounding
+ * included: an f16 weight is finite below 65520) and every state value finite.
+ * gr_row_clip: inf (or beyond wmax) clamped to +-wmax (state: +-FLT_MAX), NaN back to the
+ * value before the step. */
+bool gr_row_finite(const float *w, uint32_t dim, const float *state, uint32_t nstate,
+                   float wlimit);
+void gr_row_clip(float *w, const float *w_old, uint32_t dim, float *state,
+                 const float *state_old, uint32_t nstate, float wmax);
+
+/* The optimizer's JSON name ("sgd", ...), for messages (spec.c). */
+const char *gr_table_opt_name(gr_opt_kind kind);
 
 /* Admission (admit.c). */
 int gr_cms_init(gr_cms *c, uint32_t width);

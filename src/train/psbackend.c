@@ -79,6 +79,10 @@ static int ps_table_init(void *ctx, const gr_table_spec *spec)
     return rc;
 }
 
+/* The trainer hands the backend unique keys (train.h), so the client does not dedup them a
+ * second time: each batch below says so. */
+#define UNIQUE GR_CLIENT_BATCH_UNIQUE
+
 static int ps_pull(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
                    unsigned flags)
 {
@@ -87,7 +91,7 @@ static int ps_pull(void *ctx, uint32_t table, const uint64_t *keys, size_t n, fl
     uint32_t dim = 0;
     int rc = dim_of(p, table, &dim);
     if (rc) return rc;
-    gr_client_batch b = {table, dim, n, keys, rows, NULL};
+    gr_client_batch b = {table, dim, n, keys, rows, NULL, UNIQUE};
     return gr_client_pull_many(p->c, &b, 1, (flags & GR_PULL_READONLY) ? GR_CLIENT_READONLY : 0);
 }
 
@@ -98,7 +102,7 @@ static int ps_push(void *ctx, uint32_t table, const uint64_t *keys, size_t n, co
     uint32_t dim = 0;
     int rc = dim_of(p, table, &dim);
     if (rc) return rc;
-    gr_client_batch b = {table, dim, n, keys, NULL, grads};
+    gr_client_batch b = {table, dim, n, keys, NULL, grads, UNIQUE};
     return gr_client_push_many(p->c, &b, 1);
 }
 
@@ -178,7 +182,7 @@ static int ps_fetch(void *ctx, uint32_t table, const uint64_t *keys, size_t n, f
     int rc = dim_of(p, table, &dim);
     if (rc) return rc;
     gr_client_op *rop = NULL, *dop = NULL;
-    gr_client_batch b = {table, dim, n, keys, rows, NULL};
+    gr_client_batch b = {table, dim, n, keys, rows, NULL, UNIQUE};
     /* Both requests in flight at once: one round trip for the step's parameters. */
     if (n && (rc = gr_client_pull_start(p->c, &b, 1, 0, &rop))) return rc;
     rc = gr_client_dense_pull_start(p->c, dense, params, np, &dop);
@@ -219,7 +223,7 @@ static int ps_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t tab
     uint32_t dim = 0;
     int rc = dim_of(p, table, &dim);
     if (rc) return rc;
-    gr_client_batch b = {table, dim, n, keys, NULL, grads};
+    gr_client_batch b = {table, dim, n, keys, NULL, grads, UNIQUE};
     gr_client_dense_grad d = {dense, dgrad, dn};
     uint32_t *out = calloc(p->shards, sizeof *out);
     if (!out) return gr_seterr(GR_ENOMEM, "out of memory");

@@ -679,25 +679,11 @@ static int worker_init(trainer *tr, worker *w, unsigned id)
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-const char *gr_train_mode_name(gr_train_mode m)
-{
-    switch (m) {
-    case GR_MODE_ASYNC: return "async";
-    case GR_MODE_SYNC: return "sync";
-    case GR_MODE_SEMISYNC: return "semisync";
-    case GR_MODE_SSP: return "ssp";
-    }
-    return "unknown";
-}
+const char *gr_train_mode_name(gr_train_mode m) { return gr_sync_mode_name(m); }
 
 int gr_train_mode_parse(const char *s, gr_train_mode *out)
 {
-    for (int m = GR_MODE_ASYNC; m <= GR_MODE_SSP; m++)
-        if (s && !strcmp(s, gr_train_mode_name((gr_train_mode)m))) {
-            *out = (gr_train_mode)m;
-            return GR_OK;
-        }
-    return gr_seterr(GR_EINVAL, "unknown mode '%s' (async, sync, semisync, ssp)", s ? s : "");
+    return gr_sync_mode_parse(s, out);
 }
 
 void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)

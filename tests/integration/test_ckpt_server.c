@@ -113,7 +113,7 @@ static void snapshot_take(gr_client *c, snapshot *s)
     s->user = malloc(NKEYS * 8 * sizeof(float));
     s->item = malloc(NKEYS / 2 * 4 * sizeof(float));
     s->mlp = malloc(MLP_SIZE * sizeof(float));
-    gr_client_batch b[2] = {{1, 8, NKEYS, keys, s->user, NULL}, {2, 4, NKEYS / 2, keys, s->item, NULL}};
+    gr_client_batch b[2] = {{1, 8, NKEYS, keys, s->user, NULL, 0}, {2, 4, NKEYS / 2, keys, s->item, NULL, 0}};
     assert_int_equal(gr_client_pull_many(c, b, 2, GR_CLIENT_READONLY), 0);
     assert_int_equal(gr_client_dense_pull(c, "mlp", s->mlp, MLP_SIZE), 0);
     free(keys);
@@ -371,6 +371,27 @@ static void test_ckpt_root_confinement(void **state)
     char dir[400];
     snprintf(dir, sizeof dir, "%s/jobs/one/step-000000000001", base);
     assert_int_equal(gr_ckpt_verify(dir, true, NULL), 0);
+    /* A symlink inside the root that leads out of it: refused for a root under it, for the
+     * checkpoint directory itself, and for a load; nothing is created outside. */
+    char outside[256], link[400], made[600];
+    root_path(outside, sizeof outside, "outside");
+    assert_int_equal(mkdir(outside, 0755), 0);
+    snprintf(link, sizeof link, "%s/escape", base);
+    assert_int_equal(symlink(outside, link), 0);
+    o.root = "escape/deeper";
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "leaves this shard's checkpoint root"));
+    snprintf(made, sizeof made, "%s/deeper", outside);
+    assert_int_equal(access(made, F_OK), -1);
+    snprintf(link, sizeof link, "%s/jobs/one/step-000000000002", base);
+    assert_int_equal(symlink(outside, link), 0);
+    o.root = "jobs/one";
+    o.step = 2;
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), GR_EINVAL);
+    o.step = 1;
+    assert_int_equal(unlink(link), 0);
+    gr_client_ckpt_loaded bad;
+    assert_int_equal(gr_client_ckpt_load(c, "escape", NULL, false, &bad), GR_EINVAL);
     gr_client_ckpt_loaded ld;
     assert_int_equal(gr_client_ckpt_load(c, "jobs/one", NULL, false, &ld), 0);
     assert_int_equal(ld.step, 1);
@@ -492,7 +513,9 @@ static void test_kill_shard_mid_save(void **state)
     root_path(root, sizeof root, "killed");
     ps_test_server srv[2];
     char list[256];
-    assert_int_equal(ps_test_cluster_start(srv, 2, NULL, list, sizeof list), 0);
+    /* `granary server` confines checkpoints to its root: the same folder, named relatively. */
+    const char *confine[] = {"--ckpt-root", tmp, NULL};
+    assert_int_equal(ps_test_cluster_start(srv, 2, confine, list, sizeof list), 0);
     gr_client *c = connect_to(list);
     assert_int_equal(gr_client_create_table(c, "{\"name\":\"big\",\"id\":9,\"dim\":16,"
                                                "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.1}}"),
@@ -500,7 +523,7 @@ static void test_kill_shard_mid_save(void **state)
     assert_int_equal(gr_client_dense_create(c, MLP_SPEC), 0);
     fill_big(c, 400000);
     /* The checkpoint that must survive. */
-    gr_client_ckpt_opts o = {.root = root, .step = 1, .keep = 3};
+    gr_client_ckpt_opts o = {.root = "killed", .step = 1, .keep = 3};
     int rc = gr_client_ckpt_save(c, &o, NULL);
     if (rc) fprintf(stderr, "save: %s\n", gr_errmsg());
     assert_int_equal(rc, 0);

@@ -143,7 +143,7 @@ static void run_exactness(unsigned shards)
         for (int t = 0; t < NT; t++) {
             zipf_keys(keys[t], n, 400 + 100 * (uint64_t)t, 1000 * (uint64_t)step + (uint64_t)t);
             memset(rows[t], 0xff, n * dims[t] * sizeof(float));
-            b[t] = (gr_client_batch){(uint32_t)t + 1, dims[t], n, keys[t], rows[t], NULL};
+            b[t] = (gr_client_batch){(uint32_t)t + 1, dims[t], n, keys[t], rows[t], NULL, 0};
         }
         /* Pull over three tables at once. */
         gr_client_op *op = NULL;
@@ -242,7 +242,7 @@ static void test_heavy_duplication(void **state)
     /* Read-only pull of unseen keys: zeros, and nothing is created. */
     uint64_t fresh[3] = {9001, 9002, 9001};
     float out[3 * 16];
-    gr_client_batch b = {1, 16, 3, fresh, out, NULL};
+    gr_client_batch b = {1, 16, 3, fresh, out, NULL, 0};
     assert_int_equal(gr_client_pull_many(f.c, &b, 1, GR_CLIENT_READONLY), 0);
     for (int i = 0; i < 3 * 16; i++) assert_true(out[i] == 0.0f);
     char *json;
@@ -285,7 +285,7 @@ static void *worker(void *p)
         zipf_keys(keys, n, 300, 31 * (uint64_t)step + (uint64_t)a->t);
         fill_grads(g, n * dim, 7 * (uint64_t)step + (uint64_t)a->t);
         gr_client_op *op;
-        gr_client_batch b = {(uint32_t)a->t + 1, dim, n, keys, NULL, g};
+        gr_client_batch b = {(uint32_t)a->t + 1, dim, n, keys, NULL, g, 0};
         if (gr_client_push_start(a->c, &b, 1, &op) != 0) {
             a->failures++;
             continue;
@@ -330,7 +330,7 @@ static void test_concurrent_clients_threads(void **state)
         keys[t] = malloc(n * sizeof(uint64_t));
         rows[t] = malloc(n * dims[t] * sizeof(float));
         zipf_keys(keys[t], n, 300, 31 * 4 + (uint64_t)t);
-        gr_client_batch b = {(uint32_t)t + 1, dims[t], n, keys[t], rows[t], NULL};
+        gr_client_batch b = {(uint32_t)t + 1, dims[t], n, keys[t], rows[t], NULL, 0};
         assert_int_equal(gr_client_pull_start(f.c, &b, 1, 0, &ops[t]), 0);
     }
     for (int t = NT - 1; t >= 0; t--) {

@@ -183,7 +183,7 @@ static void test_semantic_errors_keep_connection(void **state)
     gr_client *c = client_for(list);
     assert_int_equal(gr_client_create_table(c, user_spec), 0);
     uint64_t keys[3] = {1, 2, 3};
-    float rows[3 * 16], g[3 * 32];
+    float rows[3 * 16], g[3 * 32] = {0}; /* the client checks them: defined values */
     /* Wrong dim: GR_EDIM with the table's name and both dims, naming the shard. */
     assert_int_equal(gr_client_pull(c, 1, 8, keys, 3, rows), GR_EDIM);
     assert_non_null(strstr(gr_errmsg(), "table 'user' has dim 16, pull carried dim 8"));
@@ -199,11 +199,11 @@ static void test_semantic_errors_keep_connection(void **state)
     assert_int_equal(gr_client_push(c, 1, 16, keys, 3, g), GR_EINVAL);
     /* Bad arguments never leave a handle behind. */
     gr_client_op *op = (gr_client_op *)1;
-    gr_client_batch bad = {1, 0, 3, keys, rows, NULL};
+    gr_client_batch bad = {1, 0, 3, keys, rows, NULL, 0};
     assert_int_equal(gr_client_pull_start(c, &bad, 1, 0, &op), GR_EINVAL);
     assert_null(op);
     op = (gr_client_op *)1;
-    gr_client_batch nullrows = {1, 16, 3, keys, NULL, NULL};
+    gr_client_batch nullrows = {1, 16, 3, keys, NULL, NULL, 0};
     assert_int_equal(gr_client_pull_start(c, &nullrows, 1, 0, &op), GR_EINVAL);
     assert_null(op);
 
@@ -352,7 +352,7 @@ static void test_request_timeout_names_shard(void **state)
     uint64_t keys[2] = {1, 2};
     float rows[2 * 4];
     gr_client_op *op;
-    gr_client_batch b = {1, 4, 2, keys, rows, NULL};
+    gr_client_batch b = {1, 4, 2, keys, rows, NULL, 0};
     assert_int_equal(gr_client_pull_start(c, &b, 1, 0, &op), 0);
     assert_int_equal(gr_client_wait(op, 50), GR_EAGAIN); /* still running: handle kept */
     uint64_t t0 = gr_now_ns();

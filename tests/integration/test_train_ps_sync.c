@@ -111,7 +111,7 @@ static void test_sync_step_sparse_and_dense(void **state)
     /* Worker 0 touches only shard 0's key (shard 1 gets an empty push), twice (summed). */
     uint64_t keys0[2] = {k0, k0};
     float g0[4] = {1, 2, 3, 4};
-    gr_client_batch b0 = {1, 2, 2, keys0, NULL, g0};
+    gr_client_batch b0 = {1, 2, 2, keys0, NULL, g0, 0};
     float d0[3] = {1, 1, 1}, d1[3] = {3, 5, 7};
     gr_client_dense_grad dg0 = {"mlp", d0, 3}, dg1 = {"mlp", d1, 3};
     uint32_t out[2] = {9, 9};
@@ -130,7 +130,7 @@ static void test_sync_step_sparse_and_dense(void **state)
     assert_int_equal(gr_client_wait(acq, 100), GR_EAGAIN);
     uint64_t keys1[2] = {k0, k1};
     float g1[4] = {10, 20, 30, 40};
-    gr_client_batch b1 = {1, 2, 2, keys1, NULL, g1};
+    gr_client_batch b1 = {1, 2, 2, keys1, NULL, g1, 0};
     assert_int_equal(gr_client_push_step(k.c, 1, t1, &b1, 1, &dg1, 1, out), 0);
     assert_int_equal(out[0], GR_CLIENT_PUSH_APPLIED);
     assert_int_equal(out[1], GR_CLIENT_PUSH_APPLIED);
@@ -176,7 +176,7 @@ static void test_semisync_drop_and_timeout(void **state)
     for (int w = 0; w < 3; w++) assert_int_equal(gr_client_sync_acquire(k.c, w, want, 1000, t[w], NULL), 0);
     uint64_t key = 5;
     float g[2] = {2, 4};
-    gr_client_batch b = {1, 2, 1, &key, NULL, g};
+    gr_client_batch b = {1, 2, 1, &key, NULL, g, 0};
     uint32_t out[1];
     assert_int_equal(gr_client_push_step(k.c, 0, t[0], &b, 1, NULL, 0, out), 0);
     assert_int_equal(out[0], GR_CLIENT_PUSH_STAGED);
@@ -222,7 +222,7 @@ static void test_parked_acquires_hold_no_thread(void **state)
     uint64_t want0[1] = {0}, want1[1] = {1}, tags[4][1];
     uint64_t key = 77;
     float g[2] = {1, 1};
-    gr_client_batch b = {1, 2, 1, &key, NULL, g};
+    gr_client_batch b = {1, 2, 1, &key, NULL, g, 0};
     for (int w = 0; w < 4; w++) assert_int_equal(gr_client_sync_acquire(k.c, w, want0, 1000, tags[w], NULL), 0);
     gr_client_op *ops[3];
     uint64_t next[3][1];

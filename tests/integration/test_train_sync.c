@@ -185,7 +185,7 @@ static void run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
     gr_model_destroy(m);
     out->nrows = nids * 4;
     out->rows = malloc(out->nrows * sizeof(float));
-    gr_client_batch b = {GR_TRAIN_EMB_TABLE, 4, nids, ids, out->rows, NULL};
+    gr_client_batch b = {GR_TRAIN_EMB_TABLE, 4, nids, ids, out->rows, NULL, 0};
     assert_int_equal(gr_client_pull_many(client, &b, 1, GR_CLIENT_READONLY), 0);
     gr_ps_backend_finish(&be);
     gr_train_backend_destroy(&be);

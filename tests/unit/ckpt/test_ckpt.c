@@ -236,17 +236,17 @@ static void test_f16(void **state)
 {
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
-        float f = ck_f16_to_f32((uint16_t)h);
+        float f = gr_f16_to_f32((uint16_t)h);
         if (isnan(f)) {
-            assert_true(isnan(ck_f16_to_f32(ck_f32_to_f16(f))));
+            assert_true(isnan(gr_f16_to_f32(gr_f32_to_f16(f))));
             continue;
         }
-        assert_int_equal(ck_f32_to_f16(f), h);
+        assert_int_equal(gr_f32_to_f16(f), h);
     }
-    assert_true(ck_f16_to_f32(ck_f32_to_f16(1.0f)) == 1.0f);
-    assert_true(ck_f16_to_f32(ck_f32_to_f16(65520.0f)) == INFINITY); /* rounds up to inf */
-    assert_true(ck_f16_to_f32(ck_f32_to_f16(1.0f + 1.0f / 4096)) == 1.0f); /* tie to even */
-    assert_true(ck_f16_to_f32(ck_f32_to_f16(1e-8f)) == 0.0f);
+    assert_true(gr_f16_to_f32(gr_f32_to_f16(1.0f)) == 1.0f);
+    assert_true(gr_f16_to_f32(gr_f32_to_f16(65520.0f)) == INFINITY); /* rounds up to inf */
+    assert_true(gr_f16_to_f32(gr_f32_to_f16(1.0f + 1.0f / 4096)) == 1.0f); /* tie to even */
+    assert_true(gr_f16_to_f32(gr_f32_to_f16(1e-8f)) == 0.0f);
 }
 
 static void test_names_and_maps(void **state)
@@ -1046,7 +1046,7 @@ static void test_export(void **state)
         if (f16) {
             w16 = malloc(all.n * all.dim * 4);
             for (size_t i = 0; i < all.n * all.dim; i++)
-                w16[i] = ck_f16_to_f32(ck_f32_to_f16(all.w[i]));
+                w16[i] = gr_f16_to_f32(gr_f32_to_f16(all.w[i]));
             want.w = w16;
         }
         expect_rows(u, &want, false);

@@ -1,4 +1,5 @@
-/* Unit tests for core: errors, hashing, slots, random numbers, Zipf, dedup, files, sizes. */
+/* Unit tests for core: errors, hashing, slots, the shared formats (slot -> shard, half floats,
+ * sync modes), random numbers, Zipf, dedup, files, sizes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,6 +36,50 @@ static void test_slots_fixed(void **state)
     unsigned counts[16] = {0};
     for (uint64_t k = 0; k < 160000; k++) counts[gr_slot_of(k) >> 10]++;
     for (int i = 0; i < 16; i++) assert_in_range(counts[i], 9000, 11000);
+}
+
+static void test_formats(void **state)
+{
+    (void)state;
+    /* Slot -> shard is a wire and checkpoint contract: contiguous ranges, pinned. */
+    assert_int_equal(gr_slot_shard(0, 4), 0);
+    assert_int_equal(gr_slot_shard(4095, 4), 0);
+    assert_int_equal(gr_slot_shard(4096, 4), 1);
+    assert_int_equal(gr_slot_shard(16383, 4), 3);
+    assert_int_equal(gr_slot_shard(16383, 1), 0);
+    assert_int_equal(gr_slot_shard(5461, 3), 0);
+    assert_int_equal(gr_slot_shard(5462, 3), 1);
+    assert_int_equal(gr_slot_shard(GR_SLOTS - 1, GR_SLOTS), GR_SLOTS - 1);
+
+    /* Half floats: pinned bit patterns (rounding to even, overflow, subnormals, NaN). */
+    assert_int_equal(gr_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(gr_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(gr_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(gr_f32_to_f16(65520.0f), 0x7c00);          /* rounds to inf */
+    assert_int_equal(gr_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);   /* tie: to even */
+    assert_int_equal(gr_f32_to_f16(1.0f + 0x3p-11f), 0x3c02);   /* tie: to even, up */
+    assert_int_equal(gr_f32_to_f16(0x1p-24f), 0x0001);          /* smallest subnormal */
+    assert_int_equal(gr_f32_to_f16(0x1p-25f), 0x0000);          /* tie with zero: even */
+    assert_int_equal(gr_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(gr_f32_to_f16(__builtin_nanf("")) & 0x7e00, 0x7e00);
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = gr_f16_to_f32((uint16_t)h);
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue; /* NaN payloads: quietened */
+        assert_int_equal(gr_f32_to_f16(f), h);
+    }
+    assert_true(gr_f16_to_f32(0x0001) == 0x1p-24f);
+
+    /* Sync modes: wire values and names. */
+    assert_int_equal(GR_SYNC_ASYNC, 0);
+    assert_int_equal(GR_SYNC_SSP, 3);
+    assert_string_equal(gr_sync_mode_name(GR_SYNC_SEMISYNC), "semisync");
+    assert_string_equal(gr_sync_mode_name(4), "unknown");
+    gr_sync_mode m = GR_SYNC_ASYNC;
+    assert_int_equal(gr_sync_mode_parse("ssp", &m), GR_OK);
+    assert_int_equal(m, GR_SYNC_SSP);
+    assert_int_equal(gr_sync_mode_parse("bsp", &m), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "'bsp'"));
+    assert_int_equal(GR_READONLY, 1);
 }
 
 static void test_rng_deterministic(void **state)
@@ -144,6 +189,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),   cmocka_unit_test(test_slots_fixed),
+        cmocka_unit_test(test_formats),
         cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_zipf),
         cmocka_unit_test(test_dedup),    cmocka_unit_test(test_files),
         cmocka_unit_test(test_sizes),

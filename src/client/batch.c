@@ -1,0 +1,182 @@
+/* Batch calls: pull, push, push_pull and delete of keys. Each plans its batch (plan.c), sends
+ * one request per planned piece of work, and its replies are scattered back by the reader
+ * threads as they arrive. The client's time in each phase is counted (gr_client_stats_t). */
+#include "client/op.h"
+#include "client/check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void count_ns(atomic_uint_fast64_t *ctr, uint64_t since)
+{
+    atomic_fetch_add_explicit(ctr, gr_thread_cpu_ns() - since, memory_order_relaxed);
+}
+
+/* A PULL or PUSH_PULL reply: its rows to every occurrence (runs on the reader thread). */
+static int rows_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal)
+{
+    gr_client_op *op = r->ctx;
+    uint64_t t0 = gr_thread_cpu_ns();
+    gr_proto_batch b;
+    int rc = gr_proto_decode_batch(body, h->body_len, GR_PROTO_VALUES,
+                                   &op->cl->conns[r->shard].limits, &b);
+    if (!rc) {
+        rc = cl_plan_scatter(&op->plan, r->tag, &b);
+        gr_proto_batch_fini(&b);
+    }
+    count_ns(&op->cl->scatter_ns, t0);
+    if (rc) *fatal = true;
+    return rc;
+}
+
+static int push_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal)
+{
+    (void)r;
+    (void)body;
+    if (h->body_len != 0) {
+        *fatal = true;
+        return gr_seterr(GR_EPROTO, "push reply carries a body");
+    }
+    return GR_OK;
+}
+
+/* Plans b into op's requests and builds their frames: keys, and summed gradients with push. */
+static int plan_batch(gr_client_op *op, const gr_client_batch *b, size_t nb, bool rows, bool push,
+                      uint16_t wflags)
+{
+    gr_client *c = op->cl;
+    gr_proto_layout layout = push ? GR_PROTO_KEYS_VALUES : GR_PROTO_KEYS;
+    uint64_t t0 = gr_thread_cpu_ns();
+    int rc = cl_plan_tables(&op->plan, c->link.nshards, b, nb, rows, push);
+    count_ns(&c->plan_ns, t0);
+    if (rc) return rc;
+    atomic_fetch_add(&c->keys_in, op->plan.keys_in);
+    atomic_fetch_add(&c->keys_sent, op->plan.keys_sent);
+    t0 = gr_thread_cpu_ns();
+    gr_proto_limits *lims = malloc(c->link.nshards * sizeof *lims);
+    if (!lims) return gr_seterr(GR_ENOMEM, "out of memory");
+    for (uint32_t s = 0; s < c->link.nshards; s++) lims[s] = c->conns[s].limits;
+    rc = cl_plan_split(&op->plan, lims, layout, rows);
+    free(lims);
+    if (rc == GR_ETOOBIG) { /* name the shard by its address, as every other error does */
+        char m[256];
+        snprintf(m, sizeof m, "%s", gr_errmsg());
+        return gr_seterr(rc, "shard %u (%s): %s", op->plan.fail_shard,
+                         c->conns[op->plan.fail_shard].addr, m);
+    }
+    if (rc) return rc;
+    cl_reply_fn handler = rows ? rows_reply : op->opcode == GR_OP_PUSH ? push_reply : NULL;
+    for (size_t i = 0; !rc && i < op->plan.nreqs; i++) {
+        cl_req *r = cl_op_add_req(op, op->plan.reqs[i].shard);
+        if (!r) return gr_seterr(GR_ENOMEM, "out of memory");
+        r->tag = (uint32_t)i;
+        r->on_reply = handler;
+        rc = gr_proto_buf_reserve(&r->frame, GR_PROTO_HEADER_SIZE +
+                                                 cl_plan_body_size(&op->plan, i, layout));
+        if (!rc) rc = gr_proto_begin(&r->frame, GR_PROTO_REQUEST, op->opcode, wflags, 0, r->id);
+        if (!rc) rc = cl_plan_put_sections(&op->plan, i, layout, &r->frame);
+        if (!rc) rc = gr_proto_end(&r->frame, 0);
+    }
+    if (!rc && push) cl_plan_sum_grads(&op->plan, b);
+    count_ns(&c->frame_ns, t0);
+    return rc;
+}
+
+static int batch_start(gr_client *c, uint16_t opcode, const gr_client_batch *b, size_t nb,
+                       unsigned flags, gr_client_op **out)
+{
+    if (!out) return gr_seterr(GR_EINVAL, "no place for the operation handle");
+    *out = NULL;
+    bool push = opcode == GR_OP_PUSH || opcode == GR_OP_PUSH_PULL;
+    bool rows = opcode == GR_OP_PULL || opcode == GR_OP_PUSH_PULL;
+    gr_client_op *op = cl_op_new(c, opcode);
+    if (!op) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+    uint16_t wflags = (opcode == GR_OP_PULL && (flags & GR_CLIENT_READONLY)) ? GR_PROTO_F_READONLY : 0;
+    int rc = plan_batch(op, b, nb, rows, push, wflags);
+    if (!rc) rc = cl_op_send(op);
+    if (rc) {
+        cl_op_free(op);
+        return rc;
+    }
+    *out = op;
+    return GR_OK;
+}
+
+int gr_client_pull_start(gr_client *c, const gr_client_batch *b, size_t nb, unsigned flags,
+                         gr_client_op **op)
+{
+    return batch_start(c, GR_OP_PULL, b, nb, flags, op);
+}
+
+int gr_client_push_start(gr_client *c, const gr_client_batch *b, size_t nb, gr_client_op **op)
+{
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH, b, nb, 0, op);
+}
+
+int gr_client_push_pull_start(gr_client *c, const gr_client_batch *b, size_t nb,
+                              gr_client_op **op)
+{
+    if (op) *op = NULL;
+    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
+}
+
+int gr_client_pull_many(gr_client *c, const gr_client_batch *b, size_t nb, unsigned flags)
+{
+    gr_client_op *op;
+    int rc = gr_client_pull_start(c, b, nb, flags, &op);
+    return rc ? rc : gr_client_wait(op, -1);
+}
+
+int gr_client_push_many(gr_client *c, const gr_client_batch *b, size_t nb)
+{
+    gr_client_op *op;
+    int rc = gr_client_push_start(c, b, nb, &op);
+    return rc ? rc : gr_client_wait(op, -1);
+}
+
+int gr_client_push_pull_many(gr_client *c, const gr_client_batch *b, size_t nb)
+{
+    gr_client_op *op;
+    int rc = gr_client_push_pull_start(c, b, nb, &op);
+    return rc ? rc : gr_client_wait(op, -1);
+}
+
+int gr_client_pull(gr_client *c, uint32_t table, uint32_t dim, const uint64_t *keys, size_t n,
+                   float *rows)
+{
+    gr_client_batch b = {table, dim, n, keys, rows, NULL, 0};
+    return gr_client_pull_many(c, &b, 1, 0);
+}
+
+int gr_client_push(gr_client *c, uint32_t table, uint32_t dim, const uint64_t *keys, size_t n,
+                   const float *grads)
+{
+    gr_client_batch b = {table, dim, n, keys, NULL, grads, 0};
+    return gr_client_push_many(c, &b, 1);
+}
+
+int gr_client_delete(gr_client *c, uint32_t table, uint32_t dim, const uint64_t *keys, size_t n,
+                     uint64_t *deleted)
+{
+    gr_client_batch b = {table, dim, n, keys, NULL, NULL, 0};
+    gr_client_op *op = cl_op_new(c, GR_OP_DELETE);
+    if (!op) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+    int rc = plan_batch(op, &b, 1, false, false, 0);
+    if (!rc) rc = cl_op_send(op);
+    if (!rc) {
+        cl_op_wait(op, -1);
+        rc = cl_op_result(op);
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; !rc && i < op->nreqs; i++) {
+        uint64_t v[1];
+        uint32_t cnt = 0;
+        rc = gr_proto_decode_u64s(op->reqs[i]->reply, op->reqs[i]->reply_len, 1, v, &cnt);
+        if (!rc && cnt == 1) total += v[0];
+    }
+    cl_op_free(op);
+    if (!rc && deleted) *deleted = total;
+    return rc;
+}

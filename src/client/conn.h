@@ -1,0 +1,94 @@
+/* Internal to the client part: one connection per shard (conn.c), and the request it carries.
+ * This is the bottom of the client: it knows frames and sockets, and nothing about operations,
+ * batches or what a reply means. A request brings its own reply handler and completion, so
+ * the reader thread finishes it without calling anything above this module.
+ *
+ * Ownership: a request belongs to its sender until cl_conn_send registers it in the
+ * connection's pending list, then to whoever removes it from that list (the reader on a reply
+ * or a connection failure, or a waiter cancelling at its deadline with cl_conn_claim); that
+ * party calls its on_done exactly once. */
+#ifndef GRANARY_CLIENT_CONN_H
+#define GRANARY_CLIENT_CONN_H
+
+#include "granary/client.h"
+#include "granary/proto.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct cl_req cl_req;
+
+/* Decodes a successful reply (status >= 0, opcode already checked) into the request's
+ * destination. Returns 0 or an error with a message, which becomes the request's result;
+ * *fatal when the reply itself is malformed (the connection is then dropped). NULL: the reply
+ * body is kept in r->reply for the caller to read after the wait. */
+typedef int (*cl_reply_fn)(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal);
+/* Records the request's result (rc, and a message when rc < 0). Called exactly once. */
+typedef void (*cl_done_fn)(cl_req *r, int rc, const char *msg);
+
+struct cl_req {
+    cl_req *next; /* pending list of its connection */
+    uint64_t id;
+    uint32_t shard;
+    uint32_t tag; /* the builder's own index (a batch plan's request number) */
+    uint16_t opcode;
+    gr_proto_buf frame;
+    cl_reply_fn on_reply;
+    cl_done_fn on_done;
+    void *ctx; /* the operation it belongs to */
+    /* Result, written by whoever completes the request. */
+    bool done;
+    int rc;
+    char msg[320];
+    uint8_t *reply; /* on_reply NULL: the reply body (malloc'd) */
+    size_t reply_len;
+};
+
+/* What every connection of one client shares: its settings and counters. */
+typedef struct cl_link {
+    gr_client_config cfg; /* timeouts, any_shard */
+    uint8_t *secret;
+    size_t secret_len;
+    uint32_t nshards;
+    atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t requests, bytes_sent, bytes_received, reconnects;
+    atomic_uint_fast64_t send_ns, recv_ns; /* time in frame writes and reply-body reads */
+} cl_link;
+
+typedef struct cl_conn {
+    cl_link *link;
+    uint32_t shard;
+    char addr[300]; /* "host:port" */
+    char host[256];
+    char port[8];
+    pthread_mutex_t connect_mu; /* serialises (re)connects; taken before mu and wlock */
+    pthread_mutex_t wlock;      /* serialises frame writes; taken before mu */
+    pthread_mutex_t mu;         /* guards fd, broken, pending */
+    int fd;
+    bool broken;      /* the reader saw an error: reconnect before the next send */
+    bool reader_live; /* a reader thread exists (joinable) */
+    bool ever_connected;
+    pthread_t reader;
+    cl_req *pending;
+    gr_proto_limits limits; /* the server's, from hello */
+    char server_error[256]; /* an id-0 error frame from the server (e.g. connection refused) */
+    uint8_t *rbuf;          /* the reader's body buffer */
+    size_t rcap;
+} cl_conn;
+
+int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr);
+void cl_conn_fini(cl_conn *k);
+/* Connects (with backoff up to the connect timeout) unless already connected. */
+int cl_conn_ensure(cl_conn *k);
+/* True when the connection is up right now (no connect attempted). */
+bool cl_conn_is_up(cl_conn *k);
+/* Registers r as pending and writes its frame. 0: the request now belongs to the connection
+ * machinery and will be completed exactly once. Negative: it was not sent (the caller still
+ * owns it; r->msg says why). */
+int cl_conn_send(cl_conn *k, cl_req *r);
+/* Removes r from the pending list if it is still there; true when this call took it. */
+bool cl_conn_claim(cl_conn *k, cl_req *r);
+/* The message of an error frame's body, or a placeholder. */
+void cl_error_text(const uint8_t *body, size_t len, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,81 @@
+/* Internal to the client part: the client instance and its operations (op.c). An operation
+ * (gr_client_op) is a set of requests, one or more per shard, started together and waited on
+ * together; each request completes into its op through op.c's completion, and the reply
+ * handler that the calling module (batch.c, control.c, step.c, ckpt.c) gave it. Those modules
+ * use this one and the planner; none of them calls another. */
+#ifndef GRANARY_CLIENT_OP_H
+#define GRANARY_CLIENT_OP_H
+
+#include "client/conn.h"
+#include "client/plan.h"
+
+struct gr_client {
+    cl_link link; /* settings and counters the connections share */
+    cl_conn *conns;
+    atomic_uint_fast64_t keys_in, keys_sent;
+    atomic_uint_fast64_t plan_ns, frame_ns, scatter_ns;
+};
+
+struct gr_client_op {
+    gr_client *cl;
+    uint16_t opcode;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t remaining;
+    int err;
+    char msg[800];
+    uint64_t deadline_ns;
+    cl_req **reqs;
+    size_t nreqs, reqcap;
+    /* The first failed request ends the op (the others are cancelled): an acquire must not
+     * wait out other shards' long holds once one shard is gone. */
+    bool fail_fast;
+    /* Where reply handlers put results (the op is freed by the wait): */
+    cl_plan plan;           /* batch calls: the plan their replies scatter by */
+    float *dense_out;       /* async DENSE_PULL */
+    size_t dense_n;
+    uint64_t *tags_out;     /* SYNC_ACQUIRE, per shard */
+    uint64_t *cur_out;
+    uint32_t *outcomes_out; /* PUSH_STEP, per shard */
+};
+
+/* A new op whose deadline is the request timeout from now; NULL when out of memory. */
+gr_client_op *cl_op_new(gr_client *c, uint16_t opcode);
+/* Frees the op, its requests and its plan. NULL is a no-op. */
+void cl_op_free(gr_client_op *op);
+/* Adds a request to shard with a fresh id and an empty frame; on_reply NULL (the body is kept
+ * in r->reply). NULL when out of memory. */
+cl_req *cl_op_add_req(gr_client_op *op, uint32_t shard);
+/* Sends every request. 0 when at least one was sent (the op must be waited on); otherwise
+ * every request has been completed with its error and the first is returned. */
+int cl_op_send(gr_client_op *op);
+/* Waits for completion (0) or the caller's timeout (GR_EAGAIN); at the op's deadline the
+ * requests still outstanding are cancelled with GR_ETIMEDOUT. The op stays allocated. */
+int cl_op_wait(gr_client_op *op, int timeout_ms);
+/* The op's result: 0 or its first error (with the message set on this thread). */
+int cl_op_result(gr_client_op *op);
+/* Sends the same body (NULL: none) to each listed shard and waits for every reply; timeout_ms
+ * 0 keeps the request timeout. The op is returned for the caller to read per-shard results
+ * (r->rc, r->reply), then cl_op_free. */
+int cl_op_run(gr_client *c, const uint32_t *shards, uint32_t n, uint16_t opcode,
+              const gr_proto_buf *body, uint32_t timeout_ms, gr_client_op **out);
+/* [0, 1, ..., nshards - 1], malloc'd; NULL when out of memory. */
+uint32_t *cl_all_shards(const gr_client *c);
+
+/* The shard that owns a dense parameter. */
+static inline uint32_t cl_dense_owner(const gr_client *c, const char *name)
+{
+    return c->link.nshards == 1
+               ? 0
+               : gr_slot_shard(gr_proto_dense_slot(name, __builtin_strlen(name)), c->link.nshards);
+}
+
+/* Dense parameter names are 1..63 bytes. */
+static inline int cl_check_dense_name(const char *name)
+{
+    if (!name || !*name || __builtin_strlen(name) >= 64)
+        return gr_seterr(GR_EINVAL, "dense parameter names are 1..63 bytes");
+    return GR_OK;
+}
+
+#endif

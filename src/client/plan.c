@@ -1,0 +1,345 @@
+/* The batch planner: dedup, routing by slot, requests that fit each shard's limits, frame
+ * sections, summed push gradients and the scatter of replies. Pure code (plan.h says the
+ * steps); the operations in batch.c and step.c drive it and do the I/O. */
+#include "client/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static inline uint32_t shard_of_key(uint32_t nshards, uint64_t key)
+{
+    return nshards == 1 ? 0 : gr_slot_shard(gr_slot_of(key), nshards);
+}
+
+static int check_tables(const gr_client_batch *b, size_t nb, bool rows, bool grads)
+{
+    if (nb == 0 || !b) return gr_seterr(GR_EINVAL, "a batch needs at least one table");
+    for (size_t i = 0; i < nb; i++) {
+        if (b[i].dim == 0 || b[i].dim > GR_PROTO_DIM_MAX)
+            return gr_seterr(GR_EINVAL, "table %u: dim %u is out of range 1..%u", b[i].table,
+                             b[i].dim, GR_PROTO_DIM_MAX);
+        if (b[i].n > (size_t)INT32_MAX / 2)
+            return gr_seterr(GR_ETOOBIG, "table %u: %zu keys in one batch is too many", b[i].table,
+                             b[i].n);
+        if (b[i].n && (!b[i].keys || (rows && !b[i].rows) || (grads && !b[i].grads)))
+            return gr_seterr(GR_EINVAL, "table %u: NULL keys, rows or gradients", b[i].table);
+        if (b[i].flags & ~GR_CLIENT_BATCH_UNIQUE)
+            return gr_seterr(GR_EINVAL, "table %u: unknown batch flags 0x%x", b[i].table,
+                             b[i].flags);
+    }
+    return GR_OK;
+}
+
+/* Arena bytes one table needs (see the carving in cl_plan_tables). */
+static size_t table_bytes(const gr_client_batch *b, uint32_t nshards, bool grads)
+{
+    size_t n = b->n, per = 4 + 4; /* order, shard of each unique key */
+    if (!(b->flags & GR_CLIENT_BATCH_UNIQUE)) per += 8 + 4 + 4 + 4; /* uniq, first, next, inv */
+    if (grads) per += sizeof(float *);
+    return n * per + ((size_t)nshards + 1) * 4 + 16;
+}
+
+int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_t nb, bool rows,
+                   bool grads)
+{
+    memset(p, 0, sizeof *p);
+    p->nshards = nshards;
+    int rc = check_tables(b, nb, rows, grads);
+    if (rc) return rc;
+    size_t bytes = 0, out_bytes = 0;
+    for (size_t i = 0; i < nb; i++) {
+        bytes += table_bytes(&b[i], nshards, grads);
+        out_bytes += rows ? b[i].n * b[i].dim * sizeof(float) : 0;
+    }
+    p->stream_rows = out_bytes >= CL_STREAM_ROWS_BYTES;
+    p->tb = calloc(nb, sizeof *p->tb);
+    p->arena = malloc(bytes);
+    uint32_t *count = calloc((size_t)nshards + 1, sizeof *count);
+    if (!p->tb || !p->arena || !count) {
+        free(count);
+        return gr_seterr(GR_ENOMEM, "cannot allocate a batch of %zu bytes", bytes);
+    }
+    p->nb = nb;
+    uint8_t *a = p->arena;
+    gr_dedup_scratch scratch = {0};
+    for (size_t bi = 0; bi < nb && !rc; bi++) {
+        cl_tbl *t = &p->tb[bi];
+        size_t n = b[bi].n;
+        t->table = b[bi].table;
+        t->dim = b[bi].dim;
+        t->n = n;
+        t->rows = b[bi].rows;
+        t->unique = (b[bi].flags & GR_CLIENT_BATCH_UNIQUE) != 0;
+        /* 8-byte arrays first, so every array stays aligned. */
+        if (grads) {
+            t->dst = (float **)(void *)a;
+            a += n * sizeof(float *);
+        }
+        if (!t->unique) {
+            t->uniq = (const uint64_t *)(void *)a;
+            a += n * 8;
+            t->first = (int32_t *)(void *)a;
+            a += n * 4;
+            t->next = (int32_t *)(void *)a;
+            a += n * 4;
+            t->inv = (uint32_t *)(void *)a;
+            a += n * 4;
+        }
+        t->order = (uint32_t *)(void *)a;
+        a += n * 4;
+        uint32_t *shard_of = (uint32_t *)(void *)a; /* per unique key */
+        a += n * 4;
+        t->shard_start = (uint32_t *)(void *)a;
+        a += ((size_t)nshards + 1) * 4;
+        a = (uint8_t *)(((uintptr_t)a + 7) & ~(uintptr_t)7);
+        memset(t->shard_start, 0, ((size_t)nshards + 1) * 4);
+        if (n == 0) continue;
+        if (t->unique) {
+            t->uniq = b[bi].keys;
+            t->nuniq = (uint32_t)n;
+        } else {
+            long nu = gr_dedup(b[bi].keys, n, (uint64_t *)t->uniq, t->inv, &scratch);
+            if (nu < 0) {
+                rc = (int)nu;
+                break;
+            }
+            t->nuniq = (uint32_t)nu;
+            for (uint32_t u = 0; u < t->nuniq; u++) t->first[u] = -1;
+            for (size_t i = n; i-- > 0;) {
+                uint32_t u = t->inv[i];
+                t->next[i] = t->first[u];
+                t->first[u] = (int32_t)i;
+            }
+        }
+        /* Counting sort of the unique keys by shard. */
+        memset(count, 0, ((size_t)nshards + 1) * sizeof *count);
+        for (uint32_t u = 0; u < t->nuniq; u++) {
+            uint32_t s = shard_of_key(nshards, t->uniq[u]);
+            shard_of[u] = s;
+            count[s + 1]++;
+        }
+        for (uint32_t s = 0; s < nshards; s++) count[s + 1] += count[s];
+        memcpy(t->shard_start, count, ((size_t)nshards + 1) * 4);
+        for (uint32_t u = 0; u < t->nuniq; u++) t->order[count[shard_of[u]]++] = u;
+        p->keys_in += n;
+        p->keys_sent += t->nuniq;
+    }
+    free(count);
+    gr_dedup_scratch_fini(&scratch);
+    return rc;
+}
+
+static cl_plan_req *add_req(cl_plan *p, uint32_t shard)
+{
+    if (p->nreqs == p->reqcap) {
+        size_t cap = p->reqcap ? p->reqcap * 2 : 8;
+        cl_plan_req *r = realloc(p->reqs, cap * sizeof *r);
+        if (!r) return NULL;
+        p->reqs = r;
+        p->reqcap = cap;
+    }
+    cl_plan_req *r = &p->reqs[p->nreqs++];
+    memset(r, 0, sizeof *r);
+    r->shard = shard;
+    return r;
+}
+
+static int add_piece(cl_plan_req *r, uint32_t bi, uint32_t count, const uint32_t *uidx)
+{
+    if (r->npieces == r->cap) {
+        uint32_t nc = r->cap ? r->cap * 2 : 8;
+        cl_piece *pc = realloc(r->pieces, nc * sizeof *pc);
+        if (!pc) return gr_seterr(GR_ENOMEM, "out of memory");
+        r->pieces = pc;
+        r->cap = nc;
+    }
+    r->pieces[r->npieces++] = (cl_piece){bi, count, uidx};
+    return GR_OK;
+}
+
+int cl_plan_split(cl_plan *p, const gr_proto_limits *lims, gr_proto_layout layout,
+                  bool reply_rows)
+{
+    for (uint32_t s = 0; s < p->nshards; s++) {
+        const gr_proto_limits *lim = &lims[s];
+        uint64_t budget = lim->max_body > 64 ? lim->max_body - 64 : 0;
+        cl_plan_req *cur = NULL;
+        uint64_t keys_used = 0, req_bytes = 0, resp_bytes = 0;
+        for (uint32_t bi = 0; bi < p->nb; bi++) {
+            const cl_tbl *t = &p->tb[bi];
+            uint32_t off = t->shard_start[s], end = t->shard_start[s + 1];
+            uint64_t per_req = 8 + (layout == GR_PROTO_KEYS_VALUES ? (uint64_t)t->dim * 4 : 0);
+            uint64_t per_resp = reply_rows ? (uint64_t)t->dim * 4 : 0;
+            const uint64_t fixed = 16 + 8; /* section header and padding */
+            while (off < end) {
+                uint64_t room = 0;
+                if (cur && cur->npieces < lim->max_tables && req_bytes + fixed < budget &&
+                    resp_bytes + fixed < budget) {
+                    room = lim->max_keys - keys_used;
+                    uint64_t r1 = (budget - req_bytes - fixed) / per_req;
+                    if (r1 < room) room = r1;
+                    if (per_resp) {
+                        uint64_t r2 = (budget - resp_bytes - fixed) / per_resp;
+                        if (r2 < room) room = r2;
+                    }
+                }
+                if (room == 0) {
+                    if (cur && cur->npieces == 0) {
+                        p->fail_shard = s;
+                        return gr_seterr(GR_ETOOBIG, "one row of dim %u does not fit the shard's "
+                                         "%u-byte frame limit", t->dim, lim->max_body);
+                    }
+                    /* Requests may move when the array grows: only the last one is current. */
+                    cur = add_req(p, s);
+                    if (!cur) return gr_seterr(GR_ENOMEM, "out of memory");
+                    keys_used = 0;
+                    req_bytes = resp_bytes = 8;
+                    continue;
+                }
+                uint32_t take = end - off < room ? end - off : (uint32_t)room;
+                int rc = add_piece(cur, bi, take, t->order + off);
+                if (rc) return rc;
+                keys_used += take;
+                req_bytes += fixed + per_req * take;
+                resp_bytes += fixed + per_resp * take;
+                off += take;
+            }
+        }
+    }
+    return GR_OK;
+}
+
+int cl_plan_per_shard(cl_plan *p)
+{
+    for (uint32_t s = 0; s < p->nshards; s++) {
+        cl_plan_req *r = add_req(p, s);
+        if (!r) return gr_seterr(GR_ENOMEM, "out of memory");
+        for (uint32_t bi = 0; bi < p->nb; bi++) {
+            const cl_tbl *t = &p->tb[bi];
+            uint32_t off = t->shard_start[s], cnt = t->shard_start[s + 1] - off;
+            int rc = cnt ? add_piece(r, bi, cnt, t->order + off) : GR_OK;
+            if (rc) return rc;
+        }
+    }
+    return GR_OK;
+}
+
+size_t cl_plan_body_size(const cl_plan *p, size_t ri, gr_proto_layout layout)
+{
+    const cl_plan_req *r = &p->reqs[ri];
+    size_t size = 8;
+    for (uint32_t k = 0; k < r->npieces; k++)
+        size += gr_proto_section_size(layout, r->pieces[k].count, p->tb[r->pieces[k].bi].dim);
+    return size;
+}
+
+int cl_plan_put_sections(cl_plan *p, size_t ri, gr_proto_layout layout, gr_proto_buf *frame)
+{
+    const cl_plan_req *r = &p->reqs[ri];
+    int rc = gr_proto_put_batch_head(frame, r->npieces);
+    for (uint32_t k = 0; !rc && k < r->npieces; k++) {
+        const cl_piece *pc = &r->pieces[k];
+        cl_tbl *t = &p->tb[pc->bi];
+        uint64_t *keys;
+        float *vals;
+        rc = gr_proto_put_section(frame, layout, t->table, t->dim, pc->count, &keys, &vals);
+        if (rc) break;
+        for (uint32_t j = 0; j < pc->count; j++) keys[j] = t->uniq[pc->uidx[j]];
+        if (layout == GR_PROTO_KEYS_VALUES)
+            for (uint32_t j = 0; j < pc->count; j++) t->dst[pc->uidx[j]] = vals + (size_t)j * t->dim;
+    }
+    return rc;
+}
+
+/* It walks the gradients in the caller's order (a sequential read of the largest array) and
+ * adds into each key's slot in the frame; repeated keys are the hot ones, so their slots stay
+ * in cache. Walking key by key instead would jump across the caller's array for every repeat
+ * (measured: twice the client's push CPU). */
+void cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
+{
+    for (size_t bi = 0; bi < p->nb; bi++) {
+        const cl_tbl *t = &p->tb[bi];
+        const float *g = b[bi].grads;
+        size_t dim = t->dim;
+        if (t->unique) {
+            for (size_t i = 0; i < t->n; i++) memcpy(t->dst[i], g + i * dim, dim * sizeof(float));
+            continue;
+        }
+        for (size_t i = 0; i < t->n; i++) {
+            uint32_t u = t->inv[i];
+            float *dst = t->dst[u];
+            const float *src = g + i * dim;
+            if (t->first[u] == (int32_t)i) {
+                memcpy(dst, src, dim * sizeof(float));
+            } else {
+                for (size_t d = 0; d < dim; d++) dst[d] += src[d];
+            }
+        }
+    }
+}
+
+static void scatter_rows(const cl_plan *p, const cl_tbl *t, const cl_piece *pc, const float *vals)
+{
+    size_t dim = t->dim, rowb = dim * sizeof(float);
+    if (t->unique) {
+        for (uint32_t j = 0; j < pc->count; j++)
+            memcpy(t->rows + (size_t)pc->uidx[j] * dim, vals + (size_t)j * dim, rowb);
+        return;
+    }
+#if defined(__SSE2__)
+    if (p->stream_rows && (dim & 3) == 0 && ((uintptr_t)t->rows & 15) == 0) {
+        for (uint32_t j = 0; j < pc->count; j++) {
+            const float *src = vals + (size_t)j * dim;
+            for (int32_t i = t->first[pc->uidx[j]]; i >= 0; i = t->next[i]) {
+                float *dst = t->rows + (size_t)i * dim;
+                for (size_t d = 0; d < dim; d += 4) _mm_stream_ps(dst + d, _mm_loadu_ps(src + d));
+            }
+        }
+        return;
+    }
+#else
+    (void)p;
+#endif
+    for (uint32_t j = 0; j < pc->count; j++) {
+        const float *src = vals + (size_t)j * dim;
+        for (int32_t i = t->first[pc->uidx[j]]; i >= 0; i = t->next[i])
+            memcpy(t->rows + (size_t)i * dim, src, rowb);
+    }
+}
+
+int cl_plan_scatter(const cl_plan *p, size_t ri, const gr_proto_batch *reply)
+{
+    const cl_plan_req *r = &p->reqs[ri];
+    if (reply->ntables != r->npieces)
+        return gr_seterr(GR_EPROTO, "reply has %u tables, expected %u", reply->ntables,
+                         r->npieces);
+    int rc = GR_OK;
+    for (uint32_t k = 0; k < reply->ntables; k++) {
+        const gr_proto_section *sec = &reply->sections[k];
+        const cl_piece *pc = &r->pieces[k];
+        const cl_tbl *t = &p->tb[pc->bi];
+        if (sec->table != t->table || sec->dim != t->dim || sec->n != pc->count) {
+            rc = gr_seterr(GR_EPROTO, "reply section %u does not match the request", k);
+            break;
+        }
+        scatter_rows(p, t, pc, sec->values);
+    }
+#if defined(__SSE2__)
+    /* Streaming stores are weakly ordered: fence before the request is marked complete. */
+    if (p->stream_rows) _mm_sfence();
+#endif
+    return rc;
+}
+
+void cl_plan_fini(cl_plan *p)
+{
+    if (!p) return;
+    for (size_t i = 0; i < p->nreqs; i++) free(p->reqs[i].pieces);
+    free(p->reqs);
+    free(p->tb);
+    free(p->arena);
+    memset(p, 0, sizeof *p);
+}
