@@ -1,10 +1,10 @@
 /* The shard daemon: its lifecycle, its worker pool, and the table of operations that says
  * where each opcode runs. Connection I/O (accept, frame reading, deadlines, reply queues) is
  * conn.c's event loop; it hands every complete request frame to on_frame below, which looks
- * the opcode up in op_rows: loop ops run right there (they are short and never block), pool
- * ops are queued to the workers, a SYNC_ACQUIRE is answered or parked (sync.c) and
- * checkpoint ops go to the checkpoint thread (ckpt.c). docs/server.md has the threads and
- * the lock order. */
+ * the opcode up in the table of operations (ops.c), checks what every request must pass
+ * (known opcode, authentication, flag bits) and runs the row: on the loop, on the pool, or
+ * handed to a module that answers later (sync_job.c parks acquires, ckpt.c runs checkpoints on
+ * its thread). docs/server.md has the threads and the lock order. */
 #include "server/server_int.h"
 
 #include <arpa/inet.h>
@@ -30,29 +30,18 @@ typedef struct srv_job {
 
 /* ---- replies ---- */
 
-void srv_conn_send(srv_conn *c, const void *frame, size_t n, unsigned op)
-{
-    gr_server *s = srv_conn_ctx(c);
-    gr_proto_buf b = {(uint8_t *)frame, n, n};
-    size_t w = srv_conn_write(c, &b, false);
-    if (op < GR_PROTO_OP_LIMIT) atomic_fetch_add(&s->ops[op].bytes_out, w);
-}
-
-void srv_conn_send_error(srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg)
-{
-    srv_conn_write_error(c, op, id, rc, msg, false);
-}
-
-/* Runs one request through the dispatcher and writes its reply (or error). Used by the
+/* Runs one request through its row's handler and writes its reply (or error). Used by the
  * workers and, for STATS, by the loop. */
-static void run_request(gr_server *s, srv_conn *c, const gr_proto_header *h, const uint8_t *body,
-                        gr_proto_buf *out)
+static void run_request(gr_server *s, srv_conn *c, const srv_op_row *row,
+                        const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out)
 {
     bool fatal = false, stop = false;
     out->len = 0;
     atomic_fetch_add(&s->ops[h->op].count, 1);
-    int rc = srv_dispatch(s, h, body, out, &fatal, &stop);
+    srv_req r = {s, h, body, h->body_len, out, 0, &fatal, &stop};
+    int rc = row->handle(&r);
     if (rc) {
+        out->len = 0; /* drop a half-written reply */
         atomic_fetch_add(&s->ops[h->op].errors, 1);
         if (fatal) {
             atomic_fetch_add(&s->bad_frames, 1);
@@ -98,7 +87,7 @@ static void *worker_main(void *arg)
         }
         pthread_mutex_unlock(&s->q_mu);
         if (!j) break; /* closed and drained */
-        run_request(s, j->c, &j->h, j->body, &out);
+        run_request(s, j->c, srv_op_row_of(j->h.op), &j->h, j->body, &out);
         free(j->body);
         atomic_fetch_sub(&s->inflight, 1);
         srv_conn_done(j->c, j->h.body_len);
@@ -111,165 +100,11 @@ static void *worker_main(void *arg)
 
 /* ---- operations run on the loop (short, never blocking; they own body) ---- */
 
-static void loop_hello(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
-{
-    free(body);
-    atomic_fetch_add(&s->ops[h->op].count, 1);
-    srv_conn_auth *a = srv_conn_auth_state(c);
-    gr_proto_hello hello;
-    memset(&hello, 0, sizeof hello);
-    hello.shard = s->cfg.shard;
-    hello.shards = s->cfg.shards;
-    hello.auth_required = s->secret ? 1 : 0;
-    hello.limits = s->cfg.limits;
-    snprintf(hello.server_version, sizeof hello.server_version, "granary %s", GR_VERSION_STRING);
-    int rc = gr_proto_random(a->nonce, sizeof a->nonce);
-    if (!rc) {
-        memcpy(hello.nonce, a->nonce, sizeof a->nonce);
-        a->hello_done = true;
-    }
-    gr_proto_buf b;
-    gr_proto_buf_init(&b);
-    if (!rc) rc = gr_proto_begin(&b, GR_PROTO_RESPONSE, GR_OP_HELLO, 0, 0, h->id);
-    if (!rc) rc = gr_proto_put_hello(&b, &hello);
-    if (!rc) rc = gr_proto_end(&b, 0);
-    if (!rc) srv_conn_send(c, b.data, b.len, GR_OP_HELLO);
-    else srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), true);
-    gr_proto_buf_fini(&b);
-}
-
-/* Checks the client's proof and answers with the server's own: HMAC(secret, client nonce ||
- * hello nonce), so the client knows the server holds the secret too. */
-static int check_auth(gr_server *s, srv_conn *c, const gr_proto_header *h, const uint8_t *body,
-                      gr_proto_buf *b)
-{
-    srv_conn_auth *a = srv_conn_auth_state(c);
-    uint8_t cnonce[GR_PROTO_NONCE_SIZE], mac[GR_PROTO_MAC_SIZE], want[GR_PROTO_MAC_SIZE];
-    int rc = gr_proto_decode_auth(body, h->body_len, cnonce, mac);
-    if (rc) return rc;
-    if (!s->secret) return gr_seterr(GR_EAUTH, "this server does not use authentication");
-    if (!a->hello_done) return gr_seterr(GR_EAUTH, "auth must follow hello (no nonce issued yet)");
-    rc = gr_proto_auth_mac(s->secret, s->cfg.secret_len, a->nonce, cnonce, want);
-    if (rc) return rc;
-    if (CRYPTO_memcmp(want, mac, sizeof mac) != 0)
-        return gr_seterr(GR_EAUTH, "authentication failed: the client's proof does not match "
-                         "this server's secret");
-    uint8_t proof[GR_PROTO_MAC_SIZE];
-    rc = gr_proto_auth_mac(s->secret, s->cfg.secret_len, cnonce, a->nonce, proof);
-    if (rc) return rc;
-    /* Each nonce proves one login only. */
-    a->hello_done = false;
-    srv_conn_set_authed(c);
-    rc = gr_proto_begin(b, GR_PROTO_RESPONSE, GR_OP_AUTH, 0, 0, h->id);
-    if (!rc) rc = gr_proto_put_bytes(b, proof, sizeof proof);
-    if (!rc) rc = gr_proto_end(b, 0);
-    return rc;
-}
-
-static void loop_auth(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
-{
-    atomic_fetch_add(&s->ops[h->op].count, 1);
-    gr_proto_buf b;
-    gr_proto_buf_init(&b);
-    int rc = check_auth(s, c, h, body, &b);
-    free(body);
-    if (rc) {
-        atomic_fetch_add(&s->auth_failures, 1);
-        atomic_fetch_add(&s->ops[h->op].errors, 1);
-        GR_LOGW("shard %u: %s: %s", s->cfg.shard, srv_conn_peer(c), gr_errmsg());
-        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), true);
-    } else {
-        srv_conn_send(c, b.data, b.len, GR_OP_AUTH);
-    }
-    gr_proto_buf_fini(&b);
-}
-
-/* Inline, so stats answer even while the workers are busy (and show the queue). */
-static void loop_stats(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
-{
-    gr_proto_buf out;
-    gr_proto_buf_init(&out);
-    run_request(s, c, h, body, &out);
-    gr_proto_buf_fini(&out);
-    free(body);
-}
-
-/* Answered now or parked in sync.c, so waiting workers hold no thread. */
-static void park_acquire(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
-{
-    atomic_fetch_add(&s->ops[h->op].count, 1);
-    bool bad = false;
-    int rc = srv_sync_acquire(s, c, h, body, &bad);
-    free(body);
-    if (rc) {
-        atomic_fetch_add(&s->ops[h->op].errors, 1);
-        if (bad) atomic_fetch_add(&s->bad_frames, 1);
-        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), bad);
-    }
-}
-
-/* Checkpoint requests wait for the disk: the checkpoint thread runs them and answers later. */
-static void to_ckpt(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
-{
-    atomic_fetch_add(&s->ops[h->op].count, 1);
-    int rc = srv_ckpt_submit(s, c, h, body);
-    if (rc) { /* the body does not decode */
-        atomic_fetch_add(&s->ops[h->op].errors, 1);
-        atomic_fetch_add(&s->bad_frames, 1);
-        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), true);
-    }
-}
-
-/* ---- the table of operations ---- */
-
-typedef void (*loop_fn)(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
-
-/* Where an opcode runs, which header flag bits it accepts (all others must be 0), whether it
- * is allowed before authentication, and, for those not run by the pool (srv_dispatch), the
- * function the loop calls. A new opcode is one row here (and its handler). */
-typedef struct srv_op_row {
-    srv_where where;
-    uint16_t flags;
-    bool preauth;
-    loop_fn run;
-} srv_op_row;
-
-static const srv_op_row op_rows[GR_PROTO_OP_LIMIT] = {
-    [GR_OP_HELLO] = {SRV_RUN_LOOP, 0, true, loop_hello},
-    [GR_OP_AUTH] = {SRV_RUN_LOOP, 0, true, loop_auth},
-    [GR_OP_STATS] = {SRV_RUN_LOOP, 0, false, loop_stats},
-    [GR_OP_CREATE_TABLE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DESCRIBE_TABLE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DROP_TABLE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_PULL] = {SRV_RUN_POOL, GR_PROTO_F_READONLY, false, NULL},
-    [GR_OP_PUSH] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_PUSH_PULL] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DENSE_CREATE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DENSE_PULL] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DENSE_PUSH] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DELETE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_EVICT] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_SHUTDOWN] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_SYNC_CONFIG] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_SYNC_ACQUIRE] = {SRV_RUN_PARKED, 0, false, park_acquire},
-    [GR_OP_PUSH_STEP] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_SYNC_LEAVE] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_DENSE_SET] = {SRV_RUN_POOL, 0, false, NULL},
-    [GR_OP_CKPT_SAVE] = {SRV_RUN_CKPT, 0, false, to_ckpt},
-    [GR_OP_CKPT_COMMIT] = {SRV_RUN_CKPT, 0, false, to_ckpt},
-    [GR_OP_CKPT_LOAD] = {SRV_RUN_CKPT, 0, false, to_ckpt},
-};
-
-srv_where srv_op_where(unsigned op)
-{
-    return op < GR_PROTO_OP_LIMIT && gr_proto_op_name(op) ? op_rows[op].where : SRV_RUN_NONE;
-}
-
 /* conn.c's frame callback (loop thread): the checks every request passes, then the row. */
 static void on_frame(void *ctx, srv_conn *c, const gr_proto_header *h, uint8_t *body)
 {
     gr_server *s = ctx;
-    const srv_op_row *row = srv_op_where(h->op) != SRV_RUN_NONE ? &op_rows[h->op] : NULL;
+    const srv_op_row *row = srv_op_row_of(h->op);
     bool authed = !s->secret || srv_conn_authed(c);
     if (h->op < GR_PROTO_OP_LIMIT)
         atomic_fetch_add(&s->ops[h->op].bytes_in, GR_PROTO_HEADER_SIZE + (uint64_t)h->body_len);
@@ -302,8 +137,18 @@ static void on_frame(void *ctx, srv_conn *c, const gr_proto_header *h, uint8_t *
         srv_conn_done(c, h->body_len);
         return;
     }
-    if (row->where != SRV_RUN_POOL) {
-        row->run(s, c, h, body);
+    if (row->take) { /* it answers by itself, now or later */
+        atomic_fetch_add(&s->ops[h->op].count, 1);
+        row->take(s, c, h, body);
+        srv_conn_done(c, h->body_len);
+        return;
+    }
+    if (row->where == SRV_RUN_LOOP) {
+        gr_proto_buf out;
+        gr_proto_buf_init(&out);
+        run_request(s, c, row, h, body, &out);
+        gr_proto_buf_fini(&out);
+        free(body);
         srv_conn_done(c, h->body_len);
         return;
     }
@@ -323,7 +168,11 @@ static void on_frame(void *ctx, srv_conn *c, const gr_proto_header *h, uint8_t *
 }
 
 /* conn.c's close callback: a peer that hung up cancels what is parked for it. */
-static void on_closed(void *ctx, srv_conn *c) { srv_sync_conn_closed(ctx, c); }
+static void on_closed(void *ctx, srv_conn *c)
+{
+    for (size_t m = 0; m < srv_nmodules; m++)
+        if (srv_modules[m]->conn_closed) srv_modules[m]->conn_closed(ctx, c);
+}
 
 /* ---- helpers ---- */
 
@@ -410,12 +259,12 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
     for (uint32_t slot = 0; slot < GR_SLOTS; slot++)
         s->owns[slot] = gr_proto_default_shard(slot, c.shards) == c.shard;
     int rc = srv_registry_init(&s->reg, c.max_tables);
-    if (!rc && (rc = srv_sync_create(s))) srv_registry_fini(&s->reg);
-    if (!rc && (rc = srv_ckpt_create(s))) {
-        srv_sync_destroy(s);
-        srv_registry_fini(&s->reg);
-    }
+    bool reg_ok = rc == GR_OK;
+    size_t made = 0;
+    while (!rc && made < srv_nmodules && !(rc = srv_modules[made]->create(s))) made++;
     if (rc) {
+        while (made > 0) srv_modules[--made]->destroy(s);
+        if (reg_ok) srv_registry_fini(&s->reg);
         free(s->secret);
         free(s);
         return rc;
@@ -475,7 +324,9 @@ int gr_server_start(gr_server *s)
         return gr_seterr(GR_EINTERNAL, "cannot start server threads");
     }
     s->started = true;
-    if (srv_sync_start(s) != GR_OK) GR_LOGW("shard %u: %s (acquire timeouts will not fire)", s->cfg.shard, gr_errmsg());
+    for (size_t m = 0; m < srv_nmodules; m++)
+        if (srv_modules[m]->start && srv_modules[m]->start(s) != GR_OK)
+            GR_LOGW("shard %u: %s: %s", s->cfg.shard, srv_modules[m]->name, gr_errmsg());
     GR_LOGI("shard %u of %u listening on %s:%u (%u worker threads%s)", s->cfg.shard, s->cfg.shards,
             s->host, s->port, s->nworkers, s->secret ? ", auth required" : "");
     return GR_OK;
@@ -525,10 +376,9 @@ int gr_server_stop(gr_server *s)
     pthread_mutex_unlock(&s->q_mu);
     for (uint32_t i = 0; i < s->nworkers; i++) pthread_join(s->workers[i], NULL);
     s->nworkers = 0;
-    /* Acquires still parked now can never be satisfied: answer them. */
-    srv_sync_stop(s);
-    /* A checkpoint request already running finishes; queued ones are refused. */
-    srv_ckpt_stop(s);
+    /* Modules answer what they still hold: parked acquires can never be satisfied now; a
+     * checkpoint request already running finishes and queued ones are refused. */
+    for (size_t m = srv_nmodules; m > 0; m--) srv_modules[m - 1]->stop(s);
     /* Every reply is written (or its connection dropped by the send deadline); close. */
     srv_net_stop(s->net);
     s->stopped = true;
@@ -542,8 +392,7 @@ void gr_server_destroy(gr_server *s)
     gr_server_stop(s);
     srv_net_destroy(s->net);
     free(s->workers);
-    srv_ckpt_destroy(s);
-    srv_sync_destroy(s);
+    for (size_t m = srv_nmodules; m > 0; m--) srv_modules[m - 1]->destroy(s);
     srv_registry_fini(&s->reg);
     for (int i = 0; i < 2; i++)
         if (s->stop_pipe[i] >= 0) close(s->stop_pipe[i]);
