@@ -143,7 +143,7 @@ static void on_frame(void *ctx, srv_conn *c, const gr_proto_header *h, uint8_t *
         srv_conn_done(c, h->body_len);
         return;
     }
-    if (row->where == SRV_RUN_LOOP) {
+    if (row->where == SRV_RUN_LOOP || (row->inline_body && h->body_len <= row->inline_body)) {
         gr_proto_buf out;
         gr_proto_buf_init(&out);
         run_request(s, c, row, h, body, &out);

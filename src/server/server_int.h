@@ -83,6 +83,8 @@ typedef struct srv_op_row {
     srv_where where;
     uint16_t flags;       /* header flag bits this opcode accepts; the others must be 0 */
     bool preauth;         /* allowed before authentication */
+    uint32_t inline_body; /* POOL rows: a body of at most this many bytes runs on the loop
+                             instead (no thread hop for a small pull); 0 = never */
     srv_handle_fn handle; /* builds the reply (LOOP, POOL) */
     srv_take_fn take;     /* or answers by itself (LOOP, PARKED, CKPT) */
 } srv_op_row;
