@@ -236,7 +236,9 @@ static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
     double ids = -1;
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"ids_per_sec\":");
-        if (p) ids = strtod(p + 14, NULL);
+        char *end;
+        double x = p ? strtod(p + 14, &end) : 0;
+        if (p && end != p + 14 && x > 0) ids = x;
     }
     int st = pclose(f);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
