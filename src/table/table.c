@@ -1051,40 +1051,17 @@ static inline __attribute__((always_inline)) bool run_grouped(gr_table *t, op_ct
     return true;
 }
 
-/* A lookup in pieces of at most GROUP_CHUNK keys, each grouped by partition (pieces in order,
- * so each partition still sees its keys in caller order): the per-thread scratch stays at
- * 12 bytes x GROUP_CHUNK (3 MiB) however large the batch. A piece too small to group, or one
- * without scratch, runs in caller order. */
-#define GROUP_CHUNK (1u << 18)
-static void lookup_grouped(gr_table *t, op_ctx *c, size_t n, int op)
-{
-    for (size_t off = 0; off < n; off += GROUP_CHUNK) {
-        size_t m = n - off < GROUP_CHUNK ? n - off : GROUP_CHUNK;
-        op_ctx sub = *c;
-        sub.keys = c->keys + off;
-        sub.out = c->out + off * t->dim;
-        sub.rc = 0;
-        bool grouped = m >= 8 * (size_t)t->nparts &&
-                       (op == OP_LOOKUP ? run_grouped(t, &sub, m, OP_LOOKUP)
-                                        : run_grouped(t, &sub, m, OP_LOOKUP_RO));
-        if (!grouped) {
-            if (op == OP_LOOKUP) run_ops(t, &sub, m, OP_LOOKUP);
-            else run_ops(t, &sub, m, OP_LOOKUP_RO);
-        }
-        if (!c->rc) c->rc = sub.rc;
-    }
-}
-
 static int run_batch(gr_table *t, op_ctx *c, size_t n, int op)
 {
     if (n == 0) return GR_OK;
     c->now = gr_table_clock(t);
     /* Large lookups run grouped by partition (measured faster, docs/table.md); batches of a
      * few keys per partition gain nothing from grouping. */
-    if ((op == OP_LOOKUP || op == OP_LOOKUP_RO) && n >= 8 * (size_t)t->nparts) {
-        lookup_grouped(t, c, n, op);
-        if (t->use_cms) gr_cms_maybe_age(&t->cms);
-        return c->rc;
+    if ((op == OP_LOOKUP || op == OP_LOOKUP_RO) && n >= 8 * (size_t)t->nparts && n <= UINT32_MAX) {
+        if (op == OP_LOOKUP ? run_grouped(t, c, n, OP_LOOKUP) : run_grouped(t, c, n, OP_LOOKUP_RO)) {
+            if (t->use_cms) gr_cms_maybe_age(&t->cms);
+            return c->rc;
+        }
     }
     switch (op) {
     case OP_LOOKUP: run_ops(t, c, n, OP_LOOKUP); break;

@@ -123,26 +123,6 @@ static void test_grouped_one_partition_and_admission(void **state)
     gr_table_destroy(b);
 }
 
-/* A batch larger than one grouped piece (2^18 keys) is grouped piece by piece, in order. */
-static void test_grouped_in_pieces(void **state)
-{
-    (void)state;
-    const size_t n = 300000;
-    uint64_t *k = malloc(n * sizeof *k);
-    float *oa = malloc(n * 8 * sizeof(float)), *ob = malloc(n * 8 * sizeof(float));
-    fill_keys(k, n, 11);
-    gr_table *a = make(16, 3), *b = make(16, 3);
-    assert_int_equal(gr_table_lookup(a, k, n, oa, 0), GR_OK);
-    lookup_small(b, k, n, ob, 0);
-    assert_memory_equal(oa, ob, n * 8 * sizeof(float));
-    expect_same_tables(a, b, k, 2000);
-    gr_table_destroy(a);
-    gr_table_destroy(b);
-    free(k);
-    free(oa);
-    free(ob);
-}
-
 typedef struct reader_arg {
     gr_table *t;
     uint64_t seed;
@@ -200,7 +180,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grouped_equals_caller_order),
         cmocka_unit_test(test_grouped_one_partition_and_admission),
-        cmocka_unit_test(test_grouped_in_pieces),
         cmocka_unit_test(test_grouped_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
