@@ -216,8 +216,8 @@ static void test_push_sums_duplicates(void **state)
     gr_proto_buf_fini(&buf);
     cl_plan_fini(&p);
 
-    /* A non-finite gradient, even one that a sum would hide (inf + -inf), is refused with the
-     * caller's table, key, row and element. */
+    /* A non-finite gradient is refused with the caller's table, key, row and element (the
+     * first one, in the caller's order). */
     g[7] = __builtin_inff();
     g[9] = -__builtin_inff();
     assert_int_equal(cl_plan_tables(&p, 1, &bt, 1, false, true), GR_OK);
