@@ -56,11 +56,6 @@ struct srv_ckpt {
     double last_seconds;
 };
 
-bool srv_ckpt_op(unsigned op)
-{
-    return op == GR_OP_CKPT_SAVE || op == GR_OP_CKPT_COMMIT || op == GR_OP_CKPT_LOAD;
-}
-
 /* ---- paths ---- */
 
 static bool plain_name(const gr_proto_strv *v)
@@ -430,8 +425,20 @@ static int do_commit(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body,
         if ((rc = join(path, dir, META_FILE)) || (rc = gr_write_file_atomic(path, req.meta.p, req.meta.n)))
             return rc;
     }
+    /* The dense parts are listed in the manifest, so that a load or a verify can tell a
+     * checkpoint whose dense part was deleted from one written without any. */
+    char (*pn)[GR_CKPT_NAME_MAX] = calloc(req.shards ? req.shards : 1, sizeof *pn);
+    const char **parts = calloc(req.shards ? req.shards : 1, sizeof *parts);
+    if (!pn || !parts) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; !rc && i < req.shards; i++) {
+        dense_dir_name(i, req.shards, pn[i]);
+        parts[i] = pn[i];
+    }
     gr_ckpt_commit_opts co = {req.shards, NULL, parent[0] ? parent : NULL};
-    if ((rc = gr_ckpt_commit(dir, &co))) return rc;
+    if (!rc) rc = gr_ckpt_commit_parts(dir, &co, parts, req.shards);
+    free(parts);
+    free(pn);
+    if (rc) return rc;
     gr_ckpt_manifest *m = NULL;
     if ((rc = gr_ckpt_manifest_read(dir, &m))) return rc;
     gr_proto_ckpt_committed rep = {m->step, m->kind == GR_CKPT_DELTA ? 1u : 0u, 0};
@@ -559,9 +566,10 @@ static int read_dense_index(const char *sub, char (**names)[GR_TABLE_NAME_MAX], 
 /* Stages the dense parameters this shard owns (under its own layout) from every dense part of
  * the checkpoint. A checkpoint written without dense parts (by the library's tools) has none;
  * one with some parts missing is refused. */
-static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset *L,
+static int stage_dense(gr_server *s, const char *dir, const gr_ckpt_manifest *top, loadset *L,
                        gr_ckpt_load_stats *tot)
 {
+    uint32_t ckshards = top->map.shards;
     uint32_t present = 0;
     for (uint32_t i = 0; i < ckshards; i++) {
         char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
@@ -570,7 +578,17 @@ static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset
         if (rc) return rc;
         present += exists(sub);
     }
-    if (present == 0) return GR_OK;
+    /* None present is a checkpoint written without dense parts (by the library's tools),
+     * unless its manifest lists them: then they were deleted, and it is incomplete. */
+    if (present == 0 && top->nparts == 0) return GR_OK;
+    for (size_t p = 0; p < top->nparts; p++) {
+        char sub[PATH_MAX_LEN];
+        int rc = join(sub, dir, top->parts[p]);
+        if (rc) return rc;
+        if (!exists(sub))
+            return gr_seterr(GR_ENOENT, "%s: incomplete checkpoint: its part %s is missing (the "
+                             "shard was left unchanged)", dir, top->parts[p]);
+    }
     for (uint32_t i = 0; i < ckshards; i++) {
         char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
         dense_dir_name(i, ckshards, nm);
@@ -585,7 +603,7 @@ static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset
         gr_ckpt_manifest *m = NULL;
         rc = gr_ckpt_manifest_read(sub, &m);
         for (size_t d = 0; !rc && d < n; d++) {
-            if (!gr_server_owns_slot(s, gr_proto_dense_slot(names[d], strlen(names[d])))) continue;
+            if (!s->owns[gr_proto_dense_slot(names[d], strlen(names[d]))]) continue;
             long ti = gr_ckpt_manifest_table(m, names[d]);
             if (ti < 0) {
                 rc = gr_seterr(GR_ECORRUPT, "%s: dense parameter '%s' is listed but not saved", sub,
@@ -686,7 +704,7 @@ static int do_load(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
             if (!rc) rc = gr_ckpt_load(dir, ts, L.n, &lo, &tot);
             free(ts);
         }
-        if (!rc) rc = stage_dense(s, dir, m->map.shards, &L, &tot);
+        if (!rc) rc = stage_dense(s, dir, m, &L, &tot);
         for (size_t i = 0; !rc && i < L.n; i++) {
             rc = srv_registry_replace(&s->reg, gr_table_get_spec(L.v[i].t), L.v[i].t, L.v[i].dense,
                                       L.v[i].size);
@@ -791,7 +809,7 @@ static void *ckpt_main(void *arg)
     return NULL;
 }
 
-int srv_ckpt_create(gr_server *s)
+static int srv_ckpt_create(gr_server *s)
 {
     srv_ckpt *k = calloc(1, sizeof *k);
     if (!k) return gr_seterr(GR_ENOMEM, "cannot allocate the checkpoint state");
@@ -837,7 +855,7 @@ static int check_body(gr_server *s, const gr_proto_header *h, const uint8_t *bod
     return gr_proto_decode_ckpt_load(body, h->body_len, &s->cfg.limits, &x);
 }
 
-int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, uint8_t *body)
+static int submit(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
 {
     srv_ckpt *k = s->ckpt;
     const char *why = NULL;
@@ -896,7 +914,7 @@ int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, 
     return GR_OK;
 }
 
-void srv_ckpt_stop(gr_server *s)
+static void srv_ckpt_stop(gr_server *s)
 {
     srv_ckpt *k = s ? s->ckpt : NULL;
     if (!k) return;
@@ -909,7 +927,7 @@ void srv_ckpt_stop(gr_server *s)
     if (live) pthread_join(k->thread, NULL);
 }
 
-void srv_ckpt_destroy(gr_server *s)
+static void srv_ckpt_destroy(gr_server *s)
 {
     srv_ckpt *k = s ? s->ckpt : NULL;
     if (!k) return;
@@ -924,7 +942,7 @@ void srv_ckpt_destroy(gr_server *s)
     s->ckpt = NULL;
 }
 
-void srv_ckpt_stats_json(gr_server *s, void *rootp)
+static void srv_ckpt_stats_json(gr_server *s, void *rootp)
 {
     srv_ckpt *k = s->ckpt;
     cJSON *root = rootp;
@@ -951,3 +969,24 @@ void srv_ckpt_stats_json(gr_server *s, void *rootp)
     }
     pthread_mutex_unlock(&k->mu);
 }
+
+/* The checkpoint opcodes' row in the table of operations (runs on the connection loop). */
+void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
+{
+    int rc = submit(s, c, h, body);
+    if (rc) { /* the body does not decode */
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
+        atomic_fetch_add(&s->bad_frames, 1);
+        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), true);
+    }
+}
+
+const srv_module srv_ckpt_module = {
+    .name = "ckpt",
+    .create = srv_ckpt_create,
+    .start = NULL,
+    .stop = srv_ckpt_stop,
+    .destroy = srv_ckpt_destroy,
+    .stats_json = srv_ckpt_stats_json,
+    .conn_closed = NULL,
+};
