@@ -28,10 +28,19 @@ typedef struct gr_server_config {
     uint32_t max_inflight;     /* requests queued or running per connection, default 256 */
     uint64_t max_inflight_bytes; /* their request bodies, per connection, default 1 GiB (a
                                     single larger frame is still taken, alone) */
-    uint32_t send_timeout_ms;  /* a reply that cannot be written in this time drops the
-                                  connection (a client that stops reading), default 30000 */
-    uint32_t auth_timeout_ms;  /* unauthenticated connections must authenticate within this,
-                                  default 10000 */
+    uint32_t send_timeout_ms;  /* a reply not written within this time of being queued drops
+                                  the connection and its queued replies (a client that stopped
+                                  reading), default 30000 */
+    uint32_t auth_timeout_ms;  /* with a secret, a connection must authenticate within this
+                                  time from accept (not reset by traffic), default 10000 */
+    uint32_t frame_timeout_ms; /* a frame, once its first byte arrived, must be complete
+                                  within this, default 60000 */
+    uint32_t idle_timeout_ms;  /* a connection with nothing in flight that sends nothing for
+                                  this long is closed, default 900000; UINT32_MAX = never */
+    uint64_t max_total_inflight_bytes; /* request bodies in flight over all connections; a
+                                  connection whose next body would pass it waits (its reader
+                                  pauses), default 4 GiB (a single larger frame is taken
+                                  alone) */
     /* Checkpoint requests name directories on this shard's filesystem. With ckpt_root set,
      * they must be relative paths under it (no "..", and no symlink may lead out of it; it is
      * created if missing); NULL = any path the process may write (for servers embedded in a

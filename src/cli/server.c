@@ -49,7 +49,21 @@ static void on_signal(int sig)
       "tables and dense parameters per shard (default 1024)")                                  \
     X(SO_MAX_INFLIGHT_BYTES, "max-inflight-bytes", GR_CLI_SIZE, "max_inflight_bytes", 1,         \
       1099511627776.0, NULL, NULL, NULL,                                                       \
-      "request bodies held per connection (default 1G)")
+      "request bodies held per connection (default 1G)")                                      \
+    X(SO_MAX_TOTAL_INFLIGHT_BYTES, "max-total-inflight-bytes", GR_CLI_SIZE,                    \
+      "max_total_inflight_bytes", 1, 1099511627776.0, NULL, NULL, NULL,                        \
+      "request bodies held over all connections; a connection whose next body\n"               \
+      "would pass it is not read until others finish (default 4G)")                           \
+    X(SO_SEND_TIMEOUT, "send-timeout", GR_CLI_INT, "send_timeout_ms", 1, 86400000, NULL, "MS",  \
+      NULL, "a queued reply not read by the peer within MS drops the connection\n"             \
+      "and its queued replies (default 30000)")                                               \
+    X(SO_FRAME_TIMEOUT, "frame-timeout", GR_CLI_INT, "frame_timeout_ms", 1, 86400000, NULL,     \
+      "MS", NULL, "a frame, once started, must be complete within MS (default 60000)")         \
+    X(SO_AUTH_TIMEOUT, "auth-timeout", GR_CLI_INT, "auth_timeout_ms", 1, 86400000, NULL, "MS",  \
+      NULL, "with --auth-file, authenticate within MS of connecting (default 10000)")          \
+    X(SO_IDLE_TIMEOUT, "idle-timeout", GR_CLI_INT, "idle_timeout_ms", 0, 86400000, NULL, "MS",  \
+      NULL, "close a connection with nothing in flight, silent for MS\n"                       \
+      "(default 900000; 0 = never)")
 
 enum { SERVER_OPTIONS(GR_CLI_ENUM) SO_COUNT };
 static const gr_cli_opt server_opts[] = {SERVER_OPTIONS(GR_CLI_ROW)};
@@ -140,6 +154,13 @@ int gr_cli_server(int argc, char **argv)
     if (v[SO_MAX_TABLES].given) cfg.max_tables = (uint32_t)v[SO_MAX_TABLES].i;
     if (v[SO_MAX_INFLIGHT_BYTES].given) cfg.max_inflight_bytes = v[SO_MAX_INFLIGHT_BYTES].u;
     if (v[SO_MAX_BODY].given) cfg.limits.max_body = (uint32_t)v[SO_MAX_BODY].u;
+    if (v[SO_MAX_TOTAL_INFLIGHT_BYTES].given)
+        cfg.max_total_inflight_bytes = v[SO_MAX_TOTAL_INFLIGHT_BYTES].u;
+    if (v[SO_SEND_TIMEOUT].given) cfg.send_timeout_ms = (uint32_t)v[SO_SEND_TIMEOUT].i;
+    if (v[SO_FRAME_TIMEOUT].given) cfg.frame_timeout_ms = (uint32_t)v[SO_FRAME_TIMEOUT].i;
+    if (v[SO_AUTH_TIMEOUT].given) cfg.auth_timeout_ms = (uint32_t)v[SO_AUTH_TIMEOUT].i;
+    if (v[SO_IDLE_TIMEOUT].given)
+        cfg.idle_timeout_ms = v[SO_IDLE_TIMEOUT].i ? (uint32_t)v[SO_IDLE_TIMEOUT].i : UINT32_MAX;
     cfg.insecure = v[SO_INSECURE].b;
     /* Never "any path": without --ckpt-root, checkpoints stay under the working directory. */
     cfg.ckpt_root = v[SO_CKPT_ROOT].s && *v[SO_CKPT_ROOT].s ? v[SO_CKPT_ROOT].s : ".";

@@ -56,11 +56,6 @@ struct srv_ckpt {
     double last_seconds;
 };
 
-bool srv_ckpt_op(unsigned op)
-{
-    return op == GR_OP_CKPT_SAVE || op == GR_OP_CKPT_COMMIT || op == GR_OP_CKPT_LOAD;
-}
-
 /* ---- paths ---- */
 
 static bool plain_name(const gr_proto_strv *v)
@@ -608,7 +603,7 @@ static int stage_dense(gr_server *s, const char *dir, const gr_ckpt_manifest *to
         gr_ckpt_manifest *m = NULL;
         rc = gr_ckpt_manifest_read(sub, &m);
         for (size_t d = 0; !rc && d < n; d++) {
-            if (!gr_server_owns_slot(s, gr_proto_dense_slot(names[d], strlen(names[d])))) continue;
+            if (!s->owns[gr_proto_dense_slot(names[d], strlen(names[d]))]) continue;
             long ti = gr_ckpt_manifest_table(m, names[d]);
             if (ti < 0) {
                 rc = gr_seterr(GR_ECORRUPT, "%s: dense parameter '%s' is listed but not saved", sub,
@@ -814,7 +809,7 @@ static void *ckpt_main(void *arg)
     return NULL;
 }
 
-int srv_ckpt_create(gr_server *s)
+static int srv_ckpt_create(gr_server *s)
 {
     srv_ckpt *k = calloc(1, sizeof *k);
     if (!k) return gr_seterr(GR_ENOMEM, "cannot allocate the checkpoint state");
@@ -860,7 +855,7 @@ static int check_body(gr_server *s, const gr_proto_header *h, const uint8_t *bod
     return gr_proto_decode_ckpt_load(body, h->body_len, &s->cfg.limits, &x);
 }
 
-int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, uint8_t *body)
+static int submit(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
 {
     srv_ckpt *k = s->ckpt;
     const char *why = NULL;
@@ -919,7 +914,7 @@ int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, 
     return GR_OK;
 }
 
-void srv_ckpt_stop(gr_server *s)
+static void srv_ckpt_stop(gr_server *s)
 {
     srv_ckpt *k = s ? s->ckpt : NULL;
     if (!k) return;
@@ -932,7 +927,7 @@ void srv_ckpt_stop(gr_server *s)
     if (live) pthread_join(k->thread, NULL);
 }
 
-void srv_ckpt_destroy(gr_server *s)
+static void srv_ckpt_destroy(gr_server *s)
 {
     srv_ckpt *k = s ? s->ckpt : NULL;
     if (!k) return;
@@ -947,7 +942,7 @@ void srv_ckpt_destroy(gr_server *s)
     s->ckpt = NULL;
 }
 
-void srv_ckpt_stats_json(gr_server *s, void *rootp)
+static void srv_ckpt_stats_json(gr_server *s, void *rootp)
 {
     srv_ckpt *k = s->ckpt;
     cJSON *root = rootp;
@@ -974,3 +969,24 @@ void srv_ckpt_stats_json(gr_server *s, void *rootp)
     }
     pthread_mutex_unlock(&k->mu);
 }
+
+/* The checkpoint opcodes' row in the table of operations (runs on the connection loop). */
+void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
+{
+    int rc = submit(s, c, h, body);
+    if (rc) { /* the body does not decode */
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
+        atomic_fetch_add(&s->bad_frames, 1);
+        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), true);
+    }
+}
+
+const srv_module srv_ckpt_module = {
+    .name = "ckpt",
+    .create = srv_ckpt_create,
+    .start = NULL,
+    .stop = srv_ckpt_stop,
+    .destroy = srv_ckpt_destroy,
+    .stats_json = srv_ckpt_stats_json,
+    .conn_closed = NULL,
+};

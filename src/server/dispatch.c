@@ -1,8 +1,8 @@
 /* The dispatcher: the one file that joins proto to table. Each opcode of GR_PROTO_OPS that
  * needs no connection state has a handler here; a handler decodes its body, checks every
  * section (table exists, dim matches, keys routed to this shard) before touching any table,
- * then runs and writes the whole response frame. Adding an opcode = a row in GR_PROTO_OPS and
- * a handler in the table at the bottom. */
+ * then runs and writes the whole response frame. Each handler is a row of the table of
+ * operations (ops.c); the checks they share are in checks.c. */
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
@@ -11,15 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct req {
-    gr_server *s;
-    const gr_proto_header *h;
-    const uint8_t *body;
-    size_t len;
-    gr_proto_buf *out;
-    size_t start; /* offset of the response frame in out */
-    bool *fatal, *stop;
-} req;
+typedef srv_req req; /* server_int.h: one request as every pool handler sees it */
 
 static int begin_reply(req *r)
 {
@@ -73,21 +65,6 @@ static void resolved_fini(resolved *x)
     gr_proto_batch_fini(&x->b);
 }
 
-static int check_routing(gr_server *s, const gr_proto_section *sec)
-{
-    if (s->cfg.shards == 1 || !sec->keys) return GR_OK;
-    for (uint32_t k = 0; k < sec->n; k++) {
-        uint32_t slot = gr_slot_of(sec->keys[k]);
-        if (!s->owns[slot])
-            return gr_seterr(GR_ESTALE,
-                             "key %llu (slot %u) belongs to shard %u, not shard %u: the client's "
-                             "slot map is wrong or stale",
-                             (unsigned long long)sec->keys[k], slot,
-                             gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
-    }
-    return GR_OK;
-}
-
 /* Every value of every section is finite. Runs before anything is applied, so a request whose
  * later section is bad changes nothing (the table's own check covers one section only). */
 static int validate_sections(const resolved *x, const char *opname)
@@ -96,20 +73,13 @@ static int validate_sections(const resolved *x, const char *opname)
         const gr_proto_section *sec = &x->b.sections[i];
         if (!sec->values) continue;
         const size_t total = (size_t)sec->n * sec->dim;
-        /* The exponent-bits test vectorizes; the search for the culprit runs only on a hit. */
-        uint32_t bad = 0;
-        for (size_t k = 0; k < total; k++) {
-            uint32_t b;
-            memcpy(&b, &sec->values[k], sizeof b);
-            bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
-        }
-        for (size_t k = 0; bad && k < total; k++)
-            if (!isfinite(sec->values[k]))
-                return gr_seterr(GR_EINVAL,
-                                 "table '%s': %s gradient for key %llu (section %u, element %zu) "
-                                 "is not finite; nothing in the request was applied",
-                                 x->ents[i]->name, opname,
-                                 (unsigned long long)sec->keys[k / sec->dim], i, k % sec->dim);
+        size_t k = srv_first_nonfinite(sec->values, total);
+        if (k < total)
+            return gr_seterr(GR_EINVAL,
+                             "table '%s': %s gradient for key %llu (section %u, element %zu) "
+                             "is not finite; nothing in the request was applied",
+                             x->ents[i]->name, opname,
+                             (unsigned long long)sec->keys[k / sec->dim], i, k % sec->dim);
     }
     return GR_OK;
 }
@@ -142,7 +112,7 @@ static int resolve_batch(req *r, gr_proto_layout layout, resolved *x)
                            opname, sec->dim);
             break;
         }
-        rc = check_routing(r->s, sec);
+        rc = srv_check_routing(r->s, sec);
         if (rc) break;
     }
     if (!rc && layout == GR_PROTO_KEYS_VALUES) rc = validate_sections(x, opname);
@@ -186,7 +156,7 @@ static int apply_all(resolved *x)
     return GR_OK;
 }
 
-static int op_pull(req *r)
+int srv_op_pull(req *r)
 {
     resolved x;
     int rc = resolve_batch(r, GR_PROTO_KEYS, &x);
@@ -196,7 +166,7 @@ static int op_pull(req *r)
     return rc;
 }
 
-static int op_push(req *r)
+int srv_op_push(req *r)
 {
     resolved x;
     int rc = resolve_batch(r, GR_PROTO_KEYS_VALUES, &x);
@@ -207,7 +177,7 @@ static int op_push(req *r)
     return rc;
 }
 
-static int op_push_pull(req *r)
+int srv_op_push_pull(req *r)
 {
     resolved x;
     int rc = resolve_batch(r, GR_PROTO_KEYS_VALUES, &x);
@@ -228,7 +198,7 @@ static int put_u64s(req *r, const uint64_t *v, uint32_t n)
     return rc;
 }
 
-static int op_delete(req *r)
+int srv_op_delete(req *r)
 {
     resolved x;
     int rc = resolve_batch(r, GR_PROTO_KEYS, &x);
@@ -249,7 +219,7 @@ static int op_delete(req *r)
 
 /* ---- table management ---- */
 
-static int op_create_table(req *r)
+int srv_op_create_table(req *r)
 {
     const char *s = NULL;
     uint32_t n = 0;
@@ -272,7 +242,7 @@ static int op_create_table(req *r)
     return rc;
 }
 
-static int op_drop_table(req *r)
+int srv_op_drop_table(req *r)
 {
     char name[GR_TABLE_NAME_MAX];
     int rc = decode_name(r, name, false);
@@ -313,7 +283,7 @@ static int reply_json(req *r, cJSON *root)
     return rc;
 }
 
-static int op_describe(req *r)
+int srv_op_describe(req *r)
 {
     char name[GR_TABLE_NAME_MAX];
     int rc = decode_name(r, name, true);
@@ -342,7 +312,7 @@ static int op_describe(req *r)
     return reply_json(r, root);
 }
 
-static int op_evict(req *r)
+int srv_op_evict(req *r)
 {
     char name[GR_TABLE_NAME_MAX];
     int rc = decode_name(r, name, true);
@@ -416,7 +386,7 @@ int srv_dense_create_json(gr_server *s, const char *json, size_t len, bool *crea
     return rc;
 }
 
-static int op_dense_create(req *r)
+int srv_op_dense_create(req *r)
 {
     const char *s = NULL;
     uint32_t n = 0;
@@ -432,27 +402,12 @@ static int op_dense_create(req *r)
     return rc;
 }
 
-static srv_entry *get_dense(gr_server *s, const char *name, int *rc)
-{
-    srv_entry *e = srv_registry_get(&s->reg, true, name, 0);
-    if (!e) {
-        uint32_t slot = gr_proto_dense_slot(name, strlen(name));
-        if (!s->owns[slot])
-            *rc = gr_seterr(GR_ESTALE, "dense parameter '%s' belongs to shard %u, not shard %u",
-                            name, gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
-        else
-            *rc = gr_seterr(GR_ENOENT, "no dense parameter named '%s' on shard %u", name,
-                            s->cfg.shard);
-    }
-    return e;
-}
-
-static int op_dense_pull(req *r)
+int srv_op_dense_pull(req *r)
 {
     char name[GR_TABLE_NAME_MAX];
     int rc = decode_name(r, name, false);
     if (rc) return rc;
-    srv_entry *e = get_dense(r->s, name, &rc);
+    srv_entry *e = srv_get_dense(r->s, name, &rc);
     if (!e) return rc;
     uint64_t chunks = (e->dense_size + e->chunk - 1) / e->chunk;
     size_t room = (size_t)chunks * e->chunk * 4;
@@ -479,7 +434,7 @@ static int op_dense_pull(req *r)
     return rc;
 }
 
-static int op_dense_push(req *r)
+int srv_op_dense_push(req *r)
 {
     const char *nm;
     uint32_t nlen;
@@ -492,7 +447,7 @@ static int op_dense_push(req *r)
     char name[GR_TABLE_NAME_MAX];
     memcpy(name, nm, nlen);
     name[nlen] = '\0';
-    srv_entry *e = get_dense(r->s, name, &rc);
+    srv_entry *e = srv_get_dense(r->s, name, &rc);
     if (!e) return rc;
     atomic_fetch_add(&r->s->ops[r->h->op].keys, size);
     if (size != e->dense_size) {
@@ -524,141 +479,13 @@ static int op_dense_push(req *r)
     return rc ? rc : empty_reply(r);
 }
 
-/* ---- stats, shutdown ---- */
+/* ---- shutdown ---- */
 
-char *srv_stats_json(gr_server *s)
-{
-    cJSON *root = cJSON_CreateObject();
-    if (!root) return NULL;
-    cJSON_AddNumberToObject(root, "shard", s->cfg.shard);
-    cJSON_AddNumberToObject(root, "shards", s->cfg.shards);
-    cJSON_AddStringToObject(root, "version", GR_VERSION_STRING);
-    cJSON_AddNumberToObject(root, "uptime_s", (double)(gr_now_ns() - s->start_ns) / 1e9);
-    cJSON_AddNumberToObject(root, "threads", s->nworkers);
-    pthread_mutex_lock(&s->conn_mu);
-    cJSON_AddNumberToObject(root, "connections", s->nconns);
-    pthread_mutex_unlock(&s->conn_mu);
-    cJSON_AddNumberToObject(root, "connections_total", (double)atomic_load(&s->conns_total));
-    cJSON_AddNumberToObject(root, "connections_rejected", (double)atomic_load(&s->conns_rejected));
-    cJSON_AddNumberToObject(root, "bad_frames", (double)atomic_load(&s->bad_frames));
-    cJSON_AddNumberToObject(root, "auth_failures", (double)atomic_load(&s->auth_failures));
-    cJSON_AddNumberToObject(root, "inflight", (double)atomic_load(&s->inflight));
-    pthread_mutex_lock(&s->q_mu);
-    cJSON_AddNumberToObject(root, "queued", (double)s->q_len);
-    pthread_mutex_unlock(&s->q_mu);
-
-    srv_entry **items;
-    size_t n;
-    uint64_t total_bytes = 0, total_rows = 0;
-    cJSON *tables = cJSON_AddArrayToObject(root, "tables");
-    cJSON *dense = cJSON_AddArrayToObject(root, "dense");
-    if (srv_registry_snapshot(&s->reg, &items, &n) == GR_OK) {
-        for (size_t i = 0; i < n; i++) {
-            gr_table_stats st;
-            gr_table_get_stats(items[i]->table, &st);
-            const gr_table_spec *sp = gr_table_get_spec(items[i]->table);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "name", items[i]->name);
-            if (items[i]->dense) {
-                cJSON_AddNumberToObject(o, "size", (double)items[i]->dense_size);
-            } else {
-                cJSON_AddNumberToObject(o, "id", sp->id);
-                cJSON_AddNumberToObject(o, "dim", sp->dim);
-                cJSON_AddNumberToObject(o, "rows", (double)st.rows);
-            }
-            cJSON_AddNumberToObject(o, "bytes", (double)st.bytes);
-            cJSON_AddNumberToObject(o, "hits", (double)st.hits);
-            cJSON_AddNumberToObject(o, "misses", (double)st.misses);
-            cJSON_AddNumberToObject(o, "applies", (double)st.applies);
-            cJSON_AddNumberToObject(o, "rejects", (double)st.rejects);
-            cJSON_AddNumberToObject(o, "nonfinite_rejected", (double)st.nonfinite_rejected);
-            cJSON_AddNumberToObject(o, "nonfinite_clipped", (double)st.nonfinite_clipped);
-            cJSON_AddNumberToObject(o, "evictions", (double)(st.evictions + st.expirations));
-            cJSON_AddItemToArray(items[i]->dense ? dense : tables, o);
-            total_bytes += st.bytes;
-            if (!items[i]->dense) total_rows += st.rows;
-        }
-        srv_registry_release(items, n);
-    }
-    cJSON_AddNumberToObject(root, "rows", (double)total_rows);
-    cJSON_AddNumberToObject(root, "memory_bytes", (double)total_bytes);
-    srv_sync_stats_json(s, root);
-    srv_ckpt_stats_json(s, root);
-    cJSON *reqs = cJSON_AddObjectToObject(root, "requests");
-    for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
-        const char *nm = gr_proto_op_name(op);
-        if (!nm) continue;
-        srv_op_stats *o = &s->ops[op];
-        cJSON *x = cJSON_AddObjectToObject(reqs, nm);
-        cJSON_AddNumberToObject(x, "count", (double)atomic_load(&o->count));
-        cJSON_AddNumberToObject(x, "errors", (double)atomic_load(&o->errors));
-        cJSON_AddNumberToObject(x, "keys", (double)atomic_load(&o->keys));
-        cJSON_AddNumberToObject(x, "bytes_in", (double)atomic_load(&o->bytes_in));
-        cJSON_AddNumberToObject(x, "bytes_out", (double)atomic_load(&o->bytes_out));
-    }
-    char *txt = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return txt;
-}
-
-static int op_stats(req *r)
-{
-    if (r->len != 0) return decode_failed(r, gr_seterr(GR_EPROTO, "stats request carries a body"));
-    char *txt = srv_stats_json(r->s);
-    if (!txt) return gr_seterr(GR_ENOMEM, "cannot format stats");
-    int rc = begin_reply(r);
-    if (!rc) rc = gr_proto_put_str(r->out, txt, strlen(txt));
-    if (!rc) rc = end_reply(r);
-    free(txt);
-    return rc;
-}
-
-static int op_shutdown(req *r)
+int srv_op_shutdown(req *r)
 {
     if (r->len != 0)
         return decode_failed(r, gr_seterr(GR_EPROTO, "shutdown request carries a body"));
     *r->stop = true;
     GR_LOGI("shard %u: shutdown requested by a client", r->s->cfg.shard);
     return empty_reply(r);
-}
-
-/* SYNC_CONFIG, PUSH_STEP, SYNC_LEAVE, DENSE_SET live in sync.c (SYNC_ACQUIRE never reaches the
- * pool: the reader answers or parks it). */
-static int op_sync(req *r) { return srv_sync_op(r->s, r->h, r->body, r->out, r->fatal); }
-
-typedef int (*handler_fn)(req *r);
-
-static const handler_fn handlers[GR_PROTO_OP_LIMIT] = {
-    [GR_OP_CREATE_TABLE] = op_create_table,
-    [GR_OP_DESCRIBE_TABLE] = op_describe,
-    [GR_OP_DROP_TABLE] = op_drop_table,
-    [GR_OP_PULL] = op_pull,
-    [GR_OP_PUSH] = op_push,
-    [GR_OP_PUSH_PULL] = op_push_pull,
-    [GR_OP_DENSE_CREATE] = op_dense_create,
-    [GR_OP_DENSE_PULL] = op_dense_pull,
-    [GR_OP_DENSE_PUSH] = op_dense_push,
-    [GR_OP_DELETE] = op_delete,
-    [GR_OP_EVICT] = op_evict,
-    [GR_OP_STATS] = op_stats,
-    [GR_OP_SHUTDOWN] = op_shutdown,
-    [GR_OP_SYNC_CONFIG] = op_sync,
-    [GR_OP_PUSH_STEP] = op_sync,
-    [GR_OP_SYNC_LEAVE] = op_sync,
-    [GR_OP_DENSE_SET] = op_sync,
-};
-
-int srv_dispatch(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
-                 bool *fatal, bool *stop)
-{
-    *fatal = false;
-    *stop = false;
-    handler_fn fn = h->op < GR_PROTO_OP_LIMIT ? handlers[h->op] : NULL;
-    if (!fn)
-        return gr_seterr(GR_EPROTO, "opcode %u is not a request this server handles", h->op);
-    req r = {s, h, body, h->body_len, out, out->len, fatal, stop};
-    size_t start = out->len;
-    int rc = fn(&r);
-    if (rc) out->len = start; /* drop a half-written reply; the caller writes the error */
-    return rc;
 }

@@ -5,6 +5,7 @@
 #define GRANARY_SERVER_INT_H
 
 #include "granary/server.h"
+#include "server/conn.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,28 +49,74 @@ typedef struct srv_op_stats {
     atomic_uint_fast64_t count, errors, keys, bytes_in, bytes_out;
 } srv_op_stats;
 
-struct srv_conn;
-typedef struct srv_sync srv_sync; /* sync.c: the shard's sync job and its parked acquires */
+typedef struct srv_sync srv_sync; /* sync_job.c: the shard's sync job and its parked acquires */
+
+/* One request as a pool handler sees it. A handler decodes body, checks it, runs it and writes
+ * the whole response frame to out (from out->len on) and returns 0; or returns a negative
+ * gr_err (message in gr_errmsg()) and the caller writes the error. It sets *fatal when the
+ * body could not be decoded (the connection is closed after the error), *stop for SHUTDOWN. */
+typedef struct srv_req {
+    gr_server *s;
+    const gr_proto_header *h;
+    const uint8_t *body;
+    size_t len;
+    gr_proto_buf *out;
+    size_t start; /* offset of the response frame in out */
+    bool *fatal, *stop;
+} srv_req;
+typedef int (*srv_handle_fn)(srv_req *r);
+/* A handler that owns body and answers by itself, now or later (it holds a reference on c
+ * for later). Runs on the connection loop: it must not block. */
+typedef void (*srv_take_fn)(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+
+/* Where an opcode runs (ops.c explains each). */
+typedef enum srv_where {
+    SRV_RUN_NONE, /* not an opcode */
+    SRV_RUN_LOOP,
+    SRV_RUN_POOL,
+    SRV_RUN_PARKED,
+    SRV_RUN_CKPT,
+} srv_where;
+
+/* ops.c: the table of operations, one row per opcode. */
+typedef struct srv_op_row {
+    srv_where where;
+    uint16_t flags;       /* header flag bits this opcode accepts; the others must be 0 */
+    bool preauth;         /* allowed before authentication */
+    uint32_t inline_body; /* POOL rows: a body of at most this many bytes runs on the loop
+                             instead (no thread hop for a small pull); 0 = never */
+    srv_handle_fn handle; /* builds the reply (LOOP, POOL) */
+    srv_take_fn take;     /* or answers by itself (LOOP, PARKED, CKPT) */
+} srv_op_row;
+/* The row of op; NULL when op is not a request this server knows. */
+const srv_op_row *srv_op_row_of(unsigned op);
+
+/* A part with its own state (and maybe threads) that plugs into the shard's life cycle: the
+ * sync job (sync_job.c) and checkpoints (ckpt.c). server.c walks srv_modules to create, start,
+ * stop (after the worker pool drained: answer whatever is still parked or queued), destroy,
+ * and to tell each about a peer that hung up; stats.c walks it for the STATS JSON. */
+typedef struct srv_module {
+    const char *name;
+    int (*create)(gr_server *s);
+    int (*start)(gr_server *s); /* NULL: nothing to start */
+    void (*stop)(gr_server *s);
+    void (*destroy)(gr_server *s);
+    void (*stats_json)(gr_server *s, void *root); /* adds its object to the cJSON root */
+    void (*conn_closed)(gr_server *s, srv_conn *c); /* NULL: holds nothing per connection */
+} srv_module;
+extern const srv_module srv_sync_module, srv_ckpt_module;
+extern const srv_module *const srv_modules[];
+extern const size_t srv_nmodules;
 
 struct gr_server {
     gr_server_config cfg;
     char host[256];
     uint8_t *secret;
     uint16_t port;
-    int listen_fd;
     int stop_pipe[2];   /* gr_server_request_stop writes here; gr_server_wait reads */
-    int accept_pipe[2]; /* wakes the accept thread at stop */
     bool owns[GR_SLOTS];
     srv_registry reg;
-
-    pthread_mutex_t conn_mu; /* guards the connection list, nconns and the exited readers */
-    pthread_cond_t conn_cv;
-    struct srv_conn *conns;
-    uint32_t nconns;
-    /* Readers that have exited but are not joined yet. They are joined (by the accept thread,
-     * and at stop) so a thread's thread-local cleanup (OpenSSL's) finishes before exit. */
-    pthread_t *exited;
-    size_t nexited, capexited;
+    srv_net *net;       /* conn.c: the connection loop */
 
     pthread_mutex_t q_mu; /* guards the work queue */
     pthread_cond_t q_cv;
@@ -77,62 +124,66 @@ struct gr_server {
     size_t q_len;
     bool q_closed;
 
-    pthread_t acceptor;
     pthread_t *workers;
     uint32_t nworkers;
     bool started, stopped;
     atomic_bool stopping;
 
     srv_op_stats ops[GR_PROTO_OP_LIMIT];
-    atomic_uint_fast64_t conns_total, conns_rejected, bad_frames, auth_failures;
+    atomic_uint_fast64_t bad_frames, auth_failures; /* beyond the loop's own counts */
     atomic_uint_fast64_t inflight;
     uint64_t start_ns;
     srv_sync *sync;
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
 };
 
-/* What a connection's state means to the dispatcher. */
-typedef struct srv_conn_view {
-    const char *peer;
-} srv_conn_view;
+/* checks.c: what every handler checks before it changes anything. Keys of sec owned by this
+ * shard (GR_ESTALE names the first stray key); a dense parameter looked up with a reference
+ * taken (NULL with *rc GR_ESTALE when another shard owns it, GR_ENOENT when absent); the index
+ * of the first value that is not finite (n when all are), and that as a GR_EINVAL naming
+ * what. */
+int srv_check_routing(const gr_server *s, const gr_proto_section *sec);
+srv_entry *srv_get_dense(gr_server *s, const char *name, int *rc);
+size_t srv_first_nonfinite(const float *v, size_t n);
+int srv_check_finite(const float *v, size_t n, const char *what);
 
-/* Runs one request that needs no connection state. Writes a complete response frame to out
- * and returns 0, or returns a negative gr_err (message in gr_errmsg()) and the caller writes
- * the error frame. *fatal is set when the body could not be decoded (the connection is then
- * closed after the error reply). *stop is set by SHUTDOWN. */
-int srv_dispatch(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
-                 bool *fatal, bool *stop);
-
-/* The STATS body (JSON); malloc'd. */
+/* stats.c: the STATS body (JSON, malloc'd) and the STATS handler. */
 char *srv_stats_json(gr_server *s);
+int srv_stats_op(srv_req *r);
 
+/* session.c: HELLO and AUTH (take handlers, on the loop). */
+void srv_session_hello(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+void srv_session_auth(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+
+/* dispatch.c: the handlers that join proto to table. */
+int srv_op_create_table(srv_req *r);
+int srv_op_describe(srv_req *r);
+int srv_op_drop_table(srv_req *r);
+int srv_op_pull(srv_req *r);
+int srv_op_push(srv_req *r);
+int srv_op_push_pull(srv_req *r);
+int srv_op_dense_create(srv_req *r);
+int srv_op_dense_pull(srv_req *r);
+int srv_op_dense_push(srv_req *r);
+int srv_op_delete(srv_req *r);
+int srv_op_evict(srv_req *r);
+int srv_op_shutdown(srv_req *r);
 /* Creates a dense parameter from its JSON spec. */
 int srv_dense_create_json(gr_server *s, const char *json, size_t len, bool *created);
 
-/* server.c: connection references and writes for replies sent after the request's own
- * handler returned (parked SYNC_ACQUIREs). */
-void srv_conn_get(struct srv_conn *c);
-void srv_conn_put(struct srv_conn *c);
-void srv_conn_send(struct srv_conn *c, const void *frame, size_t n, unsigned op);
-void srv_conn_send_error(struct srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg);
+/* reply.c: replies sent after the request's own handler returned (parked SYNC_ACQUIREs,
+ * checkpoints): never block; bytes_out of op is counted. */
+void srv_conn_send(srv_conn *c, const void *frame, size_t n, unsigned op);
+void srv_conn_send_error(srv_conn *c, uint16_t op, uint64_t id, int rc, const char *msg);
 
-/* sync.c: the sync job (SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE, DENSE_SET).
- * create/destroy with the server; start with its threads; stop (after the worker pool has
- * drained) answers every parked acquire with GR_ESHUTDOWN. */
-int srv_sync_create(gr_server *s);
-int srv_sync_start(gr_server *s);
-void srv_sync_stop(gr_server *s);
-void srv_sync_destroy(gr_server *s);
-/* SYNC_ACQUIRE, run by the connection's reader: replies now, or parks the request (holding a
- * reference on c) to be answered when the step may start, at its timeout, or at stop. Returns
- * an error for the caller to send; *fatal when the body does not decode. */
-int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
-                     const uint8_t *body, bool *fatal);
-/* The other sync opcodes, run by the worker pool like any dispatch handler. */
-int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
-                bool *fatal);
-/* Adds the "sync" object to the STATS JSON (root is a cJSON object). */
-void srv_sync_stats_json(gr_server *s, void *root);
+/* sync_job.c: the sync job (module srv_sync_module). SYNC_ACQUIRE is answered now or parked
+ * (holding a reference on c) until the step may start, its timeout, or stop; a peer that
+ * hangs up drops its parked acquires. */
+void srv_sync_acquire_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+int srv_op_sync_config(srv_req *r);
+int srv_op_push_step(srv_req *r);
+int srv_op_sync_leave(srv_req *r);
+int srv_op_dense_set(srv_req *r);
 /* The installed sync job's step G (checkpoints report it); false when no job is installed. */
 bool srv_sync_step(gr_server *s, uint64_t *step);
 
@@ -142,19 +193,11 @@ bool srv_sync_step(gr_server *s, uint64_t *step);
 int srv_registry_replace(srv_registry *r, const gr_table_spec *spec, gr_table *t, bool dense,
                          uint64_t dense_size);
 
-/* ckpt.c: CKPT_SAVE, CKPT_COMMIT and CKPT_LOAD run on the shard's checkpoint thread (started on
- * first use), so no pool thread or reader waits for the disk. srv_ckpt_op says whether an
- * opcode is one of them; submit takes body (always) and, once the body decodes, a reference on
- * c, and answers the request when it has run (or at once with an error) and returns 0; it
- * returns an error, answering nothing, when the body does not decode (the caller then fails
- * the connection). stop finishes the running request and refuses the queued ones. */
+/* ckpt.c: CKPT_SAVE, CKPT_COMMIT and CKPT_LOAD run on the shard's checkpoint thread
+ * (module srv_ckpt_module, started on first use), so no pool thread or loop waits for the
+ * disk. take answers at once when the request is refused (and closes the connection when the
+ * body does not decode), otherwise when it has run, holding a reference on c meanwhile. */
 typedef struct srv_ckpt srv_ckpt;
-bool srv_ckpt_op(unsigned op);
-int srv_ckpt_create(gr_server *s);
-int srv_ckpt_submit(gr_server *s, struct srv_conn *c, const gr_proto_header *h, uint8_t *body);
-void srv_ckpt_stop(gr_server *s);
-void srv_ckpt_destroy(gr_server *s);
-/* Adds the "ckpt" object to the STATS JSON (root is a cJSON object). */
-void srv_ckpt_stats_json(gr_server *s, void *root);
+void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
 
 #endif

@@ -18,6 +18,7 @@
 #include "granary/client.h"
 #include "granary/proto.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/ps_raw.h"
 
 static char dir[128], secret_path[256];
 static ps_test_server srv;
@@ -105,31 +106,28 @@ static void test_refused(void **state)
     assert_non_null(strstr(gr_errmsg(), "requires authentication: give an auth file"));
 }
 
+/* Assertion adapters over tests/support/ps_raw. */
 static void send_frame(int fd, uint16_t op, uint64_t id, const void *body, uint32_t len)
 {
-    uint8_t hb[24];
-    gr_proto_header h = {1, GR_PROTO_REQUEST, op, 0, 0, len, id};
-    gr_proto_header_encode(hb, &h);
-    assert_int_equal(send(fd, hb, 24, MSG_NOSIGNAL), 24);
-    if (len) assert_int_equal(send(fd, body, len, MSG_NOSIGNAL), (ssize_t)len);
+    assert_int_equal(ps_raw_send_frame(fd, op, 0, id, body, len), 0);
 }
 
 static int read_reply(int fd, gr_proto_header *h, uint8_t *body, size_t cap)
 {
-    uint8_t hb[24];
-    if (recv(fd, hb, 24, MSG_WAITALL) != 24) return -100;
-    gr_proto_limits lim;
-    gr_proto_limits_default(&lim);
-    gr_proto_header_decode(hb, 24, &lim, h, NULL);
+    uint8_t *b = NULL;
+    int st = ps_raw_read_reply(fd, h, NULL, 0, &b);
+    if (st == PS_RAW_EOF) return -100;
     assert_true(h->body_len <= cap);
-    if (h->body_len) assert_int_equal(recv(fd, body, h->body_len, MSG_WAITALL), (ssize_t)h->body_len);
-    return h->status;
+    if (b && h->body_len) memcpy(body, b, h->body_len);
+    free(b);
+    return st;
 }
 
 static void assert_eof(int fd)
 {
-    char c;
-    assert_int_equal(recv(fd, &c, 1, 0), 0);
+    size_t skipped = 0;
+    assert_true(ps_raw_at_eof(fd, &skipped));
+    assert_int_equal(skipped, 0);
 }
 
 static void test_raw_refusals(void **state)

@@ -23,6 +23,7 @@
 #include "granary/client.h"
 #include "granary/proto.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/ps_raw.h"
 
 static const char *user_spec = "{\"name\":\"user\",\"id\":1,\"dim\":16,\"seed\":7,"
                                "\"init\":{\"kind\":\"uniform\",\"low\":-0.05,\"high\":0.05},"
@@ -54,58 +55,31 @@ static void assert_serves(const char *list)
     gr_client_destroy(c);
 }
 
-static void send_all(int fd, const void *p, size_t n)
-{
-    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
-}
+/* Assertion adapters over tests/support/ps_raw. */
+static void send_all(int fd, const void *p, size_t n) { assert_int_equal(ps_raw_send_all(fd, p, n), 0); }
 
 static void send_header(int fd, uint8_t version, uint8_t kind, uint16_t op, uint32_t body_len,
                         uint64_t id)
 {
-    uint8_t hb[24];
-    gr_proto_header h = {version, kind, op, 0, 0, body_len, id};
-    gr_proto_header_encode(hb, &h);
-    send_all(fd, hb, 24);
+    assert_int_equal(ps_raw_send_header(fd, version, kind, op, 0, 0, body_len, id), 0);
 }
 
-static int recv_all(int fd, void *p, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, (char *)p + got, n - got, 0);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
+static int recv_all(int fd, void *p, size_t n) { return ps_raw_recv_all(fd, p, n); }
 
+/* Reads one reply; returns its status and copies its error text (if any) to msg. */
 /* Reads one reply; returns its status and copies its error text (if any) to msg. */
 static int read_reply(int fd, gr_proto_header *h, char *msg, size_t cap)
 {
-    uint8_t hb[24];
-    assert_int_equal(recv_all(fd, hb, 24), 0);
-    gr_proto_limits lim;
-    gr_proto_limits_default(&lim);
-    int rc = gr_proto_header_decode(hb, 24, &lim, h, NULL);
-    assert_true(rc == GR_OK || rc == GR_EAGAIN);
-    assert_int_equal(h->kind, GR_PROTO_RESPONSE);
-    uint8_t *body = malloc(h->body_len + 8);
-    assert_int_equal(recv_all(fd, body, h->body_len), 0);
-    if (msg && cap) msg[0] = '\0';
-    if (h->status < 0 && msg) {
-        const char *s;
-        uint32_t n;
-        assert_int_equal(gr_proto_decode_str(body, h->body_len, &lim, &s, &n), 0);
-        snprintf(msg, cap, "%.*s", (int)n, s);
-    }
-    free(body);
-    return h->status;
+    int st = ps_raw_read_reply(fd, h, msg, cap, NULL);
+    assert_true(st <= 0 && st != -1000);
+    return st;
 }
 
 static void assert_eof(int fd)
 {
-    char c;
-    assert_int_equal(recv(fd, &c, 1, 0), 0);
+    size_t skipped = 0;
+    assert_true(ps_raw_at_eof(fd, &skipped));
+    assert_int_equal(skipped, 0);
 }
 
 static void test_bad_frames_close_connection(void **state)

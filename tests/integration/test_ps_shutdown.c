@@ -17,33 +17,28 @@
 #include "granary/client.h"
 #include "granary/proto.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/ps_raw.h"
 
-static void send_all(int fd, const void *p, size_t n)
-{
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = send(fd, (const char *)p + done, n - done, MSG_NOSIGNAL);
-        assert_true(w > 0);
-        done += (size_t)w;
-    }
-}
+static void send_all(int fd, const void *p, size_t n) { assert_int_equal(ps_raw_send_all(fd, p, n), 0); }
 
-/* Reads one reply: returns status; *id and the body (malloc'd into *body) are filled. */
+/* Reads one reply: returns status; *id and the body (malloc'd into *body, NUL-terminated) are
+ * filled. */
 static int read_reply(int fd, uint16_t *op, uint64_t *id, char **body, uint32_t *len)
 {
-    uint8_t hb[24];
-    if (recv(fd, hb, 24, MSG_WAITALL) != 24) return -100;
-    gr_proto_limits lim;
-    gr_proto_limits_default(&lim);
     gr_proto_header h;
-    gr_proto_header_decode(hb, 24, &lim, &h, NULL);
-    *body = malloc(h.body_len + 1);
-    if (h.body_len && recv(fd, *body, h.body_len, MSG_WAITALL) != (ssize_t)h.body_len) return -101;
-    (*body)[h.body_len] = '\0';
+    uint8_t *b = NULL;
+    *body = NULL;
+    *op = 0;
+    *id = 0;
+    *len = 0;
+    int st = ps_raw_read_reply(fd, &h, NULL, 0, &b);
+    if (st == PS_RAW_EOF) return -100;
+    *body = (char *)b;
+    if (b) b[h.body_len] = '\0';
     *op = h.op;
     *id = h.id;
     *len = h.body_len;
-    return h.status;
+    return st;
 }
 
 static void test_sigterm_drains_inflight(void **state)

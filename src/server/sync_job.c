@@ -1,5 +1,5 @@
 /* The shard's sync job: SYNC_CONFIG, SYNC_ACQUIRE, PUSH_STEP, SYNC_LEAVE and DENSE_SET, on top
- * of the step state machine (stepsync.c). A job (mode, N workers, K, staleness) is installed
+ * of the step state machine (step_machine.c). A job (mode, N workers, K, staleness) is installed
  * by SYNC_CONFIG and replaced only by a reset. PUSH_STEP checks every section like PUSH does,
  * then hands the parts to the state machine, whose apply callback writes into the shard's
  * tables and dense parameters.
@@ -11,7 +11,7 @@
  * blocked workers never occupy the worker pool that must run the pushes that free them
  * (docs/server.md, "Sync jobs and waiting acquires"). */
 #include "server/server_int.h"
-#include "server/stepsync.h"
+#include "server/step_machine.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -26,8 +26,8 @@
  * never frees a state machine under it. */
 typedef struct sync_job {
     struct srv_sync *sy;
-    gr_stepsync *ss;
-    gr_sync_config cfg; /* as normalised by stepsync */
+    gr_step_machine *ss;
+    gr_sync_config cfg; /* as normalised by the step machine */
     atomic_int refs;
 } sync_job;
 
@@ -44,7 +44,7 @@ typedef struct srv_waiter {
 
 struct srv_sync {
     gr_server *s;
-    pthread_mutex_t mu; /* job, waiters, timer state; taken before a stepsync's */
+    pthread_mutex_t mu; /* job, waiters, timer state; taken before a step machine's */
     pthread_cond_t cv;  /* the timer thread (CLOCK_MONOTONIC) */
     sync_job *job;      /* NULL: no job */
     srv_waiter *waiters;
@@ -67,7 +67,7 @@ static const char *mode_name(uint32_t m) { return gr_sync_mode_name(m); }
 static void job_put(sync_job *j)
 {
     if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
-        gr_stepsync_destroy(j->ss);
+        gr_step_machine_destroy(j->ss);
         free(j);
     }
 }
@@ -162,7 +162,7 @@ static void waiter_free(srv_waiter *w)
     free(w);
 }
 
-/* Re-polls the parked acquires of job j and answers the ready ones (stepsync's notify). */
+/* Re-polls the parked acquires of job j and answers the ready ones (the step machine's notify). */
 static void job_notify(void *ctx)
 {
     sync_job *j = ctx;
@@ -174,7 +174,7 @@ static void job_notify(void *ctx)
         bool ok = false;
         uint64_t tag = 0, cur = 0;
         if (w->job == j) {
-            int rc = gr_stepsync_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
+            int rc = gr_step_machine_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
             if (rc) ok = true; /* shut down: answer (with the error) below */
         }
         if (ok) {
@@ -192,8 +192,8 @@ static void job_notify(void *ctx)
         ready = w->next;
         bool ok = false;
         uint64_t tag = 0, cur = 0;
-        int rc = gr_stepsync_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
-        gr_stepsync_note_wait(j->ss, gr_now_ns() - w->start_ns);
+        int rc = gr_step_machine_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
+        gr_step_machine_note_wait(j->ss, gr_now_ns() - w->start_ns);
         reply_acquire(w, rc, tag, cur, gr_errmsg());
         waiter_free(w);
     }
@@ -232,17 +232,17 @@ static void *timer_main(void *arg)
                 expired = w->next;
                 bool ok = false;
                 uint64_t tag = 0, cur = 0;
-                int rc = gr_stepsync_poll(w->job->ss, w->worker, w->step, false, &ok, &tag, &cur);
+                int rc = gr_step_machine_poll(w->job->ss, w->worker, w->step, false, &ok, &tag, &cur);
                 char why[200], msg[320];
                 if (!rc && !ok) {
-                    gr_stepsync_describe_wait(w->job->ss, w->step, why, sizeof why);
+                    gr_step_machine_describe_wait(w->job->ss, w->step, why, sizeof why);
                     snprintf(msg, sizeof msg, "timed out after %u ms waiting for step %llu: %s",
                              w->timeout_ms, (unsigned long long)w->step, why);
                     rc = GR_ETIMEDOUT;
                 } else {
                     snprintf(msg, sizeof msg, "%s", rc ? gr_errmsg() : "");
                 }
-                gr_stepsync_note_wait(w->job->ss, gr_now_ns() - w->start_ns);
+                gr_step_machine_note_wait(w->job->ss, gr_now_ns() - w->start_ns);
                 reply_acquire(w, rc, tag, cur, msg);
                 waiter_free(w);
             }
@@ -287,9 +287,33 @@ static void fail_waiters(srv_sync *sy, sync_job *j, int rc, const char *msg)
     }
 }
 
+static void srv_sync_conn_closed(gr_server *s, srv_conn *c)
+{
+    srv_sync *sy = s->sync;
+    srv_waiter *out = NULL;
+    pthread_mutex_lock(&sy->mu);
+    for (srv_waiter **pp = &sy->waiters; *pp;) {
+        srv_waiter *w = *pp;
+        if (w->c == c) {
+            *pp = w->next;
+            sy->nwaiters--;
+            w->next = out;
+            out = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&sy->mu);
+    while (out) {
+        srv_waiter *w = out;
+        out = w->next;
+        waiter_free(w);
+    }
+}
+
 /* ---- lifecycle ---- */
 
-int srv_sync_create(gr_server *s)
+static int srv_sync_create(gr_server *s)
 {
     srv_sync *sy = calloc(1, sizeof *sy);
     if (!sy) return gr_seterr(GR_ENOMEM, "cannot allocate the sync state");
@@ -305,7 +329,7 @@ int srv_sync_create(gr_server *s)
     return GR_OK;
 }
 
-int srv_sync_start(gr_server *s)
+static int srv_sync_start(gr_server *s)
 {
     srv_sync *sy = s->sync;
     if (pthread_create(&sy->timer, NULL, timer_main, sy) != 0)
@@ -314,7 +338,7 @@ int srv_sync_start(gr_server *s)
     return GR_OK;
 }
 
-void srv_sync_stop(gr_server *s)
+static void srv_sync_stop(gr_server *s)
 {
     srv_sync *sy = s->sync;
     if (!sy) return;
@@ -327,12 +351,12 @@ void srv_sync_stop(gr_server *s)
     sy->timer_live = false;
     sync_job *j = job_get(sy);
     if (j) {
-        gr_stepsync_shutdown(j->ss);
+        gr_step_machine_shutdown(j->ss);
         job_put(j);
     }
 }
 
-void srv_sync_destroy(gr_server *s)
+static void srv_sync_destroy(gr_server *s)
 {
     srv_sync *sy = s ? s->sync : NULL;
     if (!sy) return;
@@ -348,7 +372,7 @@ void srv_sync_destroy(gr_server *s)
 
 /* ---- SYNC_ACQUIRE (run by the connection's reader) ---- */
 
-int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
+static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
                      const uint8_t *body, bool *fatal)
 {
     srv_sync *sy = s->sync;
@@ -373,13 +397,13 @@ int srv_sync_acquire(gr_server *s, struct srv_conn *c, const gr_proto_header *h,
     uint64_t tag = 0, cur = 0;
     /* Polled and parked under sy->mu, so a step applied in between cannot be missed: its
      * notify takes sy->mu after us and finds the waiter parked. */
-    rc = gr_stepsync_poll(j->ss, a.worker, a.step, true, &ready, &tag, &cur);
+    rc = gr_step_machine_poll(j->ss, a.worker, a.step, true, &ready, &tag, &cur);
     if (!rc && !ready) {
         if (sy->stopping) {
             rc = gr_seterr(GR_ESHUTDOWN, "shard is shutting down");
         } else if (a.timeout_ms == 0) {
             char why[200];
-            gr_stepsync_describe_wait(j->ss, a.step, why, sizeof why);
+            gr_step_machine_describe_wait(j->ss, a.step, why, sizeof why);
             rc = gr_seterr(GR_ETIMEDOUT, "step %llu cannot start yet: %s",
                            (unsigned long long)a.step, why);
         } else if (sy->nwaiters >= 4 * (size_t)j->cfg.workers + 64) {
@@ -453,7 +477,7 @@ static void drop_job(srv_sync *sy, const char *why)
     pthread_mutex_unlock(&sy->mu);
     if (!old) return;
     fail_waiters(sy, old, GR_ESHUTDOWN, why);
-    gr_stepsync_shutdown(old->ss);
+    gr_step_machine_shutdown(old->ss);
     job_put(old);
     atomic_fetch_add(&sy->resets, 1);
 }
@@ -480,13 +504,13 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
     if (!nj) return gr_seterr(GR_ENOMEM, "out of memory");
     nj->sy = sy;
     atomic_init(&nj->refs, 1);
-    rc = gr_stepsync_create(&cfg, job_apply, nj, &nj->ss);
+    rc = gr_step_machine_create(&cfg, job_apply, nj, &nj->ss);
     if (rc) {
         free(nj);
         return rc;
     }
-    nj->cfg = *gr_stepsync_config(nj->ss);
-    gr_stepsync_set_notify(nj->ss, job_notify, nj);
+    nj->cfg = *gr_step_machine_config(nj->ss);
+    gr_step_machine_set_notify(nj->ss, job_notify, nj);
     if (pc.flags & GR_PROTO_SYNC_RESET) drop_job(sy, "the sync job was reset");
     pthread_mutex_lock(&sy->mu);
     sync_job *cur = sy->job;
@@ -497,7 +521,7 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
         atomic_fetch_add(&sy->jobs, 1);
     } else if (same_config(&cur->cfg, &nj->cfg)) {
         gr_sync_stats st;
-        gr_stepsync_get_stats(cur->ss, &st);
+        gr_step_machine_get_stats(cur->ss, &st);
         result = 1;
         step = st.step;
     } else {
@@ -514,20 +538,10 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
     if (rc) return rc;
     if (result == 0) {
         char d[128];
-        describe_config(gr_stepsync_config(sy->job->ss), d, sizeof d);
+        describe_config(gr_step_machine_config(sy->job->ss), d, sizeof d);
         GR_LOGI("shard %u: sync job installed (%s)", s->cfg.shard, d);
     }
     return reply_pair(h, out, result, step);
-}
-
-static bool owns_key(gr_server *s, uint64_t key) { return s->owns[gr_slot_of(key)]; }
-
-static int check_finite(const float *v, size_t n, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return gr_seterr(GR_EINVAL, "%s: gradient value %zu is not finite", what, i);
-    return GR_OK;
 }
 
 static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *body,
@@ -566,16 +580,8 @@ static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *b
                            dim, sec->dim);
             break;
         }
-        if (s->cfg.shards > 1)
-            for (uint32_t k = 0; k < sec->n && !rc; k++)
-                if (!owns_key(s, sec->keys[k]))
-                    rc = gr_seterr(GR_ESTALE,
-                                   "key %llu (slot %u) belongs to shard %u, not shard %u: the "
-                                   "client's slot map is wrong or stale",
-                                   (unsigned long long)sec->keys[k], gr_slot_of(sec->keys[k]),
-                                   gr_proto_default_shard(gr_slot_of(sec->keys[k]), s->cfg.shards),
-                                   s->cfg.shard);
-        if (!rc) rc = check_finite(sec->values, (size_t)sec->n * sec->dim, e->name);
+        rc = srv_check_routing(s, sec);
+        if (!rc) rc = srv_check_finite(sec->values, (size_t)sec->n * sec->dim, e->name);
         parts[i] = (gr_sync_part){.kind = GR_SYNC_SPARSE, .id = sec->table, .dim = sec->dim,
                                   .n = sec->n, .keys = sec->keys, .grads = sec->values};
     }
@@ -588,23 +594,15 @@ static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *b
         }
         memcpy(name, d->name, d->name_len);
         name[d->name_len] = '\0';
-        srv_entry *e = srv_registry_get(&s->reg, true, name, 0);
-        if (!e) {
-            uint32_t slot = gr_proto_dense_slot(name, strlen(name));
-            rc = s->owns[slot]
-                     ? gr_seterr(GR_ENOENT, "no dense parameter named '%s' on shard %u", name,
-                                 s->cfg.shard)
-                     : gr_seterr(GR_ESTALE, "dense parameter '%s' belongs to shard %u, not shard %u",
-                                 name, gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
-            break;
-        }
+        srv_entry *e = srv_get_dense(s, name, &rc);
+        if (!e) break;
         ents[ps.batch.ntables + i] = e;
         if (d->size != e->dense_size) {
             rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats, push_step carried %llu",
                            name, (unsigned long long)e->dense_size, (unsigned long long)d->size);
             break;
         }
-        if ((rc = check_finite(d->values, d->size, name))) break;
+        if ((rc = srv_check_finite(d->values, d->size, name))) break;
         uint32_t idx;
         if ((rc = dense_index(sy, name, &idx))) break;
         /* As chunk rows keyed 0, 1, ...: the last chunk padded with zero gradients. */
@@ -628,10 +626,10 @@ static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *b
         goto out;
     }
     gr_sync_outcome oc = GR_SYNC_APPLIED;
-    rc = gr_stepsync_push(j->ss, ps.worker, ps.step, parts, nparts, &oc);
+    rc = gr_step_machine_push(j->ss, ps.worker, ps.step, parts, nparts, &oc);
     if (!rc) {
         gr_sync_stats st;
-        gr_stepsync_get_stats(j->ss, &st);
+        gr_step_machine_get_stats(j->ss, &st);
         rc = reply_pair(h, out, (uint64_t)oc, st.step);
     }
 out:
@@ -661,11 +659,11 @@ static int op_sync_leave(gr_server *s, const gr_proto_header *h, const uint8_t *
     }
     sync_job *j = job_get(s->sync);
     if (!j) return gr_seterr(GR_ENOENT, "shard %u has no sync job", s->cfg.shard);
-    rc = gr_stepsync_leave(j->ss, worker, NULL);
+    rc = gr_step_machine_leave(j->ss, worker, NULL);
     if (!rc) {
         gr_sync_stats st;
-        gr_stepsync_get_stats(j->ss, &st);
-        rc = reply_pair(h, out, gr_stepsync_active(j->ss), st.step);
+        gr_step_machine_get_stats(j->ss, &st);
+        rc = reply_pair(h, out, gr_step_machine_active(j->ss), st.step);
     }
     job_put(j);
     return rc;
@@ -688,20 +686,13 @@ static int op_dense_set(gr_server *s, const gr_proto_header *h, const uint8_t *b
     char name[GR_TABLE_NAME_MAX];
     memcpy(name, nm, nlen);
     name[nlen] = '\0';
-    srv_entry *e = srv_registry_get(&s->reg, true, name, 0);
-    if (!e) {
-        uint32_t slot = gr_proto_dense_slot(name, nlen);
-        return s->owns[slot]
-                   ? gr_seterr(GR_ENOENT, "no dense parameter named '%s' on shard %u", name,
-                               s->cfg.shard)
-                   : gr_seterr(GR_ESTALE, "dense parameter '%s' belongs to shard %u, not shard %u",
-                               name, gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
-    }
+    srv_entry *e = srv_get_dense(s, name, &rc);
+    if (!e) return rc;
     atomic_fetch_add(&s->ops[h->op].keys, size);
     if (size != e->dense_size) {
         rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats, dense_set carried %llu",
                        name, (unsigned long long)e->dense_size, (unsigned long long)size);
-    } else if (!(rc = check_finite(vals, size, name))) {
+    } else if (!(rc = srv_check_finite(vals, size, name))) {
         uint64_t chunks = (size + e->chunk - 1) / e->chunk;
         uint64_t *keys = malloc(chunks * sizeof *keys);
         float *w = calloc(chunks * e->chunk, sizeof *w);
@@ -724,21 +715,27 @@ static int op_dense_set(gr_server *s, const gr_proto_header *h, const uint8_t *b
     return rc;
 }
 
-int srv_sync_op(gr_server *s, const gr_proto_header *h, const uint8_t *body, gr_proto_buf *out,
-                bool *fatal)
+int srv_op_sync_config(srv_req *r) { return op_sync_config(r->s, r->h, r->body, r->out, r->fatal); }
+int srv_op_push_step(srv_req *r) { return op_push_step(r->s, r->h, r->body, r->out, r->fatal); }
+int srv_op_sync_leave(srv_req *r) { return op_sync_leave(r->s, r->h, r->body, r->out, r->fatal); }
+int srv_op_dense_set(srv_req *r) { return op_dense_set(r->s, r->h, r->body, r->out, r->fatal); }
+
+/* SYNC_ACQUIRE's row in the table of operations (runs on the connection loop). */
+void srv_sync_acquire_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body)
 {
-    switch (h->op) {
-    case GR_OP_SYNC_CONFIG: return op_sync_config(s, h, body, out, fatal);
-    case GR_OP_PUSH_STEP: return op_push_step(s, h, body, out, fatal);
-    case GR_OP_SYNC_LEAVE: return op_sync_leave(s, h, body, out, fatal);
-    case GR_OP_DENSE_SET: return op_dense_set(s, h, body, out, fatal);
-    default: return gr_seterr(GR_EPROTO, "opcode %u is not a sync operation", h->op);
+    bool bad = false;
+    int rc = acquire(s, c, h, body, &bad);
+    free(body);
+    if (rc) {
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
+        if (bad) atomic_fetch_add(&s->bad_frames, 1);
+        srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), bad);
     }
 }
 
 /* ---- stats ---- */
 
-void srv_sync_stats_json(gr_server *s, void *root_json)
+static void srv_sync_stats_json(gr_server *s, void *root_json)
 {
     cJSON *root = root_json;
     srv_sync *sy = s->sync;
@@ -755,7 +752,7 @@ void srv_sync_stats_json(gr_server *s, void *root_json)
     cJSON_AddNumberToObject(o, "waiting", (double)nw);
     if (j) {
         gr_sync_stats st;
-        gr_stepsync_get_stats(j->ss, &st);
+        gr_step_machine_get_stats(j->ss, &st);
         cJSON_AddStringToObject(o, "mode", mode_name(j->cfg.mode));
         cJSON_AddNumberToObject(o, "workers", j->cfg.workers);
         cJSON_AddNumberToObject(o, "aggregate", j->cfg.aggregate);
@@ -782,8 +779,18 @@ bool srv_sync_step(gr_server *s, uint64_t *step)
     sync_job *j = s->sync ? job_get(s->sync) : NULL;
     if (!j) return false;
     gr_sync_stats st;
-    gr_stepsync_get_stats(j->ss, &st);
+    gr_step_machine_get_stats(j->ss, &st);
     *step = st.step;
     job_put(j);
     return true;
 }
+
+const srv_module srv_sync_module = {
+    .name = "sync",
+    .create = srv_sync_create,
+    .start = srv_sync_start,
+    .stop = srv_sync_stop,
+    .destroy = srv_sync_destroy,
+    .stats_json = srv_sync_stats_json,
+    .conn_closed = srv_sync_conn_closed,
+};

@@ -1,8 +1,8 @@
-/* Step synchronisation on one shard (see stepsync.h and docs/sync.md). One mutex guards the
+/* Step synchronisation on one shard (see step_machine.h and docs/sync.md). One mutex guards the
  * state. In sync and semisync the apply callback runs under it, so an aggregated step is
  * applied atomically with respect to other pushes on this shard; in async and ssp it runs
  * outside it, so pushes apply in parallel as plain PUSH requests do. */
-#include "server/stepsync.h"
+#include "server/step_machine.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -25,7 +25,7 @@ typedef struct contribution {
     staged_part *parts;
 } contribution;
 
-struct gr_stepsync {
+struct gr_step_machine {
     gr_sync_config cfg;
     gr_sync_apply_fn apply;
     void *ctx;
@@ -55,23 +55,23 @@ static void free_contribution(contribution *c)
     c->n_parts = 0;
 }
 
-int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
-                       gr_stepsync **out)
+int gr_step_machine_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
+                       gr_step_machine **out)
 {
-    if (!cfg || !apply || !out) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
-    if (cfg->mode > GR_SYNC_SSP) return gr_seterr(GR_EINVAL, "stepsync: unknown mode %d", (int)cfg->mode);
+    if (!cfg || !apply || !out) return gr_seterr(GR_EINVAL, "step machine: NULL argument");
+    if (cfg->mode > GR_SYNC_SSP) return gr_seterr(GR_EINVAL, "step machine: unknown mode %d", (int)cfg->mode);
     if (cfg->workers == 0 || cfg->workers > 65536)
-        return gr_seterr(GR_EINVAL, "stepsync: workers must be 1..65536, got %u", cfg->workers);
+        return gr_seterr(GR_EINVAL, "step machine: workers must be 1..65536, got %u", cfg->workers);
     gr_sync_config c = *cfg;
     if (c.mode == GR_SYNC_SYNC) {
         c.aggregate = c.workers;
         c.staleness = 0;
     }
     if (c.mode == GR_SYNC_SEMISYNC && (c.aggregate == 0 || c.aggregate > c.workers))
-        return gr_seterr(GR_EINVAL, "stepsync: semisync needs 1 <= K <= N, got K=%u N=%u",
+        return gr_seterr(GR_EINVAL, "step machine: semisync needs 1 <= K <= N, got K=%u N=%u",
                          c.aggregate, c.workers);
-    gr_stepsync *ss = calloc(1, sizeof *ss);
-    if (!ss) return gr_seterr(GR_ENOMEM, "stepsync: out of memory");
+    gr_step_machine *ss = calloc(1, sizeof *ss);
+    if (!ss) return gr_seterr(GR_ENOMEM, "step machine: out of memory");
     ss->cfg = c;
     ss->apply = apply;
     ss->ctx = ctx;
@@ -81,14 +81,14 @@ int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *
     pthread_mutex_init(&ss->mu, NULL);
     pthread_cond_init(&ss->cv, NULL);
     if (!ss->last_step || !ss->clock || !ss->left) {
-        gr_stepsync_destroy(ss);
-        return gr_seterr(GR_ENOMEM, "stepsync: out of memory");
+        gr_step_machine_destroy(ss);
+        return gr_seterr(GR_ENOMEM, "step machine: out of memory");
     }
     *out = ss;
     return GR_OK;
 }
 
-void gr_stepsync_destroy(gr_stepsync *ss)
+void gr_step_machine_destroy(gr_step_machine *ss)
 {
     if (!ss) return;
     for (size_t i = 0; i < ss->n_staged; i++) free_contribution(&ss->staged[i]);
@@ -101,9 +101,9 @@ void gr_stepsync_destroy(gr_stepsync *ss)
     free(ss);
 }
 
-const gr_sync_config *gr_stepsync_config(const gr_stepsync *ss) { return &ss->cfg; }
+const gr_sync_config *gr_step_machine_config(const gr_step_machine *ss) { return &ss->cfg; }
 
-void gr_stepsync_set_notify(gr_stepsync *ss, gr_sync_notify_fn fn, void *ctx)
+void gr_step_machine_set_notify(gr_step_machine *ss, gr_sync_notify_fn fn, void *ctx)
 {
     pthread_mutex_lock(&ss->mu);
     ss->notify = fn;
@@ -112,12 +112,12 @@ void gr_stepsync_set_notify(gr_stepsync *ss, gr_sync_notify_fn fn, void *ctx)
 }
 
 /* Called after the lock is released. */
-static void notify(gr_stepsync *ss)
+static void notify(gr_step_machine *ss)
 {
     if (ss->notify) ss->notify(ss->notify_ctx);
 }
 
-static int apply_direct(gr_stepsync *ss, const gr_sync_part *parts, size_t n_parts)
+static int apply_direct(gr_step_machine *ss, const gr_sync_part *parts, size_t n_parts)
 {
     for (size_t i = 0; i < n_parts; i++) {
         if (parts[i].n == 0) continue;
@@ -128,19 +128,19 @@ static int apply_direct(gr_stepsync *ss, const gr_sync_part *parts, size_t n_par
     return GR_OK;
 }
 
-static int stage(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+static int stage(gr_step_machine *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
                  size_t n_parts)
 {
     if (ss->n_staged == ss->cap_staged) {
         size_t cap = ss->cap_staged ? ss->cap_staged * 2 : 8;
         contribution *s = realloc(ss->staged, cap * sizeof *s);
-        if (!s) return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+        if (!s) return gr_seterr(GR_ENOMEM, "step machine: out of memory staging a push");
         ss->staged = s;
         ss->cap_staged = cap;
     }
     contribution c = {.worker = worker, .step = step, .n_parts = 0};
     c.parts = calloc(n_parts ? n_parts : 1, sizeof *c.parts);
-    if (!c.parts) return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+    if (!c.parts) return gr_seterr(GR_ENOMEM, "step machine: out of memory staging a push");
     for (size_t i = 0; i < n_parts; i++) {
         staged_part *p = &c.parts[c.n_parts++];
         p->kind = parts[i].kind;
@@ -151,7 +151,7 @@ static int stage(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_
         p->grads = malloc((p->n ? p->n * p->dim : 1) * sizeof *p->grads);
         if (!p->keys || !p->grads) {
             free_contribution(&c);
-            return gr_seterr(GR_ENOMEM, "stepsync: out of memory staging a push");
+            return gr_seterr(GR_ENOMEM, "step machine: out of memory staging a push");
         }
         if (p->n) {
             memcpy(p->keys, parts[i].keys, p->n * sizeof *p->keys);
@@ -171,7 +171,7 @@ static int cmp_contribution(const void *a, const void *b)
 
 /* Sums the staged pushes per (kind, id) in (worker, step) order, divides by the number of
  * pushes in the step (K, fewer only in a short step) and applies. */
-static int apply_staged(gr_stepsync *ss)
+static int apply_staged(gr_step_machine *ss)
 {
     qsort(ss->staged, ss->n_staged, sizeof *ss->staged, cmp_contribution);
     int rc = GR_OK;
@@ -192,7 +192,7 @@ static int apply_staged(gr_stepsync *ss)
             uint32_t *inv = malloc((total ? total : 1) * sizeof *inv);
             float *sum = calloc(total ? total * dim : 1, sizeof *sum);
             if (!keys || !uniq || !inv || !sum) {
-                rc = gr_seterr(GR_ENOMEM, "stepsync: out of memory applying a step");
+                rc = gr_seterr(GR_ENOMEM, "step machine: out of memory applying a step");
             } else {
                 size_t at = 0;
                 for (size_t cj = ci; cj < ss->n_staged; cj++)
@@ -200,7 +200,7 @@ static int apply_staged(gr_stepsync *ss)
                         staged_part *p = &ss->staged[cj].parts[pj];
                         if (!SAME(p)) continue;
                         if (p->dim != dim) {
-                            rc = gr_seterr(GR_EDIM, "stepsync: id %u pushed with dim %u and %u",
+                            rc = gr_seterr(GR_EDIM, "step machine: id %u pushed with dim %u and %u",
                                            id, dim, p->dim);
                         }
                         memcpy(keys + at, p->keys, p->n * sizeof *keys);
@@ -245,7 +245,7 @@ static void count_staleness(gr_sync_stats *st, uint64_t lag)
 
 /* Sync modes: the staged pushes form a step once K arrived, or once every worker that has not
  * left has one staged (fewer than K remain: a short step). Caller holds mu. */
-static bool step_complete(const gr_stepsync *ss)
+static bool step_complete(const gr_step_machine *ss)
 {
     if (ss->n_staged == 0) return false;
     if (ss->n_staged >= ss->cfg.aggregate) return true;
@@ -259,7 +259,7 @@ static bool step_complete(const gr_stepsync *ss)
 }
 
 /* Applies the staged step and advances G. Caller holds mu. */
-static int finish_step(gr_stepsync *ss)
+static int finish_step(gr_step_machine *ss)
 {
     size_t n = ss->n_staged;
     if (n < ss->cfg.aggregate) ss->st.short_steps++;
@@ -271,13 +271,13 @@ static int finish_step(gr_stepsync *ss)
     return rc;
 }
 
-int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+int gr_step_machine_push(gr_step_machine *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
                      size_t n_parts, gr_sync_outcome *outcome)
 {
     if (!ss || (n_parts && !parts))
-        return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+        return gr_seterr(GR_EINVAL, "step machine: NULL argument");
     if (worker >= ss->cfg.workers)
-        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+        return gr_seterr(GR_EINVAL, "step machine: worker %u out of range (job has %u workers)",
                          worker, ss->cfg.workers);
     gr_sync_outcome out = GR_SYNC_APPLIED;
     int rc = GR_OK;
@@ -314,7 +314,7 @@ int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_s
     case GR_SYNC_SEMISYNC:
         if (step > ss->g) {
             rc = gr_seterr(GR_ESTALE,
-                           "stepsync: worker %u pushed step %llu but the shard is at step %llu "
+                           "step machine: worker %u pushed step %llu but the shard is at step %llu "
                            "(acquire the step first)",
                            worker, (unsigned long long)step, (unsigned long long)ss->g);
             break;
@@ -345,7 +345,7 @@ done:
 }
 
 /* The slowest clock among workers that have not left (UINT64_MAX when all have). */
-static uint64_t slowest_clock(const gr_stepsync *ss, uint32_t *who)
+static uint64_t slowest_clock(const gr_step_machine *ss, uint32_t *who)
 {
     uint64_t m = UINT64_MAX;
     for (uint32_t w = 0; w < ss->cfg.workers; w++)
@@ -356,7 +356,7 @@ static uint64_t slowest_clock(const gr_stepsync *ss, uint32_t *who)
     return m;
 }
 
-static bool may_start(const gr_stepsync *ss, uint64_t step)
+static bool may_start(const gr_step_machine *ss, uint64_t step)
 {
     switch (ss->cfg.mode) {
     case GR_SYNC_ASYNC: return true;
@@ -368,14 +368,14 @@ static bool may_start(const gr_stepsync *ss, uint64_t step)
     }
 }
 
-static uint64_t current_of(const gr_stepsync *ss)
+static uint64_t current_of(const gr_step_machine *ss)
 {
     if (ss->cfg.mode != GR_SYNC_SSP) return ss->g;
     uint64_t m = slowest_clock(ss, NULL);
     return m == UINT64_MAX ? 0 : m;
 }
 
-static void describe_locked(const gr_stepsync *ss, uint64_t step, char *buf, size_t len)
+static void describe_locked(const gr_step_machine *ss, uint64_t step, char *buf, size_t len)
 {
     if (ss->cfg.mode == GR_SYNC_SSP) {
         uint32_t who = 0;
@@ -390,26 +390,26 @@ static void describe_locked(const gr_stepsync *ss, uint64_t step, char *buf, siz
     }
 }
 
-void gr_stepsync_describe_wait(gr_stepsync *ss, uint64_t step, char *buf, size_t len)
+void gr_step_machine_describe_wait(gr_step_machine *ss, uint64_t step, char *buf, size_t len)
 {
     pthread_mutex_lock(&ss->mu);
     describe_locked(ss, step, buf, len);
     pthread_mutex_unlock(&ss->mu);
 }
 
-void gr_stepsync_note_wait(gr_stepsync *ss, uint64_t ns)
+void gr_step_machine_note_wait(gr_step_machine *ss, uint64_t ns)
 {
     pthread_mutex_lock(&ss->mu);
     ss->st.wait_ns += ns;
     pthread_mutex_unlock(&ss->mu);
 }
 
-int gr_stepsync_poll(gr_stepsync *ss, uint32_t worker, uint64_t step, bool count_wait,
+int gr_step_machine_poll(gr_step_machine *ss, uint32_t worker, uint64_t step, bool count_wait,
                      bool *ready, uint64_t *tag, uint64_t *current)
 {
-    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (!ss) return gr_seterr(GR_EINVAL, "step machine: NULL argument");
     if (worker >= ss->cfg.workers)
-        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+        return gr_seterr(GR_EINVAL, "step machine: worker %u out of range (job has %u workers)",
                          worker, ss->cfg.workers);
     int rc = GR_OK;
     pthread_mutex_lock(&ss->mu);
@@ -426,12 +426,12 @@ int gr_stepsync_poll(gr_stepsync *ss, uint32_t worker, uint64_t step, bool count
     return rc;
 }
 
-int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
+int gr_step_machine_acquire(gr_step_machine *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
                         uint64_t *current)
 {
-    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (!ss) return gr_seterr(GR_EINVAL, "step machine: NULL argument");
     if (worker >= ss->cfg.workers)
-        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+        return gr_seterr(GR_EINVAL, "step machine: worker %u out of range (job has %u workers)",
                          worker, ss->cfg.workers);
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -461,12 +461,12 @@ int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigne
     return rc;
 }
 
-int gr_stepsync_leave(gr_stepsync *ss, uint32_t worker, bool *applied)
+int gr_step_machine_leave(gr_step_machine *ss, uint32_t worker, bool *applied)
 {
     if (applied) *applied = false;
-    if (!ss) return gr_seterr(GR_EINVAL, "stepsync: NULL argument");
+    if (!ss) return gr_seterr(GR_EINVAL, "step machine: NULL argument");
     if (worker >= ss->cfg.workers)
-        return gr_seterr(GR_EINVAL, "stepsync: worker %u out of range (job has %u workers)",
+        return gr_seterr(GR_EINVAL, "step machine: worker %u out of range (job has %u workers)",
                          worker, ss->cfg.workers);
     int rc = GR_OK;
     pthread_mutex_lock(&ss->mu);
@@ -487,7 +487,7 @@ int gr_stepsync_leave(gr_stepsync *ss, uint32_t worker, bool *applied)
     return rc;
 }
 
-uint32_t gr_stepsync_active(gr_stepsync *ss)
+uint32_t gr_step_machine_active(gr_step_machine *ss)
 {
     pthread_mutex_lock(&ss->mu);
     uint32_t n = ss->cfg.workers - ss->nleft;
@@ -495,7 +495,7 @@ uint32_t gr_stepsync_active(gr_stepsync *ss)
     return n;
 }
 
-void gr_stepsync_shutdown(gr_stepsync *ss)
+void gr_step_machine_shutdown(gr_step_machine *ss)
 {
     if (!ss) return;
     pthread_mutex_lock(&ss->mu);
@@ -505,7 +505,7 @@ void gr_stepsync_shutdown(gr_stepsync *ss)
     notify(ss);
 }
 
-void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st)
+void gr_step_machine_get_stats(gr_step_machine *ss, gr_sync_stats *st)
 {
     pthread_mutex_lock(&ss->mu);
     *st = ss->st;

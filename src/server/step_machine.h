@@ -13,11 +13,11 @@
  *    than the bound are dropped and counted. sync is semisync with K = N and staleness 0.
  *  - ssp: pushes apply on arrival; a worker may start step t only when every worker has pushed
  *    at least t - staleness steps.
- * Workers that run out of data leave (gr_stepsync_leave); steps then stop waiting for them.
+ * Workers that run out of data leave (gr_step_machine_leave); steps then stop waiting for them.
  * A push repeating a (worker, step) already seen is acknowledged and ignored, so a client that
  * retries after a reconnect never applies a gradient twice. */
-#ifndef GRANARY_SERVER_STEPSYNC_H
-#define GRANARY_SERVER_STEPSYNC_H
+#ifndef GRANARY_SERVER_STEP_MACHINE_H
+#define GRANARY_SERVER_STEP_MACHINE_H
 
 #include "granary/core.h"
 
@@ -70,23 +70,23 @@ typedef struct gr_sync_stats {
     uint64_t staleness_hist[8]; /* admitted pushes by G - tag: 0,1,2,3,4-7,8-15,16-31,32+ */
 } gr_sync_stats;
 
-typedef struct gr_stepsync gr_stepsync;
+typedef struct gr_step_machine gr_step_machine;
 
-int gr_stepsync_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
-                       gr_stepsync **out);
-void gr_stepsync_destroy(gr_stepsync *ss);
+int gr_step_machine_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, void *ctx,
+                       gr_step_machine **out);
+void gr_step_machine_destroy(gr_step_machine *ss);
 
 /* Handles worker `worker`'s gradient for step `step`. The parts are copied when staged.
  * GR_EINVAL for a worker id >= N, GR_ESTALE for a step from the future (> G in sync modes),
  * or the apply callback's error. */
-int gr_stepsync_push(gr_stepsync *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
+int gr_step_machine_push(gr_step_machine *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
                      size_t n_parts, gr_sync_outcome *outcome);
 
 /* Blocks until worker may start step `step` (sync/semisync: G >= step; ssp: every worker has
  * pushed >= step - staleness steps; async: at once), or timeout_ms passes (GR_ETIMEDOUT, with
- * a message naming the slowest worker), or the stepsync is shut down (GR_ESHUTDOWN).
+ * a message naming the slowest worker), or the step machine is shut down (GR_ESHUTDOWN).
  * *current (may be NULL) gets G (sync modes) or the slowest worker's clock (ssp). */
-int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
+int gr_step_machine_acquire(gr_step_machine *ss, uint32_t worker, uint64_t step, unsigned timeout_ms,
                         uint64_t *current);
 
 /* The non-blocking form of acquire, for callers that park waiters themselves (the server
@@ -95,32 +95,32 @@ int gr_stepsync_acquire(gr_stepsync *ss, uint32_t worker, uint64_t step, unsigne
  * *current is G (sync modes) or the slowest active worker's clock (ssp). count_wait: count a
  * not-ready answer in stats.waits (pass true on a request's first poll only). GR_EINVAL for a
  * bad worker, GR_ESHUTDOWN after shutdown. */
-int gr_stepsync_poll(gr_stepsync *ss, uint32_t worker, uint64_t step, bool count_wait,
+int gr_step_machine_poll(gr_step_machine *ss, uint32_t worker, uint64_t step, bool count_wait,
                      bool *ready, uint64_t *tag, uint64_t *current);
 /* Writes why `step` cannot start yet, e.g. "shard is at step 12 with 2 of 3 gradients" or
  * "worker 1 is at step 3 (staleness bound 2)", for a timeout message. */
-void gr_stepsync_describe_wait(gr_stepsync *ss, uint64_t step, char *buf, size_t len);
+void gr_step_machine_describe_wait(gr_step_machine *ss, uint64_t step, char *buf, size_t len);
 /* Adds a finished wait's duration to stats.wait_ns. */
-void gr_stepsync_note_wait(gr_stepsync *ss, uint64_t ns);
+void gr_step_machine_note_wait(gr_step_machine *ss, uint64_t ns);
 
 /* Worker `worker` has finished its data and pushes no more: steps stop waiting for it (sync:
  * a step needs every worker that has not left; semisync: K, or every remaining worker when
  * fewer than K remain; ssp: it no longer counts as the slowest). A step that was waiting only
  * for it is applied now (*applied set, may be NULL). Idempotent. */
-int gr_stepsync_leave(gr_stepsync *ss, uint32_t worker, bool *applied);
+int gr_step_machine_leave(gr_step_machine *ss, uint32_t worker, bool *applied);
 /* Workers that have not left. */
-uint32_t gr_stepsync_active(gr_stepsync *ss);
+uint32_t gr_step_machine_active(gr_step_machine *ss);
 
 /* Called (without the state machine's lock) after anything that may let a waiter start: a
  * step applied, a clock advanced, a worker left, shutdown. The server re-polls its parked
  * acquires from it. */
 typedef void (*gr_sync_notify_fn)(void *ctx);
-void gr_stepsync_set_notify(gr_stepsync *ss, gr_sync_notify_fn fn, void *ctx);
+void gr_step_machine_set_notify(gr_step_machine *ss, gr_sync_notify_fn fn, void *ctx);
 
 /* Wakes every waiter with GR_ESHUTDOWN; later acquires fail at once. */
-void gr_stepsync_shutdown(gr_stepsync *ss);
+void gr_step_machine_shutdown(gr_step_machine *ss);
 
-void gr_stepsync_get_stats(gr_stepsync *ss, gr_sync_stats *st);
-const gr_sync_config *gr_stepsync_config(const gr_stepsync *ss);
+void gr_step_machine_get_stats(gr_step_machine *ss, gr_sync_stats *st);
+const gr_sync_config *gr_step_machine_config(const gr_step_machine *ss);
 
 #endif
