@@ -7,7 +7,8 @@
     X("table", gr_bench_table) \
     X("ps", gr_bench_ps)       \
     X("train", gr_bench_train) \
-    X("ckpt", gr_bench_ckpt)
+    X("ckpt", gr_bench_ckpt)   \
+    X("soak", gr_bench_soak)
 
 #define GR_BENCH_DECLARE(name, fn) int fn(int argc, char **argv);
 GR_BENCHES(GR_BENCH_DECLARE)

@@ -8,6 +8,7 @@
  * pause a worker would see), and a 3-shard cluster restores it. */
 #include "bench/bench.h"
 #include "granary/ckpt.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 

@@ -9,6 +9,7 @@
  *    holds every chunk of bytes for the same one-way delay (the output says which).
  * The last line with --json holds every figure. */
 #include "bench/bench.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 
@@ -153,7 +154,10 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
             po.mode = rs->mode;
             po.workers = rs->workers;
             po.aggregate = rs->aggregate;
+            po.staleness = rs->mode == GR_MODE_SSP ? 2 : 0;
             po.reset = true;
+            /* As granary train does: the one-worker dense rate, scaled by the trainer's rule. */
+            po.dense_lr = gr_train_dense_lr(rs->mode, rs->workers, po.dense_lr);
             rc = gr_ps_backend_create(&po, &be);
         }
     }
@@ -201,8 +205,8 @@ typedef struct relay {
     pthread_t acceptor;
     atomic_bool stop;
     pthread_mutex_t mu;
-    pthread_t threads[64];
-    pipe_dir *dirs[16];
+    pthread_t threads[512];
+    pipe_dir *dirs[128];
     unsigned nthreads, ndirs;
 } relay;
 
@@ -314,7 +318,7 @@ static void *relay_accept(void *arg)
         tune(c);
         tune(s);
         pthread_mutex_lock(&r->mu);
-        if (r->ndirs + 2 <= 16 && r->nthreads + 4 <= 64) {
+        if (r->ndirs + 2 <= 128 && r->nthreads + 4 <= 512) {
             int ends[2][2] = {{c, s}, {s, c}};
             for (int k = 0; k < 2; k++) {
                 pipe_dir *d = calloc(1, sizeof *d);
@@ -490,6 +494,48 @@ static void row(const char *name, const gr_train_result *r)
            r->test_logloss, (unsigned long long)r->dropped_gradients);
 }
 
+/* The slowest stage's time per batch (ms, per worker): what bounds a pipelined worker. */
+static double slowest_stage_ms(const gr_train_result *r)
+{
+    double st[5] = {r->read_seconds, r->pull_seconds, r->compute_seconds, r->push_seconds,
+                    r->stage_wait_seconds};
+    double m = 0;
+    for (int i = 0; i < 5; i++)
+        if (st[i] > m) m = st[i];
+    return r->steps ? 1e3 * m / (double)r->steps : 0;
+}
+
+/* The rate the slowest stage allows: W workers, each one batch per slowest-stage time. */
+static double stage_bound_eps(const gr_train_result *r, unsigned workers, size_t batch)
+{
+    double ms = slowest_stage_ms(r);
+    return ms > 0 ? (double)workers * (double)batch * 1e3 / ms *
+                        ((double)r->examples / ((double)r->steps * (double)batch))
+                  : -1;
+}
+
+/* The overlap targets for one configuration over the delayed link. io/compute: the step's
+ * I/O (pull + push stages) against its compute stage, measured without the pipeline. */
+static void overlap_line(const char *name, const gr_train_result *p, const gr_train_result *q,
+                         double bound)
+{
+    if (bound <= 0 || !q->examples) return;
+    printf("  %s over the link: I/O / compute %.2f; pipelined >= 1.6 x --no-pipeline: %.2fx %s; "
+           ">= 0.9 x the slowest stage's rate: %.2fx %s\n",
+           name, q->compute_seconds > 0 ? (q->pull_seconds + q->push_seconds) / q->compute_seconds : 0,
+           p->examples_per_sec / q->examples_per_sec,
+           p->examples_per_sec >= 1.6 * q->examples_per_sec ? "met" : "NOT met",
+           p->examples_per_sec / bound, p->examples_per_sec >= 0.9 * bound ? "met" : "NOT met");
+}
+
+static void stage_row(const char *name, const gr_train_result *r)
+{
+    double k = r->steps ? 1e3 / (double)r->steps : 0;
+    printf("  %-42s ms/batch read %.2f pull %.2f compute %.2f push %.2f wait %.2f\n", name,
+           r->read_seconds * k, r->pull_seconds * k, r->compute_seconds * k, r->push_seconds * k,
+           r->stage_wait_seconds * k);
+}
+
 int gr_bench_train(int argc, char **argv)
 {
     bool json = false, full = false, torch = true, link = true, strag = true;
@@ -555,12 +601,28 @@ int gr_bench_train(int argc, char **argv)
     memset(&l_seq, 0, sizeof l_seq);
     memset(&l1_pipe, 0, sizeof l1_pipe);
     memset(&l1_seq, 0, sizeof l1_seq);
-    run_spec main_spec = {"async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, true, false, NULL, -1};
+    gr_train_result lp_pipe, lp_seq; /* ssp, 1 worker, over the link */
+    memset(&lp_pipe, 0, sizeof lp_pipe);
+    memset(&lp_seq, 0, sizeof lp_seq);
+    /* The default: what `granary train` picks for 2 workers (hybrid), beside one worker (its
+     * default, async) and the former default (async with 2 workers). */
+    gr_train_mode def_mode = gr_train_default_mode(2);
+    char main_label[64];
+    snprintf(main_label, sizeof main_label, "default (%s), 2 workers", gr_train_mode_name(def_mode));
+    gr_train_result single_r, async2_r, hybrid_r;
+    run_spec main_spec = {main_label, def_mode, 2, 0, true, false, NULL, -1};
+    run_spec single_spec = {"default, 1 worker", gr_train_default_mode(1), 1, 0, true, false, NULL, -1};
+    run_spec async2_spec = {"async, 2 workers", GR_MODE_ASYNC, 2, 0, true, false, NULL, -1};
+    run_spec hybrid_spec = {"hybrid, 2 workers", GR_MODE_HYBRID, 2, 0, true, false, NULL, -1};
     run_spec local_spec = {"local backend, 2 workers", GR_MODE_ASYNC, 2, 0, true, true, NULL, -1};
-    if (run_granary(dir, &main_spec, &main_r) || run_granary(dir, &local_spec, &local_r)) {
+    if (run_granary(dir, &main_spec, &main_r) || run_granary(dir, &single_spec, &single_r) ||
+        run_granary(dir, &async2_spec, &async2_r) ||
+        (def_mode != GR_MODE_HYBRID && run_granary(dir, &hybrid_spec, &hybrid_r)) ||
+        run_granary(dir, &local_spec, &local_r)) {
         fprintf(stderr, "granary bench train: %s\n", gr_errmsg());
         goto out;
     }
+    if (def_mode == GR_MODE_HYBRID) hybrid_r = main_r; /* the same run */
     if (strag) {
         run_spec a = {"straggler: sync, 4 workers", GR_MODE_SYNC, 4, 0, true, false, NULL, 3};
         run_spec b = {"straggler: semisync K=3, 4 workers", GR_MODE_SEMISYNC, 4, 3, true, false, NULL, 3};
@@ -603,15 +665,21 @@ int gr_bench_train(int argc, char **argv)
             /* 2 workers (the standard configuration) and 1 worker: with as many workers as
              * cores, one worker's network waits are filled by the other's compute, so the
              * pipeline's own effect shows best with one. */
-            run_spec specs[4] = {
+            /* And ssp (staleness 2) with 1 worker: the dense parameters come with the rows in
+             * the fetch stage, so the compute stage holds no round trip and a step's I/O can
+             * overlap compute entirely (async keeps its dense round trips in compute, for
+             * accuracy: docs/train.md). */
+            run_spec specs[6] = {
                 {"delayed link: async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, true, false, servers, -1},
                 {"delayed link: async, 2 workers, --no-pipeline", GR_MODE_ASYNC, 2, 0, false, false, servers, -1},
                 {"delayed link: async, 1 worker, pipelined", GR_MODE_ASYNC, 1, 0, true, false, servers, -1},
                 {"delayed link: async, 1 worker, --no-pipeline", GR_MODE_ASYNC, 1, 0, false, false, servers, -1},
+                {"delayed link: ssp, 1 worker, pipelined", GR_MODE_SSP, 1, 0, true, false, servers, -1},
+                {"delayed link: ssp, 1 worker, --no-pipeline", GR_MODE_SSP, 1, 0, false, false, servers, -1},
             };
-            gr_train_result *outs[4] = {&l_pipe, &l_seq, &l1_pipe, &l1_seq};
+            gr_train_result *outs[6] = {&l_pipe, &l_seq, &l1_pipe, &l1_seq, &lp_pipe, &lp_seq};
             int rc = 0;
-            for (int k = 0; k < 4 && !rc; k++) {
+            for (int k = 0; k < 6 && !rc; k++) {
                 if (k) {
                     /* Fresh tables for each run: drop what the previous one created. */
                     gr_client_config cc;
@@ -641,7 +709,11 @@ int gr_bench_train(int argc, char **argv)
 
     printf("\nreader alone (1 thread, parse only): %.0f rows/s\n\n", parse);
     printf("%-44s %12s %9s %9s %8s\n", "run", "examples/s", "test AUC", "logloss", "dropped");
-    row("granary PS: async, 2 workers, 2 shards", &main_r);
+    row("granary PS: default (hybrid), 2 workers", &main_r);
+    row("granary PS: 1 worker (async)", &single_r);
+    row("granary PS: async, 2 workers", &async2_r);
+    if (def_mode != GR_MODE_HYBRID) row("granary PS: hybrid, 2 workers", &hybrid_r);
+    stage_row("default, 2 workers", &main_r);
     row("granary local backend (no PS), 2 workers", &local_r);
     char te[32], ta[32];
     num(te, sizeof te, t_eps, "%.0f");
@@ -655,13 +727,25 @@ int gr_bench_train(int argc, char **argv)
     }
     if (l_pipe.examples) {
         row("delayed link: async, 2 workers, pipelined", &l_pipe);
+        stage_row("pipelined", &l_pipe);
         row("delayed link: async, 2 workers, --no-pipeline", &l_seq);
+        stage_row("--no-pipeline", &l_seq);
+    }
+    if (lp_seq.examples) {
+        row("delayed link: ssp, 1 worker, pipelined", &lp_pipe);
+        stage_row("pipelined", &lp_pipe);
+        row("delayed link: ssp, 1 worker, --no-pipeline", &lp_seq);
+        stage_row("--no-pipeline", &lp_seq);
     }
     if (l1_seq.examples) {
         row("delayed link: async, 1 worker, pipelined", &l1_pipe);
+        stage_row("pipelined", &l1_pipe);
         row("delayed link: async, 1 worker, --no-pipeline", &l1_seq);
+        stage_row("--no-pipeline", &l1_seq);
     }
     printf("\ntargets:\n");
+    printf("  default AUC >= 1 worker - 0.002: %+.4f %s\n", main_r.test_auc - single_r.test_auc,
+           main_r.test_auc >= single_r.test_auc - 0.002 ? "met" : "NOT met");
     if (t_eps > 0)
         printf("  examples/s >= 5 x PyTorch: %.2fx %s; AUC >= PyTorch - 0.002: %+.4f %s\n",
                main_r.examples_per_sec / t_eps, main_r.examples_per_sec >= 5 * t_eps ? "met" : "NOT met",
@@ -686,6 +770,10 @@ int gr_bench_train(int argc, char **argv)
         printf("; 1 worker %.2fx %s", l1_pipe.examples_per_sec / l1_seq.examples_per_sec,
                l1_pipe.examples_per_sec >= 1.4 * l1_seq.examples_per_sec ? "met" : "NOT met");
     if (l_seq.examples) printf("\n");
+    double l1_bound = l1_pipe.examples ? stage_bound_eps(&l1_pipe, 1, 1024) : -1;
+    double lp_bound = lp_pipe.examples ? stage_bound_eps(&lp_pipe, 1, 1024) : -1;
+    overlap_line("async, 1 worker", &l1_pipe, &l1_seq, l1_bound);
+    overlap_line("ssp, 1 worker", &lp_pipe, &lp_seq, lp_bound);
     if (json) {
         char v[16][32];
         num(v[0], 32, t_eps, "%.1f");
@@ -701,6 +789,12 @@ int gr_bench_train(int argc, char **argv)
         num(v[10], 32, strag ? (double)s_semi.dropped_gradients : -1, "%.0f");
         num(v[11], 32, l1_pipe.examples ? l1_pipe.examples_per_sec : -1, "%.1f");
         num(v[12], 32, l1_seq.examples ? l1_seq.examples_per_sec : -1, "%.1f");
+        num(v[13], 32, l1_bound, "%.1f");
+        num(v[14], 32, lp_pipe.examples ? lp_pipe.examples_per_sec : -1, "%.1f");
+        num(v[15], 32, lp_seq.examples ? lp_seq.examples_per_sec : -1, "%.1f");
+        char vb[32];
+        num(vb, 32, lp_bound, "%.1f");
+        double sk = main_r.steps ? (double)main_r.steps : 1;
         printf("{\"bench\":\"train\",\"rows\":%llu,\"test_rows\":%llu,\"workers\":2,\"shards\":2,"
                "\"examples_per_sec\":%.1f,\"auc\":%.6f,\"logloss\":%.6f,"
                "\"torch_examples_per_sec\":%s,\"torch_auc\":%s,"
@@ -711,11 +805,25 @@ int gr_bench_train(int argc, char **argv)
                "\"pipelined_examples_per_sec\":%s,\"unpipelined_examples_per_sec\":%s,"
                "\"pipelined_1w_examples_per_sec\":%s,\"unpipelined_1w_examples_per_sec\":%s,"
                "\"link\":\"%s\",\"link_delay_us\":%llu,"
-               "\"reader_rows_per_sec\":%.0f,\"teacher_auc\":%.6f}\n",
+               "\"reader_rows_per_sec\":%.0f,\"teacher_auc\":%.6f,"
+               "\"default_mode\":\"%s\",\"single_worker_auc\":%.6f,"
+               "\"single_worker_examples_per_sec\":%.1f,\"hybrid_examples_per_sec\":%.1f,"
+               "\"hybrid_auc\":%.6f,\"async_2w_examples_per_sec\":%.1f,\"async_2w_auc\":%.6f,"
+               "\"pipelined_1w_stage_bound_examples_per_sec\":%s,"
+               "\"ssp_pipelined_1w_examples_per_sec\":%s,\"ssp_unpipelined_1w_examples_per_sec\":%s,"
+               "\"ssp_pipelined_1w_stage_bound_examples_per_sec\":%s,"
+               "\"stage_ms_per_batch\":{\"read\":%.3f,\"pull\":%.3f,\"compute\":%.3f,"
+               "\"push\":%.3f,\"wait\":%.3f}}\n",
                (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
                main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
                local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
-               (unsigned long long)delay_us, parse, gd.teacher_auc);
+               (unsigned long long)delay_us, parse, gd.teacher_auc, gr_train_mode_name(def_mode),
+               single_r.test_auc, single_r.examples_per_sec, hybrid_r.examples_per_sec,
+               hybrid_r.test_auc, async2_r.examples_per_sec, async2_r.test_auc, v[13], v[14], v[15],
+               vb,
+               1e3 * main_r.read_seconds / sk, 1e3 * main_r.pull_seconds / sk,
+               1e3 * main_r.compute_seconds / sk, 1e3 * main_r.push_seconds / sk,
+               1e3 * main_r.stage_wait_seconds / sk);
     }
     status = 0;
 out:;

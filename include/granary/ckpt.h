@@ -98,9 +98,16 @@ typedef struct gr_ckpt_commit_opts {
 } gr_ckpt_commit_opts;
 
 /* Completes a checkpoint once every shard file is written: reads each file's trailer and
- * summary, checks they agree (step, tables, kind), checks the parent is complete, then writes
- * manifest.json atomically. Until then the checkpoint does not exist for readers. */
+ * summary, checks they agree (step, tables, kind), checks the parent and every part are
+ * complete, then writes manifest.json atomically. Until then the checkpoint does not exist
+ * for readers. */
 GR_API int gr_ckpt_commit(const char *dir, const gr_ckpt_commit_opts *opts);
+/* gr_ckpt_commit with parts: subdirectories of dir that are complete checkpoints of their own
+ * and belong to this one (the servers' dense parameters, "dense-I-of-N"). Each must be
+ * committed already; the manifest lists them ("parts"), verify reads them, and a load through
+ * the servers refuses the checkpoint when one is missing. */
+GR_API int gr_ckpt_commit_parts(const char *dir, const gr_ckpt_commit_opts *opts,
+                                const char *const *parts, size_t nparts);
 
 /* ---- The manifest ---- */
 
@@ -125,6 +132,8 @@ typedef struct gr_ckpt_manifest {
     size_t ntables;
     gr_table_spec *tables;
     gr_ckpt_manifest_file *files;      /* map.shards entries, files[i].shard == i */
+    size_t nparts;                     /* sub-checkpoints (gr_ckpt_commit_opts.parts) */
+    char (*parts)[GR_CKPT_NAME_MAX];
 } gr_ckpt_manifest;
 
 /* Reads DIR/manifest.json. GR_ENOENT "incomplete checkpoint" when there is none. */

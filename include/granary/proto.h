@@ -151,6 +151,11 @@ typedef struct gr_proto_batch {
 GR_API size_t gr_proto_section_size(gr_proto_layout layout, uint32_t n, uint32_t dim);
 /* Writes the batch prefix (u32 ntables, u32 0). */
 GR_API int gr_proto_put_batch_head(gr_proto_buf *b, uint32_t ntables);
+/* The 8 bytes a batch body starts with and a section's 16-byte header, exactly as the put
+ * functions write them, so that a reader streaming a reply in can compare what arrives with
+ * what it asked for (the client does) without a second copy of the layout. */
+GR_API void gr_proto_batch_head_bytes(uint32_t ntables, uint8_t out[8]);
+GR_API void gr_proto_section_head_bytes(uint32_t table, uint32_t dim, uint32_t n, uint8_t out[16]);
 /* Appends a section header and reserves its arrays; *keys and *values (either may be NULL
  * when the layout has no such array) point at the space to fill. Reserve the whole frame
  * first (gr_proto_buf_reserve) so the pointers stay valid while filling several sections. */

@@ -185,6 +185,28 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
  * sums the gradients of duplicates). Every function returns 0 or a negative gr_err. */
 struct gr_train_ckpt;
 
+/* The step calls of the modes with step tokens (sync, semisync, ssp, hybrid; docs/sync.md).
+ * A backend that has them has all of them. A worker's step is: begin (acquire a token) ->
+ * fetch -> compute -> push; in hybrid mode fetch and push carry only the dense parameters
+ * (n = 0 rows) and the rows go through the core's pull and push, outside the step. */
+typedef struct gr_train_steps {
+    int (*begin)(void *ctx, uint32_t worker, uint64_t *token);
+    /* The n unique rows (n may be 0) and the whole dense parameter together: fetched right
+     * after the token, they are exactly the current step's. */
+    int (*fetch)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
+                 const char *dense, float *params, size_t np);
+    /* The step's whole gradient tagged with the token: row gradients (n may be 0) and the
+     * dense gradient. *dropped: it was refused as stale (semisync) and counts as dropped. */
+    int (*push)(void *ctx, uint32_t worker, uint64_t token, uint32_t table, const uint64_t *keys,
+                size_t n, const float *grads, const char *dense, const float *dgrad, size_t dn,
+                bool *dropped);
+    /* The worker has finished its data: steps stop waiting for it. */
+    int (*leave)(void *ctx, uint32_t worker);
+    /* After a failure: make calls blocked in other threads (begin) return an error promptly. */
+    void (*cancel)(void *ctx);
+} gr_train_steps;
+
+/* A backend: a required core (every slot set) and the optional step calls. */
 typedef struct gr_train_backend {
     void *ctx;
     /* Declares an embedding table (idempotent: an existing table with the same spec is
@@ -199,44 +221,26 @@ typedef struct gr_train_backend {
     int (*dense_init)(void *ctx, const char *name, const float *init, size_t n);
     int (*dense_pull)(void *ctx, const char *name, float *out, size_t n);
     int (*dense_push)(void *ctx, const char *name, const float *grad, size_t n);
-    /* Step tokens for sync/semisync/ssp (NULL in async mode: every push applies on arrival).
-     * A worker's step is: step_begin (acquire a token) -> pull -> compute -> push ->
-     * step_commit. A commit refused as too stale returns GR_ESTALE and counts as dropped. */
-    int (*step_begin)(void *ctx, uint32_t worker, uint64_t *token);
-    int (*step_commit)(void *ctx, uint32_t worker, uint64_t token);
-    /* Frees ctx. */
-    void (*destroy)(void *ctx);
-    /* ---- Optional; the parameter-server backend has them (NULL elsewhere). ---- */
-    /* Pulls the unique rows and the whole dense parameter together (both requests in flight
-     * at once). Used in the sync modes, where the dense parameters are fetched with the rows
-     * right after the step token. */
-    int (*fetch)(void *ctx, uint32_t table, const uint64_t *keys, size_t n, float *rows,
-                 const char *dense, float *params, size_t np);
-    /* The step's whole gradient in one message per shard, tagged with the token from
-     * step_begin: row gradients and (dense != NULL) the dense gradient. Replaces push +
-     * dense_push + step_commit in the sync modes. *dropped: a shard dropped it as stale. */
-    int (*push_step)(void *ctx, uint32_t worker, uint64_t token, uint32_t table,
-                     const uint64_t *keys, size_t n, const float *grads, const char *dense,
-                     const float *dgrad, size_t dn, bool *dropped);
-    /* The worker has finished its data: steps stop waiting for it. */
-    int (*worker_done)(void *ctx, uint32_t worker);
-    /* After a failure: make calls blocked in other threads (step_begin) return an error
-     * promptly. */
-    void (*cancel)(void *ctx);
-    /* Async forms of dense_pull and dense_push: start, do other work, then op_wait (exactly
-     * once per started op). The trainer overlaps the dense round trips of async mode with
-     * its own memory work this way. */
+    /* Started forms of dense_pull and dense_push: start, do other work, then op_wait (exactly
+     * once per started op). A backend without real async I/O does the work at the start and
+     * hands back a NULL op (op_wait(NULL) is GR_OK). */
     int (*dense_pull_start)(void *ctx, const char *name, float *out, size_t n, void **op);
     int (*dense_push_start)(void *ctx, const char *name, const float *grad, size_t n, void **op);
     int (*op_wait)(void *ctx, void *op);
     /* Checkpoints of everything the backend holds (tables and dense parameters, with optimizer
      * state); the trainer calls them only while no step is in flight (docs/checkpoints.md,
-     * "In training"). */
+     * "In training"). A backend that keeps none says so (checkpoints false) and both return
+     * GR_EINVAL. */
     int (*ckpt_save)(void *ctx, struct gr_train_ckpt *c);
     /* Restores the checkpoint `name` under root (NULL: root itself when it is a checkpoint,
      * else the newest complete one), and forgets any step state of the job (a resumed job
      * starts its step tokens over). Fills *loaded; loaded->meta is malloc'd (caller frees). */
     int (*ckpt_load)(void *ctx, const char *root, const char *name, struct gr_train_ckpt *loaded);
+    /* Frees ctx. */
+    void (*destroy)(void *ctx);
+    bool checkpoints; /* ckpt_save and ckpt_load work (the parameter-server backend) */
+    /* NULL in async mode: every push applies on arrival. */
+    const gr_train_steps *steps;
 } gr_train_backend;
 
 /* One checkpoint, as the trainer asks a backend for it (in: root .. meta; out: the rest), or
@@ -294,15 +298,6 @@ GR_API int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *o
 /* Drops the sync job from the shards (at the end of a run; the trainer does not). */
 GR_API int gr_ps_backend_finish(gr_train_backend *b);
 
-/* An embedded cluster: S shards as in-process gr_servers on free loopback ports, for
- * `granary train` without --servers, the benchmark and tests. */
-typedef struct gr_local_cluster gr_local_cluster;
-/* threads: worker threads per shard (0 = 2). */
-GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
-/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
-GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
-/* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
-GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 
 /* A backend in this process over gr_table (tables created by table_init) and dense
  * parameters held in memory with their optimizer (Adam by default, lr 1e-3). Free it with
@@ -316,12 +311,17 @@ GR_API gr_table *gr_local_backend_table(gr_train_backend *b, uint32_t table);
 /* ------------------------------------------------------------------------------------------ */
 /* The trainer                                                                                 */
 
-/* The core's sync modes under the trainer's names. */
-typedef gr_sync_mode gr_train_mode;
-#define GR_MODE_ASYNC GR_SYNC_ASYNC
-#define GR_MODE_SYNC GR_SYNC_SYNC
-#define GR_MODE_SEMISYNC GR_SYNC_SEMISYNC
-#define GR_MODE_SSP GR_SYNC_SSP
+/* The core's sync modes under the trainer's names (same values), and hybrid, a trainer mode
+ * whose shards run a sync job for the dense parameters only. */
+typedef enum {
+    GR_MODE_ASYNC = GR_SYNC_ASYNC,
+    GR_MODE_SYNC = GR_SYNC_SYNC,
+    GR_MODE_SEMISYNC = GR_SYNC_SEMISYNC,
+    GR_MODE_SSP = GR_SYNC_SSP,
+    /* Dense parameters synchronous (every step averages all workers' dense gradients, through
+     * the shards' sync job), embedding rows asynchronous with a bounded staleness (PERSIA). */
+    GR_MODE_HYBRID = 4,
+} gr_train_mode;
 
 GR_API const char *gr_train_mode_name(gr_train_mode m);
 GR_API int gr_train_mode_parse(const char *s, gr_train_mode *out);
@@ -372,7 +372,23 @@ typedef struct gr_train_opts {
     /* Stop once every worker has done this many steps (batches), counting those done before
      * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
     uint64_t max_steps;
+    /* Hybrid mode: how many of a worker's own earlier batches may still be unpushed when it
+     * pulls a batch's rows (0 = none: every row read includes all of this worker's updates).
+     * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
+     * before its own previous push lands are what costs accuracy (docs/train.md). */
+    uint32_t emb_staleness;
 } gr_train_opts;
+
+#define GR_TRAIN_STALENESS_DEFAULT 0u
+
+/* The mode `granary train` picks for W workers when none is given: async for one worker
+ * (nothing to synchronise), hybrid for more (dense parameters exact, as with one worker). */
+GR_API gr_train_mode gr_train_default_mode(unsigned workers);
+/* The dense learning rate for a mode and worker count, from the one-worker rate: the modes
+ * that average W workers' dense gradients per step (sync, hybrid) take W times fewer dense
+ * steps with a W times larger batch, so the rate grows with sqrt(W) (Adam's usual scaling
+ * for a larger batch). Other modes: unchanged. */
+GR_API float gr_train_dense_lr(gr_train_mode mode, unsigned workers, float base_lr);
 
 enum { GR_TRAIN_DATA_AUTO = 0, GR_TRAIN_DATA_STATIC = 1, GR_TRAIN_DATA_SHARED = 2 };
 
@@ -403,6 +419,17 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
+    /* Seconds per pipeline stage, summed over all batches of all workers: read (parse), pull
+     * (the fetch stage: rows; sync/semisync/ssp: with the dense parameters), compute (the
+     * compute stage: the model; async/hybrid: with the dense round trips), push (the push
+     * stage: row gradients; sync/semisync/ssp: with the dense gradient), wait (blocked on
+     * step tokens or the hybrid staleness bound, counted in no other stage). */
+    double read_seconds, pull_seconds, compute_seconds, push_seconds, stage_wait_seconds;
+    /* Hybrid: the embedding staleness bound, and the staleness seen at the pulls (in batches
+     * of the same worker not yet pushed): max and mean. */
+    uint32_t emb_staleness_bound;
+    uint64_t emb_staleness_max;
+    double emb_staleness_mean;
 } gr_train_result;
 
 /* Trains with W worker threads against the backend, then evaluates on the test file.

@@ -183,6 +183,13 @@ int ck_apply_file(ck_reader *r, gr_table *const *tables, size_t ntables, bool ex
 /* Spec comparison message: "field 'dim': checkpoint 16, table 32". */
 void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *buf, size_t cap);
 
+/* The one check of a row's values that the writer and the loader share, so that nothing is
+ * committed that a restore would refuse: every weight finite (and, for f16 storage, within
+ * the half-float range, as gr_f32_to_f16 would otherwise store inf) and every state value
+ * finite. GR_ECORRUPT naming `where` (a file, or "save"), the table, the key and the element. */
+int ck_check_row(const char *where, const char *table, uint64_t key, const float *w,
+                 uint32_t dim, bool f16, const float *state, uint32_t nstate);
+
 /* Joins dir and name into buf; GR_EINVAL when it does not fit. */
 int ck_path(char *buf, size_t cap, const char *dir, const char *name);
 /* Parent directory of a checkpoint dir (for resolving a parent name). */

@@ -374,6 +374,30 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
     uint32_t dim = ti->dim, sf = ti->state_floats;
     bool f16 = ti->weight_type == CK_W_F16;
 
+    if (dim > GR_TABLE_DIM_MAX || sf > 2 * GR_TABLE_DIM_MAX + 1)
+        return gr_seterr(GR_ECORRUPT, "%s: table '%s' has dim %u and %u state floats, over the "
+                         "table limits", r->path, r->tables[s->table].spec.name, dim, sf);
+    /* The writer's own check, per row, so a refusal names the file, table and key (rows whose
+     * values are all finite pass it in one branch-free loop each). */
+    for (uint64_t i = 0; i < n; i++) {
+        float wf[GR_TABLE_DIM_MAX], sf_row[2 * GR_TABLE_DIM_MAX + 1];
+        const float *wp = wf;
+        if (f16) {
+            const unsigned char *hp = (const unsigned char *)v.weights + 2 * i * dim;
+            for (uint32_t d = 0; d < dim && d < GR_TABLE_DIM_MAX; d++) {
+                uint16_t h;
+                memcpy(&h, hp + 2 * d, 2);
+                wf[d] = gr_f16_to_f32(h);
+            }
+        } else {
+            memcpy(wf, (const unsigned char *)v.weights + 4ull * i * dim, 4ull * dim);
+        }
+        /* memcpy: the state column may be only 2-byte aligned after f16 weights. */
+        if (sf) memcpy(sf_row, (const unsigned char *)v.state + 4ull * sf * i, 4ull * sf);
+        int bad = ck_check_row(r->path, r->tables[s->table].spec.name, v.keys[i], wp, dim, false,
+                               sf_row, sf);
+        if (bad) return bad;
+    }
     /* Fast path: every row kept and columns usable in place. */
     bool all = true;
     for (uint64_t i = 0; i < n && all; i++)

@@ -24,6 +24,7 @@ void gr_ckpt_manifest_destroy(gr_ckpt_manifest *m)
         }
     free(m->files);
     free(m->tables);
+    free(m->parts);
     free(m);
 }
 
@@ -116,6 +117,32 @@ static int parse_checksum(const char *s, uint64_t *out)
         v = (v << 4) | (uint64_t)d;
     }
     *out = v;
+    return GR_OK;
+}
+
+/* "parts": optional (absent in checkpoints written before it existed, and in those with none),
+ * a list of distinct plain names of subdirectories. */
+static int parse_parts(const cJSON *root, gr_ckpt_manifest *m)
+{
+    const cJSON *parts = cJSON_GetObjectItemCaseSensitive(root, "parts");
+    if (!parts) return GR_OK;
+    if (!cJSON_IsArray(parts) || cJSON_GetArraySize(parts) > (int)GR_CKPT_SHARDS_MAX)
+        return gr_seterr(GR_ECORRUPT, "manifest: 'parts' must be an array of at most %d names",
+                         GR_CKPT_SHARDS_MAX);
+    size_t n = (size_t)cJSON_GetArraySize(parts);
+    m->parts = calloc(n ? n : 1, sizeof *m->parts);
+    if (!m->parts) return gr_seterr(GR_ENOMEM, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, parts)
+    {
+        if (!cJSON_IsString(it) || strlen(it->valuestring) >= GR_CKPT_NAME_MAX ||
+            !safe_name(it->valuestring))
+            return gr_seterr(GR_ECORRUPT, "manifest: part %zu is not a plain name", m->nparts);
+        for (size_t k = 0; k < m->nparts; k++)
+            if (!strcmp(m->parts[k], it->valuestring))
+                return gr_seterr(GR_ECORRUPT, "manifest: part '%s' listed twice", it->valuestring);
+        snprintf(m->parts[m->nparts++], GR_CKPT_NAME_MAX, "%s", it->valuestring);
+    }
     return GR_OK;
 }
 
@@ -265,7 +292,7 @@ static int parse_root(const cJSON *root, gr_ckpt_manifest *m)
         return gr_seterr(GR_ECORRUPT, "manifest: kind %s does not match its files",
                          gr_ckpt_kind_name(m->kind));
     (void)all_export;
-    return GR_OK;
+    return parse_parts(root, m);
 }
 
 int gr_ckpt_manifest_parse(const char *json, size_t len, gr_ckpt_manifest **out)
@@ -373,6 +400,12 @@ char *gr_ckpt_manifest_to_json(const gr_ckpt_manifest *m)
         cJSON_AddItemToObject(o, "keys", u64_array(f->keys, m->ntables));
         cJSON_AddItemToArray(files, o);
     }
+    /* Only when there are parts: manifests without any read and print as before. */
+    if (m->nparts) {
+        cJSON *parts = cJSON_AddArrayToObject(root, "parts");
+        for (size_t i = 0; parts && i < m->nparts; i++)
+            cJSON_AddItemToArray(parts, cJSON_CreateString(m->parts[i]));
+    }
     char *s = cJSON_Print(root);
     cJSON_Delete(root);
     return s;
@@ -380,7 +413,44 @@ char *gr_ckpt_manifest_to_json(const gr_ckpt_manifest *m)
 
 /* ---- commit ---- */
 
+/* Each part must be a plain name, listed once, and a committed checkpoint itself. */
+static int commit_parts(const char *dir, const char *const *parts, size_t nparts,
+                        gr_ckpt_manifest *m)
+{
+    if (!parts || nparts > GR_CKPT_SHARDS_MAX)
+        return gr_seterr(GR_EINVAL, "%s: %zu parts (at most %d, and a list of names)", dir,
+                         nparts, GR_CKPT_SHARDS_MAX);
+    m->parts = calloc(nparts, sizeof *m->parts);
+    if (!m->parts) return gr_seterr(GR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < nparts; i++) {
+        const char *p = parts[i];
+        if (!p || strlen(p) >= GR_CKPT_NAME_MAX || !safe_name(p))
+            return gr_seterr(GR_EINVAL, "part '%s' is not a plain name", p ? p : "(null)");
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(parts[k], p))
+                return gr_seterr(GR_EINVAL, "part '%s' is given twice", p);
+        char sub[4096];
+        int rc = ck_path(sub, sizeof sub, dir, p);
+        gr_ckpt_manifest *pm = NULL;
+        if (rc == GR_OK) rc = gr_ckpt_manifest_read(sub, &pm);
+        gr_ckpt_manifest_destroy(pm);
+        if (rc != GR_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", gr_errmsg());
+            return gr_seterr(rc, "%s: part '%s' is not complete: %s", dir, p, msg);
+        }
+        snprintf(m->parts[m->nparts++], GR_CKPT_NAME_MAX, "%s", p);
+    }
+    return GR_OK;
+}
+
 int gr_ckpt_commit(const char *dir, const gr_ckpt_commit_opts *o)
+{
+    return gr_ckpt_commit_parts(dir, o, NULL, 0);
+}
+
+int gr_ckpt_commit_parts(const char *dir, const gr_ckpt_commit_opts *o, const char *const *parts,
+                         size_t nparts)
 {
     if (!dir || !o) return gr_seterr(GR_EINVAL, "gr_ckpt_commit: NULL argument");
     if (o->shards == 0 || o->shards > GR_CKPT_SHARDS_MAX)
@@ -516,6 +586,7 @@ int gr_ckpt_commit(const char *dir, const gr_ckpt_commit_opts *o)
             }
         }
     }
+    if (rc == GR_OK && nparts) rc = commit_parts(dir, parts, nparts, m);
     char *json = NULL;
     if (rc == GR_OK) {
         json = gr_ckpt_manifest_to_json(m);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -239,5 +240,30 @@ int gr_ckpt_read_small(const char *path, size_t max, char **out, size_t *len)
     buf[got] = '\0';
     *out = buf;
     if (len) *len = got;
+    return GR_OK;
+}
+
+/* ---- the row check the writer and the loader share ---- */
+
+int ck_check_row(const char *where, const char *table, uint64_t key, const float *w,
+                 uint32_t dim, bool f16, const float *state, uint32_t nstate)
+{
+    /* 65520 is the smallest float that rounds to an f16 inf. Branch-free first pass. */
+    const float wlimit = f16 ? 65520.0f : INFINITY;
+    uint32_t ok = 1;
+    for (uint32_t i = 0; i < dim; i++) ok &= (uint32_t)(fabsf(w[i]) < wlimit);
+    for (uint32_t i = 0; i < nstate; i++) ok &= (uint32_t)isfinite(state[i]);
+    if (ok) return GR_OK;
+    for (uint32_t i = 0; i < dim; i++)
+        if (!(fabsf(w[i]) < wlimit))
+            return gr_seterr(GR_ECORRUPT,
+                             "%s: table '%s', row of key %" PRIu64 ": weight element %u is %g, "
+                             "not finite%s", where, table, key, i, (double)w[i],
+                             f16 && isfinite(w[i]) ? " in half precision" : "");
+    for (uint32_t i = 0; i < nstate; i++)
+        if (!isfinite(state[i]))
+            return gr_seterr(GR_ECORRUPT,
+                             "%s: table '%s', row of key %" PRIu64 ": optimizer state element %u "
+                             "is %g, not finite", where, table, key, i, (double)state[i]);
     return GR_OK;
 }

@@ -77,6 +77,7 @@ typedef struct ck_writer {
     ck_job *cur;
     ck_table_info ti;
     uint32_t table;
+    const char *table_name; /* for messages */
     uint64_t rows, keys, fault_after;
     uint64_t table_rows, table_keys;
     int cb_err;
@@ -453,6 +454,13 @@ static int row_cb(void *ctx, uint64_t key, const float *weights, const float *st
                               (unsigned long long)w->rows);
         return w->cb_err;
     }
+    /* What the loader would refuse is never written: the save fails, naming the row. */
+    int bad = ck_check_row("checkpoint save (nothing committed)", w->table_name, key, weights,
+                           w->ti.dim, w->ti.weight_type == CK_W_F16, state, w->ti.state_floats);
+    if (bad) {
+        w->cb_err = bad;
+        return bad;
+    }
     if (!w->cur) {
         bool pause;
         w->cur = get_block(w, true, &pause);
@@ -645,6 +653,14 @@ static int write_rows_by_key(ck_writer *w, gr_table *t, const keylist *kl)
                 if (ti->has_meta) mcol[m] = mcol[i];
             }
             m++;
+        }
+        /* What the loader would refuse is never written: the save fails, naming the row. */
+        for (uint64_t i = 0; rc == GR_OK && i < m; i++)
+            rc = ck_check_row("checkpoint save (nothing committed)", w->table_name, keys[i],
+                              wout + i * dim, dim, f16, sf ? scol + i * sf : NULL, sf);
+        if (rc != GR_OK) {
+            put_block(w, j);
+            break;
         }
         if (f16) {
             uint16_t *h = (uint16_t *)wcol;
@@ -906,6 +922,7 @@ int ck_write_shard(const char *dir, gr_table *const *tables, const gr_table_spec
         if (rc != GR_OK) break;
         w->ti = ti;
         w->table = (uint32_t)i;
+        w->table_name = sp->name;
         w->table_rows = w->table_keys = 0;
         keylist kl;
         if (o->kind == GR_CKPT_DELTA) {

@@ -1,92 +1,133 @@
 /* `granary train`: trains LR or DLRM on Criteo-layout files with W worker threads against a
  * parameter-server cluster (an embedded one of S in-process shards by default, or remote
- * servers), in async, sync, semisync or ssp mode, or against the in-process local backend
- * (--local). Prints progress on stderr and reports test AUC/logloss and throughput, also as
- * JSON (--metrics-out). */
+ * servers), in async, sync, semisync, ssp or hybrid mode, or against the in-process local
+ * backend (--local). Prints progress on stderr and reports test AUC/logloss and throughput,
+ * also as JSON (--metrics-out). Its options are one table (cli/opts.h); the command is: parse,
+ * turn the values into the trainer's options, check combinations, build the backend, run,
+ * report. */
 #include "cli/cli.h"
+#include "cli/opts.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: granary train --train FILE [--test FILE] [options]\n"
-            "  --model lr|dlrm      model (default dlrm)\n"
-            "  --dim D              DLRM embedding dim (default 16)\n"
-            "  --bottom LIST        DLRM bottom hidden sizes (default 64,32; output is D)\n"
-            "  --top LIST           DLRM top hidden sizes (default 128,64; output is 1)\n"
-            "  --batch B            examples per worker step (default 1024)\n"
-            "  --epochs E           passes over the training file (default 1)\n"
-            "  --workers W          worker threads (default 2)\n"
-            "  --mode M             async (default), sync, semisync or ssp (docs/sync.md)\n"
-            "  --aggregate K        semisync: gradients per applied step (default N-1, N > 1)\n"
-            "  --backup B           semisync: B backup workers, i.e. K = N - B\n"
-            "  --staleness S        semisync: drop gradients older than S steps (default 0);\n"
-            "                       ssp: run at most S steps ahead of the slowest (default 2)\n"
-            "  --straggler W:F      slow worker W down F times (sleeps (F-1) x its compute time)\n"
-            "  --sync-timeout MS    a step waiting longer than this for the others fails\n"
-            "                       (default 60000)\n"
-            "  --sync-reset         replace a different sync job the servers still run\n"
-            "  --data static|shared how workers split the file (default: static for sync and one\n"
-            "                       worker, shared chunks otherwise)\n"
-            "  --shards S           shards of the embedded local cluster (default 2)\n"
-            "  --shard-threads T    worker threads per embedded shard (default 2)\n"
-            "  --servers LIST       use these parameter servers host:port,... instead\n"
-            "  --auth-file F        the servers' shared secret (with --servers)\n"
-            "  --local              no parameter server: the in-process local backend (async\n"
-            "                       only; same as --shards 0)\n"
-            "  --lr X               embedding learning rate (Adagrad lr; LR: FTRL alpha)\n"
-            "                       (default 0.05)\n"
-            "  --dense-lr X         dense parameters' learning rate (default dlrm 0.001, lr 0.01)\n"
-            "  --dense-optimizer O  adam (default), adagrad or sgd\n"
-            "  --emb-optimizer O    adagrad (dlrm default), rowwise_adagrad, adam, sgd, ftrl (lr\n"
-            "                       default)\n"
-            "  --emb-init X         embedding init uniform in [-X, X] (dlrm default 0.05; 0 = zeros)\n"
-            "  --emb-init-acc X     Adagrad initial accumulator (default 1e-7)\n"
-            "  --admit-min-count N  an id gets a row once seen N times (table admission)\n"
-            "  --seed S             dense init and embedding init seed (default 1)\n"
-            "  --no-pipeline        read, pull, compute and push in turn instead of overlapped\n"
-            "  --queue-depth N      batches between pipeline stages (default 1)\n"
-            "  --parse-threads T    parser threads per worker (default 0: the reader stage parses)\n"
-            "  --strict             stop at the first bad line instead of skipping it\n"
-            "  --max-examples N     stop after about N training examples\n"
-            "  --progress SECS      progress line interval on stderr (default 5; 0 = none)\n"
-            "  --metrics-out FILE   write the final metrics as JSON\n"
-            "  --max-steps N        stop once every worker has done N steps (counting steps done\n"
-            "                       before a resume)\n"
-            "checkpoints (docs/checkpoints.md, docs/operations.md; the servers write them):\n"
-            "  --ckpt-dir DIR       checkpoint root, on the servers' filesystem\n"
-            "  --ckpt-every STEPS   checkpoint every STEPS steps (default 0: only at the end)\n"
-            "  --ckpt-keep N        keep the newest N complete checkpoints (default 0: all)\n"
-            "  --ckpt-incremental   write deltas on top of the previous checkpoint where possible\n"
-            "  --ckpt-full-every N  with deltas: a full checkpoint at least every N\n"
-            "  --ckpt-zstd L        compress sections with zstd level L (1..19; default 0: raw)\n"
-            "  --resume DIR         continue from the newest complete checkpoint under DIR (or the\n"
-            "                       checkpoint DIR): parameters, optimizer state and data position;\n"
-            "                       nothing there: start from scratch\n");
-}
+/* Every option of `granary train`, declared once (also the keys of --config FILE). */
+#define TRAIN_OPTIONS(X)                                                                       \
+    X(TO_TRAIN, "train", GR_CLI_STR, "train", 0, 0, NULL, "FILE", NULL,                        \
+      "training file (Criteo TSV); required")                                                  \
+    X(TO_TEST, "test", GR_CLI_STR, "test", 0, 0, NULL, "FILE", NULL,                           \
+      "test file: AUC and logloss at the end")                                                 \
+    X(TO_MODEL, "model", GR_CLI_CHOICE, "model", 0, 0, "lr|dlrm", NULL, "dlrm", "the model")   \
+    X(TO_DIM, "dim", GR_CLI_INT, "dim", 1, GR_TABLE_DIM_MAX, NULL, "D", "16",                  \
+      "DLRM embedding dim")                                                                    \
+    X(TO_BOTTOM, "bottom", GR_CLI_STR, "bottom", 0, 0, NULL, "LIST", "64,32",                  \
+      "DLRM bottom hidden sizes (output is D)")                                                \
+    X(TO_TOP, "top", GR_CLI_STR, "top", 0, 0, NULL, "LIST", "128,64",                          \
+      "DLRM top hidden sizes (output is 1)")                                                   \
+    X(TO_BATCH, "batch", GR_CLI_INT, "batch", 1, 1 << 20, NULL, "B", "1024",                   \
+      "examples per worker step")                                                              \
+    X(TO_EPOCHS, "epochs", GR_CLI_INT, "epochs", 1, 1000, NULL, "E", "1",                      \
+      "passes over the training file")                                                         \
+    X(TO_WORKERS, "workers", GR_CLI_INT, "workers", 1, 256, NULL, "W", "2", "worker threads")  \
+    X(TO_MODE, "mode", GR_CLI_CHOICE, "mode", 0, 0, "async|sync|semisync|ssp|hybrid", NULL,    \
+      NULL, "docs/sync.md; default: async for 1 worker (and --local), hybrid for more")        \
+    X(TO_EMBSTALE, "emb-staleness", GR_CLI_INT, "emb_staleness", 0, 64, NULL, "S", "0",        \
+      "hybrid: a worker's batches pulled but not yet pushed when it pulls the next")           \
+    X(TO_AGG, "aggregate", GR_CLI_INT, "aggregate", 1, 65536, NULL, "K", NULL,                 \
+      "semisync: gradients per applied step (default N-1, N > 1)")                             \
+    X(TO_BACKUP, "backup", GR_CLI_INT, "backup", 0, 65535, NULL, "B", NULL,                    \
+      "semisync: B backup workers, i.e. K = N - B")                                            \
+    X(TO_STALE, "staleness", GR_CLI_INT, "staleness", 0, 1e6, NULL, "S", NULL,                 \
+      "semisync: drop gradients older than S steps (default 0);\n"                            \
+      "ssp: run at most S steps ahead of the slowest (default 2)")                             \
+    X(TO_STRAG, "straggler", GR_CLI_STR, "straggler", 0, 0, NULL, "W:F", NULL,                 \
+      "slow worker W down F times (sleeps (F-1) x its compute time)")                          \
+    X(TO_STIMEOUT, "sync-timeout", GR_CLI_INT, "sync_timeout", 1, 86400000, NULL, "MS",        \
+      "60000", "a step waiting longer than this for the others fails")                         \
+    X(TO_SRESET, "sync-reset", GR_CLI_FLAG, "sync_reset", 0, 0, NULL, NULL, NULL,              \
+      "replace a different sync job the servers still run")                                    \
+    X(TO_DATA, "data", GR_CLI_CHOICE, "data", 0, 0, "static|shared", NULL, NULL,               \
+      "how workers split the file (default: static for sync, hybrid and one\n"                \
+      "worker, shared chunks otherwise)")                                                      \
+    X(TO_SHARDS, "shards", GR_CLI_INT, "shards", 0, 256, NULL, "S", "2",                       \
+      "shards of the embedded local cluster (0: --local)")                                     \
+    X(TO_SHTHREADS, "shard-threads", GR_CLI_INT, "shard_threads", 1, 256, NULL, "T", "2",      \
+      "worker threads per embedded shard")                                                     \
+    X(TO_SERVERS, "servers", GR_CLI_STR, "servers", 0, 0, NULL, "LIST", NULL,                  \
+      "use these parameter servers host:port,... instead")                                     \
+    X(TO_AUTH, "auth-file", GR_CLI_STR, "auth_file", 0, 0, NULL, "F", NULL,                    \
+      "the servers' shared secret (with --servers)")                                           \
+    X(TO_LOCAL, "local", GR_CLI_FLAG, "local", 0, 0, NULL, NULL, NULL,                         \
+      "no parameter server: the in-process local backend (async only; = --shards 0)")          \
+    X(TO_LR, "lr", GR_CLI_NUM, "lr", 1e-9, 1e3, NULL, "X", NULL,                               \
+      "embedding learning rate (Adagrad lr; LR: FTRL alpha) (default 0.05)")                   \
+    X(TO_DLR, "dense-lr", GR_CLI_NUM, "dense_lr", 1e-9, 1e3, NULL, "X", NULL,                  \
+      "dense parameters' learning rate for one worker (default dlrm 0.001,\n"                 \
+      "lr 0.01); sync and hybrid use X * sqrt(W)")                                             \
+    X(TO_DENSEOPT, "dense-optimizer", GR_CLI_CHOICE, "dense_optimizer", 0, 0,                  \
+      "adam|adagrad|sgd", NULL, "adam", "the dense parameters' optimizer")                     \
+    X(TO_EMBOPT, "emb-optimizer", GR_CLI_CHOICE, "emb_optimizer", 0, 0,                        \
+      "sgd|adagrad|rowwise_adagrad|adam|ftrl", NULL, NULL,                                     \
+      "embedding optimizer (default: adagrad for dlrm, ftrl for lr)")                          \
+    X(TO_EMBINIT, "emb-init", GR_CLI_NUM, "emb_init", 0, 10, NULL, "X", NULL,                  \
+      "embedding init uniform in [-X, X] (dlrm default 0.05; 0 = zeros)")                      \
+    X(TO_EMBACC, "emb-init-acc", GR_CLI_NUM, "emb_init_acc", 0, 1e3, NULL, "X", NULL,          \
+      "Adagrad initial accumulator (default 1e-7)")                                            \
+    X(TO_ADMIT, "admit-min-count", GR_CLI_INT, "admit_min_count", 0, 1e6, NULL, "N", NULL,     \
+      "an id gets a row once seen N times (table admission)")                                  \
+    X(TO_SEED, "seed", GR_CLI_INT, "seed", 0, 9007199254740992.0, NULL, "S", "1",              \
+      "dense init and embedding init seed")                                                    \
+    X(TO_NOPIPE, "no-pipeline", GR_CLI_FLAG, "no_pipeline", 0, 0, NULL, NULL, NULL,            \
+      "read, pull, compute and push in turn instead of overlapped")                            \
+    X(TO_DEPTH, "queue-depth", GR_CLI_INT, "queue_depth", 1, 64, NULL, "N", "1",               \
+      "batches between pipeline stages")                                                       \
+    X(TO_PARSE, "parse-threads", GR_CLI_INT, "parse_threads", 0, 64, NULL, "T", "0",           \
+      "parser threads per worker (0: the reader stage parses)")                                \
+    X(TO_STRICT, "strict", GR_CLI_FLAG, "strict", 0, 0, NULL, NULL, NULL,                      \
+      "stop at the first bad line instead of skipping it")                                     \
+    X(TO_MAX, "max-examples", GR_CLI_INT, "max_examples", 0, 1e18, NULL, "N", "0",             \
+      "stop after about N training examples (0: no limit)")                                    \
+    X(TO_PROGRESS, "progress", GR_CLI_NUM, "progress", 0, 86400, NULL, "SECS", "5",            \
+      "progress line interval on stderr (0 = none)")                                           \
+    X(TO_METRICS, "metrics-out", GR_CLI_STR, "metrics_out", 0, 0, NULL, "FILE", NULL,          \
+      "write the final metrics as JSON")                                                       \
+    X(TO_MAXSTEPS, "max-steps", GR_CLI_INT, "max_steps", 0, 1e15, NULL, "N", "0",              \
+      "stop once every worker has done N steps (counting steps done before a resume)")         \
+    X(TO_CKDIR, "ckpt-dir", GR_CLI_STR, "ckpt_dir", 0, 0, NULL, "DIR", NULL,                   \
+      "checkpoint root, on the servers' filesystem (docs/checkpoints.md)")                     \
+    X(TO_CKEVERY, "ckpt-every", GR_CLI_INT, "ckpt_every", 0, 1e15, NULL, "STEPS", "0",         \
+      "checkpoint every STEPS steps (0: only at the end)")                                     \
+    X(TO_CKKEEP, "ckpt-keep", GR_CLI_INT, "ckpt_keep", 0, 1e6, NULL, "N", "0",                 \
+      "keep the newest N complete checkpoints (0: all)")                                       \
+    X(TO_CKINCR, "ckpt-incremental", GR_CLI_FLAG, "ckpt_incremental", 0, 0, NULL, NULL, NULL,  \
+      "write deltas on top of the previous checkpoint where possible")                         \
+    X(TO_CKFULL, "ckpt-full-every", GR_CLI_INT, "ckpt_full_every", 0, 1e6, NULL, "N", "0",     \
+      "with deltas: a full checkpoint at least every N")                                       \
+    X(TO_CKZSTD, "ckpt-zstd", GR_CLI_INT, "ckpt_zstd", 0, 19, NULL, "L", "0",                  \
+      "compress sections with zstd level L (0: raw)")                                          \
+    X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
+      "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
+      "DIR): parameters, optimizer state and data position; nothing there: start\n"           \
+      "from scratch")
 
-static int parse_num(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "granary train: %s wants a number in [%g, %g], got '%s'\n", opt, lo, hi,
-                s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
+enum { TRAIN_OPTIONS(GR_CLI_ENUM) TO_COUNT };
+static const gr_cli_opt train_opts[] = {TRAIN_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec train_spec = {
+    .command = "train",
+    .synopsis = "granary train --train FILE [--test FILE] [options]",
+    .opts = train_opts,
+    .n_opts = TO_COUNT,
+    .config_section = "",
+    .epilog = "Checkpoints (--ckpt-*, --resume): docs/checkpoints.md, docs/operations.md; the\n"
+              "servers write them. Modes and their accuracy: docs/train.md, docs/sync.md.\n",
+};
 
 /* What ran, for the metrics file. */
 typedef struct run_info {
@@ -162,6 +203,18 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "straggler_factor", o->straggler_factor);
     }
     cJSON_AddNumberToObject(j, "wait_seconds", r->wait_seconds);
+    /* Seconds per stage, summed over every batch of every worker (docs/train.md). */
+    cJSON *st = cJSON_AddObjectToObject(j, "stage_seconds");
+    cJSON_AddNumberToObject(st, "read", r->read_seconds);
+    cJSON_AddNumberToObject(st, "pull", r->pull_seconds);
+    cJSON_AddNumberToObject(st, "compute", r->compute_seconds);
+    cJSON_AddNumberToObject(st, "push", r->push_seconds);
+    cJSON_AddNumberToObject(st, "wait", r->stage_wait_seconds);
+    if (o->mode == GR_MODE_HYBRID) {
+        cJSON_AddNumberToObject(j, "emb_staleness_bound", r->emb_staleness_bound);
+        cJSON_AddNumberToObject(j, "emb_staleness_max", (double)r->emb_staleness_max);
+        cJSON_AddNumberToObject(j, "emb_staleness_mean", r->emb_staleness_mean);
+    }
     if (o->resume || o->ckpt_dir) {
         cJSON_AddNumberToObject(j, "resumed_step", (double)r->resumed_step);
         cJSON_AddStringToObject(j, "resumed_from", r->resumed_from);
@@ -193,426 +246,318 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
     return rc;
 }
 
-int gr_cli_train(int argc, char **argv)
-{
-    enum {
-        O_TRAIN = 256, O_TEST, O_MODEL, O_DIM, O_BATCH, O_EPOCHS, O_MODE, O_WORKERS, O_SHARDS,
-        O_SERVERS, O_METRICS, O_NOPIPE, O_SEED, O_LR, O_DLR, O_BOTTOM, O_TOP, O_PARSE, O_STRICT,
-        O_MAX, O_PROGRESS, O_EMBOPT, O_EMBINIT, O_EMBACC, O_DENSEOPT, O_ADMIT, O_DEPTH,
-        O_AGG, O_BACKUP, O_STALE, O_STRAG, O_STIMEOUT, O_SRESET, O_DATA, O_SHTHREADS, O_AUTH,
-        O_LOCAL, O_CKDIR, O_CKEVERY, O_CKKEEP, O_CKINCR, O_CKFULL, O_CKZSTD, O_RESUME,
-        O_MAXSTEPS,
-    };
-    static const struct option opts[] = {
-        {"train", required_argument, NULL, O_TRAIN},     {"test", required_argument, NULL, O_TEST},
-        {"model", required_argument, NULL, O_MODEL},     {"dim", required_argument, NULL, O_DIM},
-        {"batch", required_argument, NULL, O_BATCH},     {"epochs", required_argument, NULL, O_EPOCHS},
-        {"mode", required_argument, NULL, O_MODE},       {"workers", required_argument, NULL, O_WORKERS},
-        {"shards", required_argument, NULL, O_SHARDS},   {"servers", required_argument, NULL, O_SERVERS},
-        {"metrics-out", required_argument, NULL, O_METRICS},
-        {"no-pipeline", no_argument, NULL, O_NOPIPE},    {"seed", required_argument, NULL, O_SEED},
-        {"lr", required_argument, NULL, O_LR},           {"dense-lr", required_argument, NULL, O_DLR},
-        {"bottom", required_argument, NULL, O_BOTTOM},   {"top", required_argument, NULL, O_TOP},
-        {"parse-threads", required_argument, NULL, O_PARSE},
-        {"strict", no_argument, NULL, O_STRICT},         {"max-examples", required_argument, NULL, O_MAX},
-        {"progress", required_argument, NULL, O_PROGRESS},
-        {"emb-optimizer", required_argument, NULL, O_EMBOPT},
-        {"emb-init", required_argument, NULL, O_EMBINIT},
-        {"emb-init-acc", required_argument, NULL, O_EMBACC},
-        {"dense-optimizer", required_argument, NULL, O_DENSEOPT},
-        {"admit-min-count", required_argument, NULL, O_ADMIT},
-        {"queue-depth", required_argument, NULL, O_DEPTH},
-        {"aggregate", required_argument, NULL, O_AGG},   {"backup", required_argument, NULL, O_BACKUP},
-        {"staleness", required_argument, NULL, O_STALE},
-        {"straggler", required_argument, NULL, O_STRAG},
-        {"sync-timeout", required_argument, NULL, O_STIMEOUT},
-        {"sync-reset", no_argument, NULL, O_SRESET},     {"data", required_argument, NULL, O_DATA},
-        {"shard-threads", required_argument, NULL, O_SHTHREADS},
-        {"auth-file", required_argument, NULL, O_AUTH},  {"local", no_argument, NULL, O_LOCAL},
-        {"ckpt-dir", required_argument, NULL, O_CKDIR},
-        {"ckpt-every", required_argument, NULL, O_CKEVERY},
-        {"ckpt-keep", required_argument, NULL, O_CKKEEP},
-        {"ckpt-incremental", no_argument, NULL, O_CKINCR},
-        {"ckpt-full-every", required_argument, NULL, O_CKFULL},
-        {"ckpt-zstd", required_argument, NULL, O_CKZSTD},
-        {"resume", required_argument, NULL, O_RESUME},
-        {"max-steps", required_argument, NULL, O_MAXSTEPS},
-        {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
-    };
-    /* First pass: the model kind decides the defaults the other options change. */
-    gr_model_kind kind = GR_MODEL_DLRM;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--model")) {
-            if (!strcmp(argv[i + 1], "lr"))
-                kind = GR_MODEL_LR;
-            else if (strcmp(argv[i + 1], "dlrm")) {
-                fprintf(stderr, "granary train: --model must be lr or dlrm, got '%s'\n",
-                        argv[i + 1]);
-                return 2;
-            }
-        }
+/* What the command runs with, from the option values. */
+typedef struct train_cmd {
     gr_train_opts o;
-    gr_train_opts_default(&o, kind);
+    gr_local_backend_opts bo; /* the dense optimizer (local backend, or the shards') */
+    const char *metrics, *servers, *auth_file;
+    unsigned shards, shard_threads;
+    long aggregate, backup, staleness; /* -1: not given */
+    uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
+    uint32_t sync_timeout_ms;
+    bool sync_reset, local;
+} train_cmd;
+
+/* The values into the trainer's options: the model kind's defaults first, then what was given. */
+static int apply_opts(const gr_cli_value *v, train_cmd *c)
+{
+    gr_model_kind kind = v[TO_MODEL].i == 0 ? GR_MODEL_LR : GR_MODEL_DLRM;
+    gr_train_opts *o = &c->o;
+    gr_train_opts_default(o, kind);
     /* LR's 14 dense weights (13 features + bias) need a bigger step than DLRM's MLPs to get
      * the bias to the base rate within one epoch. */
-    gr_local_backend_opts bo = {GR_DENSE_OPT_ADAM, kind == GR_MODEL_LR ? 1e-2f : 1e-3f, 0.9f,
-                                0.999f, 1e-8f};
-    const char *metrics = NULL, *servers = NULL, *auth_file = NULL;
-    double v;
-    long shards = 2, shard_threads = 2, aggregate = -1, backup = -1, staleness = -1;
-    double sync_timeout = 60000;
-    bool sync_reset = false;
-    bool dim_set = false;
-    uint64_t seed = 1;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_TRAIN: o.train_path = optarg; break;
-        case O_TEST: o.test_path = optarg; break;
-        case O_MODEL: break; /* handled above */
-        case O_DIM:
-            if (parse_num("--dim", optarg, 1, GR_TABLE_DIM_MAX, &v)) return 2;
-            o.model.dim = (uint32_t)v;
-            dim_set = true;
-            break;
-        case O_BATCH:
-            if (parse_num("--batch", optarg, 1, 1 << 20, &v)) return 2;
-            o.batch = (size_t)v;
-            break;
-        case O_EPOCHS:
-            if (parse_num("--epochs", optarg, 1, 1000, &v)) return 2;
-            o.epochs = (unsigned)v;
-            break;
-        case O_MODE:
-            if (gr_train_mode_parse(optarg, &o.mode)) {
-                fprintf(stderr, "granary train: %s\n", gr_errmsg());
-                return 2;
-            }
-            break;
-        case O_WORKERS:
-            if (parse_num("--workers", optarg, 1, 256, &v)) return 2;
-            o.workers = (unsigned)v;
-            break;
-        case O_SHARDS:
-            if (parse_num("--shards", optarg, 0, 256, &v)) return 2;
-            shards = (long)v;
-            break;
-        case O_SERVERS: servers = optarg; break;
-        case O_METRICS: metrics = optarg; break;
-        case O_NOPIPE: o.pipeline = false; break;
-        case O_SEED:
-            if (parse_num("--seed", optarg, 0, 9007199254740992.0, &v)) return 2;
-            seed = (uint64_t)v;
-            break;
-        case O_LR:
-            if (parse_num("--lr", optarg, 1e-9, 1e3, &v)) return 2;
-            o.emb.opt.lr = (float)v;
-            break;
-        case O_DLR:
-            if (parse_num("--dense-lr", optarg, 1e-9, 1e3, &v)) return 2;
-            bo.dense_lr = (float)v;
-            break;
-        case O_BOTTOM:
-            if (gr_model_parse_layers(optarg, o.model.bottom, &o.model.n_bottom)) {
-                fprintf(stderr, "granary train: --bottom: %s\n", gr_errmsg());
-                return 2;
-            }
-            break;
-        case O_TOP:
-            if (gr_model_parse_layers(optarg, o.model.top, &o.model.n_top)) {
-                fprintf(stderr, "granary train: --top: %s\n", gr_errmsg());
-                return 2;
-            }
-            break;
-        case O_PARSE:
-            if (parse_num("--parse-threads", optarg, 0, 64, &v)) return 2;
-            o.parse_threads = (unsigned)v;
-            break;
-        case O_STRICT: o.strict = true; break;
-        case O_MAX:
-            if (parse_num("--max-examples", optarg, 0, 1e18, &v)) return 2;
-            o.max_examples = (uint64_t)v;
-            break;
-        case O_PROGRESS:
-            if (parse_num("--progress", optarg, 0, 86400, &v)) return 2;
-            o.progress_s = v;
-            break;
-        case O_EMBOPT:
-            if (!strcmp(optarg, "sgd")) o.emb.opt.kind = GR_OPT_SGD;
-            else if (!strcmp(optarg, "adagrad")) o.emb.opt.kind = GR_OPT_ADAGRAD;
-            else if (!strcmp(optarg, "rowwise_adagrad")) o.emb.opt.kind = GR_OPT_ROWWISE_ADAGRAD;
-            else if (!strcmp(optarg, "adam")) o.emb.opt.kind = GR_OPT_ADAM;
-            else if (!strcmp(optarg, "ftrl")) o.emb.opt.kind = GR_OPT_FTRL;
-            else {
-                fprintf(stderr, "granary train: --emb-optimizer: sgd, adagrad, rowwise_adagrad, "
-                                "adam or ftrl, not '%s'\n", optarg);
-                return 2;
-            }
-            if (o.emb.opt.kind == GR_OPT_ADAM) {
-                o.emb.opt.beta1 = 0.9f;
-                o.emb.opt.beta2 = 0.999f;
-                o.emb.opt.eps = 1e-8f;
-            }
-            break;
-        case O_EMBINIT:
-            if (parse_num("--emb-init", optarg, 0, 10, &v)) return 2;
-            o.emb.init.kind = v > 0 ? GR_INIT_UNIFORM : GR_INIT_ZEROS;
-            o.emb.init.low = (float)-v;
-            o.emb.init.high = (float)v;
-            break;
-        case O_EMBACC:
-            if (parse_num("--emb-init-acc", optarg, 0, 1e3, &v)) return 2;
-            o.emb.opt.initial_accumulator = (float)v;
-            break;
-        case O_DENSEOPT:
-            if (!strcmp(optarg, "adam")) bo.dense_opt = GR_DENSE_OPT_ADAM;
-            else if (!strcmp(optarg, "adagrad")) bo.dense_opt = GR_DENSE_OPT_ADAGRAD;
-            else if (!strcmp(optarg, "sgd")) bo.dense_opt = GR_DENSE_OPT_SGD;
-            else {
-                fprintf(stderr, "granary train: --dense-optimizer: adam, adagrad or sgd\n");
-                return 2;
-            }
-            break;
-        case O_AGG:
-            if (parse_num("--aggregate", optarg, 1, 65536, &v)) return 2;
-            aggregate = (long)v;
-            break;
-        case O_BACKUP:
-            if (parse_num("--backup", optarg, 0, 65535, &v)) return 2;
-            backup = (long)v;
-            break;
-        case O_STALE:
-            if (parse_num("--staleness", optarg, 0, 1e6, &v)) return 2;
-            staleness = (long)v;
-            break;
-        case O_STRAG: {
-            char *colon = strchr(optarg, ':'), *end;
-            errno = 0;
-            unsigned long w = strtoul(optarg, &end, 10);
-            double f = colon ? strtod(colon + 1, &end) : 0;
-            if (!colon || colon == optarg || *end || errno || w > 255 || !(f >= 1 && f <= 1000)) {
-                fprintf(stderr, "granary train: --straggler wants WORKER:FACTOR (e.g. 3:3), got "
-                                "'%s'\n", optarg);
-                return 2;
-            }
-            o.straggler = (unsigned)w;
-            o.straggler_factor = f;
-            break;
-        }
-        case O_STIMEOUT:
-            if (parse_num("--sync-timeout", optarg, 1, 86400000, &v)) return 2;
-            sync_timeout = v;
-            break;
-        case O_SRESET: sync_reset = true; break;
-        case O_DATA:
-            if (!strcmp(optarg, "static")) o.data = GR_TRAIN_DATA_STATIC;
-            else if (!strcmp(optarg, "shared")) o.data = GR_TRAIN_DATA_SHARED;
-            else {
-                fprintf(stderr, "granary train: --data static or shared, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_SHTHREADS:
-            if (parse_num("--shard-threads", optarg, 1, 256, &v)) return 2;
-            shard_threads = (long)v;
-            break;
-        case O_AUTH: auth_file = optarg; break;
-        case O_CKDIR: o.ckpt_dir = optarg; break;
-        case O_CKEVERY:
-            if (parse_num("--ckpt-every", optarg, 0, 1e15, &v)) return 2;
-            o.ckpt_every = (uint64_t)v;
-            break;
-        case O_CKKEEP:
-            if (parse_num("--ckpt-keep", optarg, 0, 1e6, &v)) return 2;
-            o.ckpt_keep = (uint32_t)v;
-            break;
-        case O_CKINCR: o.ckpt_incremental = true; break;
-        case O_CKFULL:
-            if (parse_num("--ckpt-full-every", optarg, 0, 1e6, &v)) return 2;
-            o.ckpt_full_every = (uint32_t)v;
-            break;
-        case O_CKZSTD:
-            if (parse_num("--ckpt-zstd", optarg, 0, 19, &v)) return 2;
-            o.ckpt_zstd = (int)v;
-            break;
-        case O_RESUME: o.resume = optarg; break;
-        case O_MAXSTEPS:
-            if (parse_num("--max-steps", optarg, 0, 1e15, &v)) return 2;
-            o.max_steps = (uint64_t)v;
-            break;
-        case O_LOCAL: shards = 0; break;
-        case O_DEPTH:
-            if (parse_num("--queue-depth", optarg, 1, 64, &v)) return 2;
-            o.queue_depth = (unsigned)v;
-            break;
-        case O_ADMIT:
-            if (parse_num("--admit-min-count", optarg, 0, 1e6, &v)) return 2;
-            o.emb.admit_min_count = (uint32_t)v;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "granary train: unexpected argument '%s'\n", argv[optind]);
+    c->bo = (gr_local_backend_opts){GR_DENSE_OPT_ADAM, kind == GR_MODEL_LR ? 1e-2f : 1e-3f,
+                                    0.9f, 0.999f, 1e-8f};
+    o->train_path = v[TO_TRAIN].s;
+    o->test_path = v[TO_TEST].s;
+    /* Only what was given replaces the model kind's defaults (the table's defaults say what
+     * they are for --help). */
+    if (v[TO_DIM].given) o->model.dim = (uint32_t)v[TO_DIM].i;
+    if (v[TO_BOTTOM].given &&
+        gr_model_parse_layers(v[TO_BOTTOM].s, o->model.bottom, &o->model.n_bottom)) {
+        fprintf(stderr, "granary train: --bottom: %s\n", gr_errmsg());
         return 2;
     }
-    if (!o.train_path) {
-        fprintf(stderr, "granary train: --train FILE is required\n");
-        usage(stderr);
+    if (v[TO_TOP].given && gr_model_parse_layers(v[TO_TOP].s, o->model.top, &o->model.n_top)) {
+        fprintf(stderr, "granary train: --top: %s\n", gr_errmsg());
         return 2;
     }
-    bool local = !servers && shards == 0;
-    if (local && (o.ckpt_dir || o.resume)) {
+    o->batch = (size_t)v[TO_BATCH].i;
+    o->epochs = (unsigned)v[TO_EPOCHS].i;
+    o->workers = (unsigned)v[TO_WORKERS].i;
+    o->emb_staleness = (uint32_t)v[TO_EMBSTALE].i;
+    o->pipeline = !v[TO_NOPIPE].b;
+    o->queue_depth = (unsigned)v[TO_DEPTH].i;
+    o->parse_threads = (unsigned)v[TO_PARSE].i;
+    o->strict = v[TO_STRICT].b;
+    o->max_examples = (uint64_t)v[TO_MAX].i;
+    o->progress_s = v[TO_PROGRESS].d;
+    o->max_steps = (uint64_t)v[TO_MAXSTEPS].i;
+    if (v[TO_DATA].given) o->data = v[TO_DATA].i == 0 ? GR_TRAIN_DATA_STATIC : GR_TRAIN_DATA_SHARED;
+    if (v[TO_LR].given) o->emb.opt.lr = (float)v[TO_LR].d;
+    if (v[TO_DLR].given) c->bo.dense_lr = (float)v[TO_DLR].d;
+    static const gr_dense_opt dense_opts[] = {GR_DENSE_OPT_ADAM, GR_DENSE_OPT_ADAGRAD,
+                                              GR_DENSE_OPT_SGD};
+    c->bo.dense_opt = dense_opts[v[TO_DENSEOPT].i];
+    if (v[TO_EMBOPT].given) {
+        static const gr_opt_kind emb_opts[] = {GR_OPT_SGD, GR_OPT_ADAGRAD, GR_OPT_ROWWISE_ADAGRAD,
+                                               GR_OPT_ADAM, GR_OPT_FTRL};
+        o->emb.opt.kind = emb_opts[v[TO_EMBOPT].i];
+        if (o->emb.opt.kind == GR_OPT_ADAM) {
+            o->emb.opt.beta1 = 0.9f;
+            o->emb.opt.beta2 = 0.999f;
+            o->emb.opt.eps = 1e-8f;
+        }
+    }
+    if (v[TO_EMBINIT].given) {
+        double x = v[TO_EMBINIT].d;
+        o->emb.init.kind = x > 0 ? GR_INIT_UNIFORM : GR_INIT_ZEROS;
+        o->emb.init.low = (float)-x;
+        o->emb.init.high = (float)x;
+    }
+    if (v[TO_EMBACC].given) o->emb.opt.initial_accumulator = (float)v[TO_EMBACC].d;
+    if (v[TO_ADMIT].given) o->emb.admit_min_count = (uint32_t)v[TO_ADMIT].i;
+    if (v[TO_STRAG].given) {
+        const char *a = v[TO_STRAG].s;
+        char *colon = strchr(a, ':'), *end;
+        errno = 0;
+        unsigned long w = strtoul(a, &end, 10);
+        double f = colon ? strtod(colon + 1, &end) : 0;
+        if (!colon || colon == a || *end || errno || w > 255 || !(f >= 1 && f <= 1000)) {
+            fprintf(stderr, "granary train: --straggler wants WORKER:FACTOR (e.g. 3:3), got "
+                            "'%s'\n", a);
+            return 2;
+        }
+        o->straggler = (unsigned)w;
+        o->straggler_factor = f;
+    }
+    o->ckpt_dir = v[TO_CKDIR].s;
+    o->ckpt_every = (uint64_t)v[TO_CKEVERY].i;
+    o->ckpt_keep = (uint32_t)v[TO_CKKEEP].i;
+    o->ckpt_incremental = v[TO_CKINCR].b;
+    o->ckpt_full_every = (uint32_t)v[TO_CKFULL].i;
+    o->ckpt_zstd = (int)v[TO_CKZSTD].i;
+    o->resume = v[TO_RESUME].s;
+    uint64_t seed = (uint64_t)v[TO_SEED].i;
+    o->model.seed = seed;
+    o->emb.seed = seed ^ 0x656d62;
+    if (kind == GR_MODEL_DLRM) o->emb.dim = o->model.dim;
+    else if (v[TO_DIM].given && o->model.dim != 1)
+        fprintf(stderr, "granary train: --dim is ignored for lr (rows have dim 1)\n");
+
+    c->metrics = v[TO_METRICS].s;
+    c->servers = v[TO_SERVERS].s;
+    c->auth_file = v[TO_AUTH].s;
+    c->shards = v[TO_LOCAL].b ? 0 : (unsigned)v[TO_SHARDS].i;
+    c->shard_threads = (unsigned)v[TO_SHTHREADS].i;
+    c->aggregate = v[TO_AGG].given ? (long)v[TO_AGG].i : -1;
+    c->backup = v[TO_BACKUP].given ? (long)v[TO_BACKUP].i : -1;
+    c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
+    c->sync_timeout_ms = (uint32_t)v[TO_STIMEOUT].i;
+    c->sync_reset = v[TO_SRESET].b;
+    c->local = !c->servers && c->shards == 0;
+    /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
+    if (v[TO_MODE].given) {
+        if (gr_train_mode_parse(v[TO_MODE].s, &o->mode)) {
+            fprintf(stderr, "granary train: %s\n", gr_errmsg());
+            return 2;
+        }
+    } else {
+        o->mode = c->local ? GR_MODE_ASYNC : gr_train_default_mode(o->workers);
+    }
+    return -1;
+}
+
+/* Combinations the table cannot see; exit status 2 when refused, -1 to go on. */
+static int check_combinations(train_cmd *c)
+{
+    gr_train_opts *o = &c->o;
+    if (!o->train_path) {
+        fprintf(stderr, "granary train: --train FILE is required (see granary train --help)\n");
+        return 2;
+    }
+    if (c->local && (o->ckpt_dir || o->resume)) {
         fprintf(stderr, "granary train: checkpoints are written by the parameter servers: drop "
                         "--local (the embedded cluster checkpoints)\n");
         return 2;
     }
-    if (!o.ckpt_dir && (o.ckpt_every || o.ckpt_keep || o.ckpt_incremental || o.ckpt_zstd))
+    if (!o->ckpt_dir && (o->ckpt_every || o->ckpt_keep || o->ckpt_incremental || o->ckpt_zstd))
         fprintf(stderr, "granary train: --ckpt-every/--ckpt-keep/--ckpt-incremental/--ckpt-zstd "
                         "need --ckpt-dir\n");
-    if (local && o.mode != GR_MODE_ASYNC) {
+    if (c->local && o->mode != GR_MODE_ASYNC) {
         fprintf(stderr, "granary train: --mode %s needs the parameter server's step tokens: drop "
-                        "--local (the embedded cluster has them)\n", gr_train_mode_name(o.mode));
+                        "--local (the embedded cluster has them)\n", gr_train_mode_name(o->mode));
         return 2;
     }
-    if (aggregate >= 0 && backup >= 0) {
+    if (c->aggregate >= 0 && c->backup >= 0) {
         fprintf(stderr, "granary train: give --aggregate K or --backup B, not both\n");
         return 2;
     }
-    if (backup >= 0 && backup >= (long)o.workers) {
+    if (c->backup >= 0 && c->backup >= (long)o->workers) {
         fprintf(stderr, "granary train: --backup %ld leaves no worker to aggregate (%u workers)\n",
-                backup, o.workers);
+                c->backup, o->workers);
         return 2;
     }
-    uint32_t k = aggregate >= 0 ? (uint32_t)aggregate
-               : backup >= 0   ? o.workers - (uint32_t)backup
-               : o.workers > 1 ? o.workers - 1 : 1;
-    if (o.mode == GR_MODE_SEMISYNC && k > o.workers) {
-        fprintf(stderr, "granary train: --aggregate %u is more than the %u workers\n", k, o.workers);
+    c->k = c->aggregate >= 0 ? (uint32_t)c->aggregate
+         : c->backup >= 0   ? o->workers - (uint32_t)c->backup
+         : o->workers > 1   ? o->workers - 1 : 1;
+    if (o->mode == GR_MODE_SEMISYNC && c->k > o->workers) {
+        fprintf(stderr, "granary train: --aggregate %u is more than the %u workers\n", c->k,
+                o->workers);
         return 2;
     }
-    if ((aggregate >= 0 || backup >= 0) && o.mode != GR_MODE_SEMISYNC)
+    if ((c->aggregate >= 0 || c->backup >= 0) && o->mode != GR_MODE_SEMISYNC)
         fprintf(stderr, "granary train: --aggregate/--backup only apply to --mode semisync\n");
-    uint32_t stale = staleness >= 0 ? (uint32_t)staleness : o.mode == GR_MODE_SSP ? 2 : 0;
-    if (staleness >= 0 && o.mode != GR_MODE_SEMISYNC && o.mode != GR_MODE_SSP)
+    c->stale = c->staleness >= 0 ? (uint32_t)c->staleness : o->mode == GR_MODE_SSP ? 2 : 0;
+    if (c->staleness >= 0 && o->mode != GR_MODE_SEMISYNC && o->mode != GR_MODE_SSP)
         fprintf(stderr, "granary train: --staleness only applies to semisync and ssp\n");
-    if (o.straggler_factor > 1 && o.straggler >= o.workers) {
-        fprintf(stderr, "granary train: --straggler %u: there are only %u workers\n", o.straggler,
-                o.workers);
+    if (o->straggler_factor > 1 && o->straggler >= o->workers) {
+        fprintf(stderr, "granary train: --straggler %u: there are only %u workers\n", o->straggler,
+                o->workers);
         return 2;
     }
-    if (kind == GR_MODEL_LR && dim_set && o.model.dim != 1)
-        fprintf(stderr, "granary train: --dim is ignored for lr (rows have dim 1)\n");
-    o.model.seed = seed;
-    o.emb.seed = seed ^ 0x656d62;
-    if (kind == GR_MODEL_DLRM) o.emb.dim = o.model.dim;
+    return -1;
+}
 
-    run_info ri = {.backend = local ? "local" : servers ? "servers" : "cluster",
-                   .shards = local ? 0 : (unsigned)shards, .aggregate = k, .staleness = stale};
+/* The backend: the local one, or the parameter-server one over remote servers or an embedded
+ * cluster (started here). Prints the error itself. */
+static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, gr_client **client,
+                        gr_train_backend *be)
+{
+    memset(be, 0, sizeof *be);
+    if (c->local) return gr_local_backend_create(&c->bo, be);
+    if (!c->servers) {
+        /* The embedded cluster: S shards in this process on free loopback ports. */
+        int rc = gr_local_cluster_start(c->shards, c->shard_threads, cluster);
+        if (rc) return rc;
+        c->servers = gr_local_cluster_servers(*cluster);
+    }
+    gr_client_config cc;
+    gr_client_config_default(&cc);
+    cc.servers = c->servers;
+    cc.auth_file = c->auth_file;
+    int rc = gr_client_create(&cc, client);
+    if (rc) return rc;
+    ri->shards = gr_client_shards(*client);
+    gr_ps_backend_opts po;
+    gr_ps_backend_opts_default(&po);
+    po.client = *client;
+    po.mode = c->o.mode;
+    po.workers = c->o.workers;
+    po.aggregate = c->k;
+    po.staleness = c->stale;
+    po.timeout_ms = c->sync_timeout_ms;
+    po.reset = c->sync_reset;
+    po.dense_opt = c->bo.dense_opt;
+    /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
+     * several workers' dense gradients. */
+    po.dense_lr = gr_train_dense_lr(c->o.mode, c->o.workers, c->bo.dense_lr);
+    po.beta1 = c->bo.beta1;
+    po.beta2 = c->bo.beta2;
+    po.eps = c->bo.eps;
+    return gr_ps_backend_create(&po, be);
+}
+
+static void print_start(const train_cmd *c, const run_info *ri, bool cluster)
+{
+    const gr_train_opts *o = &c->o;
+    char modebuf[96];
+    if (o->mode == GR_MODE_SEMISYNC)
+        snprintf(modebuf, sizeof modebuf, "semisync (K %u of %u, staleness %u)", c->k, o->workers,
+                 c->stale);
+    else if (o->mode == GR_MODE_SSP)
+        snprintf(modebuf, sizeof modebuf, "ssp (staleness %u)", c->stale);
+    else if (o->mode == GR_MODE_HYBRID)
+        snprintf(modebuf, sizeof modebuf, "hybrid (dense sync, embedding staleness <= %u)",
+                 o->emb_staleness);
+    else
+        snprintf(modebuf, sizeof modebuf, "%s", gr_train_mode_name(o->mode));
+    fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s, %s\n",
+            o->model.kind == GR_MODEL_LR ? "lr" : "dlrm", o->emb.dim, o->batch, o->workers,
+            o->epochs, modebuf, o->pipeline ? "pipelined" : "sequential",
+            c->local ? "local backend" : cluster ? "embedded cluster" : "remote servers");
+    if (!c->local) fprintf(stderr, "train: %u shard(s) at %s\n", ri->shards, c->servers);
+    if (o->straggler_factor > 1)
+        fprintf(stderr, "train: worker %u is a straggler (x%g)\n", o->straggler,
+                o->straggler_factor);
+}
+
+static int report(const train_cmd *c, const gr_train_result *r, const run_info *ri)
+{
+    const gr_train_opts *o = &c->o;
+    if (o->mode != GR_MODE_ASYNC)
+        fprintf(stderr, "train: waited %.1f s for steps (all workers), %llu gradients dropped%s\n",
+                r->wait_seconds, (unsigned long long)r->dropped_gradients,
+                ri->have_sync ? "" : " (shard stats unavailable)");
+    if (o->mode == GR_MODE_HYBRID)
+        fprintf(stderr, "train: embedding staleness (own batches not yet pushed at a pull): max "
+                        "%llu, mean %.2f, bound %u\n", (unsigned long long)r->emb_staleness_max,
+                r->emb_staleness_mean, r->emb_staleness_bound);
+    if (r->resumed_from[0])
+        fprintf(stderr, "train: resumed from %s/%s (step %llu)\n", o->resume, r->resumed_from,
+                (unsigned long long)r->resumed_step);
+    if (o->ckpt_dir)
+        fprintf(stderr, "train: %u checkpoint(s) saved under %s (last %s), %u failed, workers "
+                        "paused %.2f s for them\n", r->ckpt_saves, o->ckpt_dir,
+                r->ckpt_last[0] ? r->ckpt_last : "none", r->ckpt_failures, r->ckpt_seconds);
+    fprintf(stderr,
+            "train: done: %llu examples in %.1f s (%.0f examples/s), last train loss %.5f, "
+            "%llu bad lines\n",
+            (unsigned long long)r->examples, r->train_seconds, r->examples_per_sec, r->last_loss,
+            (unsigned long long)r->bad_lines);
+    if (o->test_path)
+        fprintf(stderr, "test: %llu examples, AUC %.5f, logloss %.5f\n",
+                (unsigned long long)r->test_examples, r->test_auc, r->test_logloss);
+    printf("auc %.6f logloss %.6f examples_per_sec %.1f examples %llu mode %s\n", r->test_auc,
+           r->test_logloss, r->examples_per_sec, (unsigned long long)r->examples,
+           gr_train_mode_name(o->mode));
+    if (c->metrics && write_metrics(c->metrics, o, r, ri)) {
+        fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
+        return 1;
+    }
+    return 0;
+}
+
+int gr_cli_train(int argc, char **argv)
+{
+    gr_cli_value v[TO_COUNT];
+    gr_cli_parsed p;
+    int exit_now = gr_cli_parse_or_exit(&train_spec, argc, argv, v, &p);
+    train_cmd c;
+    memset(&c, 0, sizeof c);
+    if (exit_now < 0) exit_now = apply_opts(v, &c);
+    if (exit_now < 0) exit_now = check_combinations(&c);
+    if (exit_now >= 0) {
+        gr_cli_parsed_fini(&p);
+        return exit_now;
+    }
+    run_info ri = {.backend = c.local ? "local" : c.servers ? "servers" : "cluster",
+                   .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale};
     gr_local_cluster *cluster = NULL;
     gr_client *client = NULL;
     gr_train_backend be;
-    memset(&be, 0, sizeof be);
-    int rc;
-    if (local) {
-        rc = gr_local_backend_create(&bo, &be);
-    } else {
-        if (!servers) {
-            /* The embedded cluster: S shards in this process on free loopback ports. */
-            rc = gr_local_cluster_start((unsigned)shards, (unsigned)shard_threads, &cluster);
-            if (rc) {
-                fprintf(stderr, "granary train: %s\n", gr_errmsg());
-                return 1;
-            }
-            servers = gr_local_cluster_servers(cluster);
-        }
-        gr_client_config cc;
-        gr_client_config_default(&cc);
-        cc.servers = servers;
-        cc.auth_file = auth_file;
-        rc = gr_client_create(&cc, &client);
-        if (!rc) {
-            ri.shards = gr_client_shards(client);
-            gr_ps_backend_opts po;
-            gr_ps_backend_opts_default(&po);
-            po.client = client;
-            po.mode = o.mode;
-            po.workers = o.workers;
-            po.aggregate = k;
-            po.staleness = stale;
-            po.timeout_ms = (uint32_t)sync_timeout;
-            po.reset = sync_reset;
-            po.dense_opt = bo.dense_opt;
-            po.dense_lr = bo.dense_lr;
-            po.beta1 = bo.beta1;
-            po.beta2 = bo.beta2;
-            po.eps = bo.eps;
-            rc = gr_ps_backend_create(&po, &be);
-        }
-    }
+    int rc = make_backend(&c, &ri, &cluster, &client, &be);
     if (rc) {
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
+        gr_cli_parsed_fini(&p);
         return 1;
     }
-    char modebuf[96];
-    if (o.mode == GR_MODE_SEMISYNC)
-        snprintf(modebuf, sizeof modebuf, "semisync (K %u of %u, staleness %u)", k, o.workers, stale);
-    else if (o.mode == GR_MODE_SSP)
-        snprintf(modebuf, sizeof modebuf, "ssp (staleness %u)", stale);
-    else
-        snprintf(modebuf, sizeof modebuf, "%s", gr_train_mode_name(o.mode));
-    fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s, %s\n",
-            kind == GR_MODEL_LR ? "lr" : "dlrm", o.emb.dim, o.batch, o.workers, o.epochs, modebuf,
-            o.pipeline ? "pipelined" : "sequential",
-            local ? "local backend" : cluster ? "embedded cluster" : "remote servers");
-    if (!local)
-        fprintf(stderr, "train: %u shard(s) at %s\n", ri.shards, servers);
-    if (o.straggler_factor > 1)
-        fprintf(stderr, "train: worker %u is a straggler (x%g)\n", o.straggler, o.straggler_factor);
+    print_start(&c, &ri, cluster != NULL);
     gr_train_result r;
-    rc = gr_train_run(&o, &be, &r);
+    rc = gr_train_run(&c.o, &be, &r);
     char errbuf[600] = "";
     if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
-    if (client && o.mode != GR_MODE_ASYNC) {
+    if (client && c.o.mode != GR_MODE_ASYNC) {
         if (!rc) read_sync_stats(client, &ri);
         gr_ps_backend_finish(&be); /* drop the job from the shards */
     }
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
     gr_local_cluster_stop(cluster);
-    if (rc) {
-        fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
-        return 1;
-    }
-    if (o.mode != GR_MODE_ASYNC)
-        fprintf(stderr, "train: waited %.1f s for steps (all workers), %llu gradients dropped%s\n",
-                r.wait_seconds, (unsigned long long)r.dropped_gradients,
-                ri.have_sync ? "" : " (shard stats unavailable)");
-    if (r.resumed_from[0])
-        fprintf(stderr, "train: resumed from %s/%s (step %llu)\n", o.resume, r.resumed_from,
-                (unsigned long long)r.resumed_step);
-    if (o.ckpt_dir)
-        fprintf(stderr, "train: %u checkpoint(s) saved under %s (last %s), %u failed, workers "
-                        "paused %.2f s for them\n", r.ckpt_saves, o.ckpt_dir,
-                r.ckpt_last[0] ? r.ckpt_last : "none", r.ckpt_failures, r.ckpt_seconds);
-    fprintf(stderr,
-            "train: done: %llu examples in %.1f s (%.0f examples/s), last train loss %.5f, "
-            "%llu bad lines\n",
-            (unsigned long long)r.examples, r.train_seconds, r.examples_per_sec, r.last_loss,
-            (unsigned long long)r.bad_lines);
-    if (o.test_path)
-        fprintf(stderr, "test: %llu examples, AUC %.5f, logloss %.5f\n",
-                (unsigned long long)r.test_examples, r.test_auc, r.test_logloss);
-    printf("auc %.6f logloss %.6f examples_per_sec %.1f examples %llu mode %s\n", r.test_auc,
-           r.test_logloss, r.examples_per_sec, (unsigned long long)r.examples,
-           gr_train_mode_name(o.mode));
-    if (metrics && (rc = write_metrics(metrics, &o, &r, &ri))) {
-        fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
-        return 1;
-    }
-    return 0;
+    if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
+    int status = rc ? 1 : report(&c, &r, &ri);
+    gr_cli_parsed_fini(&p);
+    return status;
 }

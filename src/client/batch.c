@@ -13,20 +13,49 @@ static void count_ns(atomic_uint_fast64_t *ctr, uint64_t since)
     atomic_fetch_add_explicit(ctr, gr_thread_cpu_ns() - since, memory_order_relaxed);
 }
 
-/* A PULL or PUSH_PULL reply: its rows to every occurrence (runs on the reader thread). */
-static int rows_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *fatal)
+/* A PULL or PUSH_PULL reply, read from the socket as it arrives (on the reader thread): its
+ * headers must be exactly those of the request, and its rows go, a scratch buffer at a time,
+ * to every occurrence of their keys. The body never lands in memory whole, so the kernel's
+ * copy and the scatter meet in cache. */
+static int rows_stream(cl_req *r, const gr_proto_header *h, cl_body *body)
 {
     gr_client_op *op = r->ctx;
+    const cl_plan *p = &op->plan;
+    const cl_plan_req *pr = &p->reqs[r->tag];
     uint64_t t0 = gr_thread_cpu_ns();
-    gr_proto_batch b;
-    int rc = gr_proto_decode_batch(body, h->body_len, GR_PROTO_VALUES,
-                                   &op->cl->conns[r->shard].limits, &b);
-    if (!rc) {
-        rc = cl_plan_scatter(&op->plan, r->tag, &b);
-        gr_proto_batch_fini(&b);
+    size_t want_len = cl_plan_body_size(p, r->tag, GR_PROTO_VALUES);
+    if (h->body_len != want_len)
+        return gr_seterr(GR_EPROTO, "reply body of %u bytes does not match the request (%zu "
+                         "bytes)", h->body_len, want_len);
+    uint8_t want[16], got[16];
+    gr_proto_batch_head_bytes(pr->npieces, want);
+    int rc = cl_body_read(body, got, 8);
+    if (!rc && memcmp(want, got, 8))
+        rc = gr_seterr(GR_EPROTO, "reply does not hold the %u tables of the request", pr->npieces);
+    for (uint32_t k = 0; !rc && k < pr->npieces; k++) {
+        const cl_piece *pc = &pr->pieces[k];
+        const cl_tbl *t = &p->tb[pc->bi];
+        gr_proto_section_head_bytes(t->table, t->dim, pc->count, want);
+        rc = cl_body_read(body, got, 16);
+        if (!rc && memcmp(want, got, 16))
+            rc = gr_seterr(GR_EPROTO, "reply section %u does not match the request", k);
+        size_t rowb = (size_t)t->dim * sizeof(float);
+        uint32_t per = (uint32_t)(body->scratch_cap / rowb);
+        for (uint32_t j0 = 0; !rc && j0 < pc->count; j0 += per) {
+            uint32_t m = pc->count - j0 < per ? pc->count - j0 : per;
+            rc = cl_body_read(body, body->scratch, (size_t)m * rowb);
+            if (!rc) cl_plan_scatter_rows(p, r->tag, k, j0, m, (const float *)(void *)body->scratch);
+        }
+        if (!rc && ((size_t)pc->count * t->dim) % 2) { /* padding to 8 bytes, zero */
+            uint32_t pad = 1;
+            rc = cl_body_read(body, &pad, 4);
+            if (!rc && pad) rc = gr_seterr(GR_EPROTO, "reply section %u has nonzero padding", k);
+        }
     }
-    count_ns(&op->cl->scatter_ns, t0);
-    if (rc) *fatal = true;
+    cl_plan_scatter_end(p);
+    uint64_t spent = gr_thread_cpu_ns() - t0;
+    atomic_fetch_add_explicit(&op->cl->scatter_ns, spent > body->read_ns ? spent - body->read_ns : 0,
+                              memory_order_relaxed);
     return rc;
 }
 
@@ -66,12 +95,13 @@ static int plan_batch(gr_client_op *op, const gr_client_batch *b, size_t nb, boo
                          c->conns[op->plan.fail_shard].addr, m);
     }
     if (rc) return rc;
-    cl_reply_fn handler = rows ? rows_reply : op->opcode == GR_OP_PUSH ? push_reply : NULL;
+    cl_reply_fn handler = op->opcode == GR_OP_PUSH ? push_reply : NULL;
     for (size_t i = 0; !rc && i < op->plan.nreqs; i++) {
         cl_req *r = cl_op_add_req(op, op->plan.reqs[i].shard);
         if (!r) return gr_seterr(GR_ENOMEM, "out of memory");
         r->tag = (uint32_t)i;
         r->on_reply = handler;
+        if (rows) r->on_stream = rows_stream;
         rc = gr_proto_buf_reserve(&r->frame, GR_PROTO_HEADER_SIZE +
                                                  cl_plan_body_size(&op->plan, i, layout));
         if (!rc) rc = gr_proto_begin(&r->frame, GR_PROTO_REQUEST, op->opcode, wflags, 0, r->id);

@@ -69,6 +69,7 @@ void cl_conn_fini(cl_conn *k)
     if (k->fd >= 0) close(k->fd);
     k->fd = -1;
     free(k->rbuf);
+    free(k->sbuf);
     pthread_mutex_destroy(&k->connect_mu);
     pthread_mutex_destroy(&k->wlock);
     pthread_mutex_destroy(&k->mu);
@@ -290,15 +291,57 @@ static void fail_pending(cl_conn *k, const char *why)
     }
 }
 
-static cl_req *take_pending(cl_conn *k, uint64_t id)
+/* Takes request id off the pending list; with stream_only, only when it streams its reply
+ * (others are taken after their body is read, so a waiter can still cancel them meanwhile). */
+static cl_req *take_pending(cl_conn *k, uint64_t id, bool stream_only)
 {
     pthread_mutex_lock(&k->mu);
     cl_req **pp = &k->pending;
     while (*pp && (*pp)->id != id) pp = &(*pp)->next;
     cl_req *r = *pp;
+    if (r && stream_only && !r->on_stream) r = NULL;
     if (r) *pp = r->next;
     pthread_mutex_unlock(&k->mu);
     return r;
+}
+
+int cl_body_read(cl_body *b, void *buf, size_t n)
+{
+    if (b->failed) return gr_seterr(GR_ECONN, "the reply stream already failed");
+    if (n > b->left) {
+        b->failed = true;
+        return gr_seterr(GR_EPROTO, "read of %zu bytes past the reply body (%zu left)", n, b->left);
+    }
+    uint64_t t0 = gr_thread_cpu_ns();
+    size_t got = 0;
+    int rc = GR_OK;
+    while (got < n) {
+        ssize_t r = recv(b->fd, (char *)buf + got, n - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0) {
+            rc = gr_seterr(GR_ECONN, "connection closed in the middle of a reply");
+            break;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            rc = gr_seterr(GR_ECONN, "%s", strerror(errno));
+            break;
+        }
+        uint64_t now = gr_now_ns();
+        if (now >= b->deadline_ns) {
+            rc = gr_seterr(GR_ETIMEDOUT, "the reply stalled past the request's deadline");
+            break;
+        }
+        struct pollfd pf = {b->fd, POLLIN, 0};
+        poll(&pf, 1, (int)((b->deadline_ns - now) / 1000000u) + 1);
+    }
+    b->read_ns += gr_thread_cpu_ns() - t0;
+    b->left -= got;
+    if (rc) b->failed = true;
+    return rc;
 }
 
 /* The result of a reply to r: the shard's error, a protocol error, or what r's handler makes
@@ -352,6 +395,33 @@ static void *reader_main(void *arg)
             snprintf(why, sizeof why, "server sent a request frame");
             break;
         }
+        cl_req *req = h.id && h.status >= 0 ? take_pending(k, h.id, true) : NULL;
+        if (req && h.op == req->opcode) {
+            /* Streamed: the handler reads the body itself, straight from the socket. */
+            if (!k->sbuf && !(k->sbuf = malloc(CL_SCRATCH_BYTES))) {
+                req->on_done(req, GR_ENOMEM, "out of memory for the reply scratch buffer");
+                snprintf(why, sizeof why, "out of memory for the reply scratch buffer");
+                break;
+            }
+            cl_body b = {fd, h.body_len, req->deadline_ns, k->sbuf, CL_SCRATCH_BYTES, 0, false};
+            rc = req->on_stream(req, &h, &b);
+            if (!rc && b.left)
+                rc = gr_seterr(GR_EPROTO, "reply handler left %zu bytes of the body", b.left);
+            atomic_fetch_add_explicit(&cl->recv_ns, b.read_ns, memory_order_relaxed);
+            atomic_fetch_add(&cl->bytes_received,
+                             GR_PROTO_HEADER_SIZE + (uint64_t)(h.body_len - b.left));
+            if (rc) snprintf(why, sizeof why, "%s", gr_errmsg());
+            req->on_done(req, rc, rc ? gr_errmsg() : NULL);
+            if (rc) break; /* the stream stopped mid-frame: this connection is done */
+            continue;
+        }
+        if (req) { /* a streamed request answered with another opcode: malformed */
+            rc = gr_seterr(GR_EPROTO, "reply opcode %u does not match request opcode %u", h.op,
+                           req->opcode);
+            snprintf(why, sizeof why, "malformed reply");
+            req->on_done(req, rc, gr_errmsg());
+            break;
+        }
         if (h.body_len + (size_t)8 > k->rcap) {
             size_t cap = h.body_len + (size_t)8;
             free(k->rbuf);
@@ -369,7 +439,7 @@ static void *reader_main(void *arg)
         }
         atomic_fetch_add_explicit(&cl->recv_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
         atomic_fetch_add(&cl->bytes_received, GR_PROTO_HEADER_SIZE + (uint64_t)h.body_len);
-        cl_req *req = h.id ? take_pending(k, h.id) : NULL;
+        req = h.id ? take_pending(k, h.id, false) : NULL;
         if (!req) {
             if (h.status < 0 && h.id == 0) {
                 /* A connection-level error (limit reached, bad frame): the close follows. */

@@ -26,6 +26,25 @@ typedef int (*cl_reply_fn)(cl_req *r, const gr_proto_header *h, uint8_t *body, b
 /* Records the request's result (rc, and a message when rc < 0). Called exactly once. */
 typedef void (*cl_done_fn)(cl_req *r, int rc, const char *msg);
 
+/* A successful reply's body still in the socket, for a handler that consumes it as it arrives
+ * (a pull scatters rows from a cache-sized scratch buffer instead of first landing the whole
+ * body in memory). */
+typedef struct cl_body {
+    int fd;
+    size_t left;          /* body bytes not read yet */
+    uint64_t deadline_ns; /* the request's deadline: a body that stalls past it fails */
+    uint8_t *scratch;     /* the connection's scratch buffer, 8-byte aligned */
+    size_t scratch_cap;
+    uint64_t read_ns;     /* CPU time spent in reads */
+    bool failed;          /* a read failed: the stream is broken */
+} cl_body;
+/* Reads exactly n (<= left) bytes of the body. GR_ECONN when the connection fails,
+ * GR_ETIMEDOUT past the deadline, GR_EPROTO past the body's end; then the body is failed. */
+int cl_body_read(cl_body *b, void *buf, size_t n);
+/* Consumes a successful reply (status >= 0, opcode checked) from the socket: it must read the
+ * whole body or fail; any failure drops the connection (the stream is mid-frame). */
+typedef int (*cl_stream_fn)(cl_req *r, const gr_proto_header *h, cl_body *body);
+
 struct cl_req {
     cl_req *next; /* pending list of its connection */
     uint64_t id;
@@ -34,7 +53,9 @@ struct cl_req {
     uint16_t opcode;
     gr_proto_buf frame;
     cl_reply_fn on_reply;
+    cl_stream_fn on_stream; /* when set, used instead of on_reply */
     cl_done_fn on_done;
+    uint64_t deadline_ns;   /* when a streamed reply must have arrived (monotonic) */
     void *ctx; /* the operation it belongs to */
     /* Result, written by whoever completes the request. */
     bool done;
@@ -74,7 +95,12 @@ typedef struct cl_conn {
     char server_error[256]; /* an id-0 error frame from the server (e.g. connection refused) */
     uint8_t *rbuf;          /* the reader's body buffer */
     size_t rcap;
+    uint8_t *sbuf;          /* the reader's scratch for streamed replies (CL_SCRATCH_BYTES) */
 } cl_conn;
+
+/* Streamed replies pass through this much at a time: small enough to stay in L2 between the
+ * kernel's copy and the scatter that reads it. */
+#define CL_SCRATCH_BYTES (256u << 10)
 
 int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr);
 void cl_conn_fini(cl_conn *k);

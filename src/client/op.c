@@ -105,6 +105,7 @@ int cl_op_send(gr_client_op *op)
     for (size_t i = 0; i < op->nreqs; i++) {
         cl_req *r = op->reqs[i];
         cl_conn *k = &c->conns[r->shard];
+        r->deadline_ns = op->deadline_ns;
         int rc = cl_conn_send(k, r);
         if (rc == GR_OK) {
             sent++;

@@ -281,33 +281,45 @@ void cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
     }
 }
 
-static void scatter_rows(const cl_plan *p, const cl_tbl *t, const cl_piece *pc, const float *vals)
+void cl_plan_scatter_rows(const cl_plan *p, size_t ri, uint32_t k, uint32_t j0, uint32_t count,
+                          const float *vals)
 {
+    const cl_piece *pc = &p->reqs[ri].pieces[k];
+    const cl_tbl *t = &p->tb[pc->bi];
+    const uint32_t *uidx = pc->uidx + j0;
     size_t dim = t->dim, rowb = dim * sizeof(float);
     if (t->unique) {
-        for (uint32_t j = 0; j < pc->count; j++)
-            memcpy(t->rows + (size_t)pc->uidx[j] * dim, vals + (size_t)j * dim, rowb);
+        for (uint32_t j = 0; j < count; j++)
+            memcpy(t->rows + (size_t)uidx[j] * dim, vals + (size_t)j * dim, rowb);
         return;
     }
 #if defined(__SSE2__)
     if (p->stream_rows && (dim & 3) == 0 && ((uintptr_t)t->rows & 15) == 0) {
-        for (uint32_t j = 0; j < pc->count; j++) {
+        for (uint32_t j = 0; j < count; j++) {
             const float *src = vals + (size_t)j * dim;
-            for (int32_t i = t->first[pc->uidx[j]]; i >= 0; i = t->next[i]) {
+            for (int32_t i = t->first[uidx[j]]; i >= 0; i = t->next[i]) {
                 float *dst = t->rows + (size_t)i * dim;
                 for (size_t d = 0; d < dim; d += 4) _mm_stream_ps(dst + d, _mm_loadu_ps(src + d));
             }
         }
         return;
     }
+#endif
+    for (uint32_t j = 0; j < count; j++) {
+        const float *src = vals + (size_t)j * dim;
+        for (int32_t i = t->first[uidx[j]]; i >= 0; i = t->next[i])
+            memcpy(t->rows + (size_t)i * dim, src, rowb);
+    }
+}
+
+void cl_plan_scatter_end(const cl_plan *p)
+{
+#if defined(__SSE2__)
+    /* Streaming stores are weakly ordered: fence before the request is marked complete. */
+    if (p->stream_rows) _mm_sfence();
 #else
     (void)p;
 #endif
-    for (uint32_t j = 0; j < pc->count; j++) {
-        const float *src = vals + (size_t)j * dim;
-        for (int32_t i = t->first[pc->uidx[j]]; i >= 0; i = t->next[i])
-            memcpy(t->rows + (size_t)i * dim, src, rowb);
-    }
 }
 
 int cl_plan_scatter(const cl_plan *p, size_t ri, const gr_proto_batch *reply)
@@ -325,12 +337,9 @@ int cl_plan_scatter(const cl_plan *p, size_t ri, const gr_proto_batch *reply)
             rc = gr_seterr(GR_EPROTO, "reply section %u does not match the request", k);
             break;
         }
-        scatter_rows(p, t, pc, sec->values);
+        cl_plan_scatter_rows(p, ri, k, 0, pc->count, sec->values);
     }
-#if defined(__SSE2__)
-    /* Streaming stores are weakly ordered: fence before the request is marked complete. */
-    if (p->stream_rows) _mm_sfence();
-#endif
+    cl_plan_scatter_end(p);
     return rc;
 }
 

@@ -85,6 +85,12 @@ void cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b);
  * row to every occurrence of its key. GR_EPROTO when it does not match (nothing is promised
  * about the rows then). Safe to run for different requests of one plan at once. */
 int cl_plan_scatter(const cl_plan *p, size_t ri, const gr_proto_batch *reply);
+/* Step 4 for a reply read as it arrives (the client's readers): rows j0 .. j0 + count - 1 of
+ * request ri's section k, to every occurrence of their keys; then cl_plan_scatter_end once
+ * the reply is done. The caller has checked the section against the request. */
+void cl_plan_scatter_rows(const cl_plan *p, size_t ri, uint32_t k, uint32_t j0, uint32_t count,
+                          const float *vals);
+void cl_plan_scatter_end(const cl_plan *p);
 void cl_plan_fini(cl_plan *p);
 
 #endif

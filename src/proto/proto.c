@@ -192,6 +192,18 @@ size_t gr_proto_section_size(gr_proto_layout layout, uint32_t n, uint32_t dim)
     return sz;
 }
 
+void gr_proto_batch_head_bytes(uint32_t ntables, uint8_t out[8])
+{
+    uint32_t head[2] = {ntables, 0};
+    memcpy(out, head, 8);
+}
+
+void gr_proto_section_head_bytes(uint32_t table, uint32_t dim, uint32_t n, uint8_t out[16])
+{
+    uint32_t head[4] = {table, dim, n, 0};
+    memcpy(out, head, 16);
+}
+
 int gr_proto_put_batch_head(gr_proto_buf *b, uint32_t ntables)
 {
     int rc = gr_proto_put_u32(b, ntables);
@@ -205,8 +217,7 @@ int gr_proto_put_section(gr_proto_buf *b, gr_proto_layout layout, uint32_t table
     int rc = gr_proto_buf_reserve(b, sz);
     if (rc) return rc;
     uint8_t *p = b->data + b->len;
-    uint32_t head[4] = {table, dim, n, 0};
-    memcpy(p, head, 16);
+    gr_proto_section_head_bytes(table, dim, n, p);
     p += 16;
     if (keys) *keys = NULL;
     if (values) *values = NULL;

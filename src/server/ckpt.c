@@ -425,8 +425,20 @@ static int do_commit(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body,
         if ((rc = join(path, dir, META_FILE)) || (rc = gr_write_file_atomic(path, req.meta.p, req.meta.n)))
             return rc;
     }
+    /* The dense parts are listed in the manifest, so that a load or a verify can tell a
+     * checkpoint whose dense part was deleted from one written without any. */
+    char (*pn)[GR_CKPT_NAME_MAX] = calloc(req.shards ? req.shards : 1, sizeof *pn);
+    const char **parts = calloc(req.shards ? req.shards : 1, sizeof *parts);
+    if (!pn || !parts) rc = gr_seterr(GR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; !rc && i < req.shards; i++) {
+        dense_dir_name(i, req.shards, pn[i]);
+        parts[i] = pn[i];
+    }
     gr_ckpt_commit_opts co = {req.shards, NULL, parent[0] ? parent : NULL};
-    if ((rc = gr_ckpt_commit(dir, &co))) return rc;
+    if (!rc) rc = gr_ckpt_commit_parts(dir, &co, parts, req.shards);
+    free(parts);
+    free(pn);
+    if (rc) return rc;
     gr_ckpt_manifest *m = NULL;
     if ((rc = gr_ckpt_manifest_read(dir, &m))) return rc;
     gr_proto_ckpt_committed rep = {m->step, m->kind == GR_CKPT_DELTA ? 1u : 0u, 0};
@@ -554,9 +566,10 @@ static int read_dense_index(const char *sub, char (**names)[GR_TABLE_NAME_MAX], 
 /* Stages the dense parameters this shard owns (under its own layout) from every dense part of
  * the checkpoint. A checkpoint written without dense parts (by the library's tools) has none;
  * one with some parts missing is refused. */
-static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset *L,
+static int stage_dense(gr_server *s, const char *dir, const gr_ckpt_manifest *top, loadset *L,
                        gr_ckpt_load_stats *tot)
 {
+    uint32_t ckshards = top->map.shards;
     uint32_t present = 0;
     for (uint32_t i = 0; i < ckshards; i++) {
         char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
@@ -565,7 +578,17 @@ static int stage_dense(gr_server *s, const char *dir, uint32_t ckshards, loadset
         if (rc) return rc;
         present += exists(sub);
     }
-    if (present == 0) return GR_OK;
+    /* None present is a checkpoint written without dense parts (by the library's tools),
+     * unless its manifest lists them: then they were deleted, and it is incomplete. */
+    if (present == 0 && top->nparts == 0) return GR_OK;
+    for (size_t p = 0; p < top->nparts; p++) {
+        char sub[PATH_MAX_LEN];
+        int rc = join(sub, dir, top->parts[p]);
+        if (rc) return rc;
+        if (!exists(sub))
+            return gr_seterr(GR_ENOENT, "%s: incomplete checkpoint: its part %s is missing (the "
+                             "shard was left unchanged)", dir, top->parts[p]);
+    }
     for (uint32_t i = 0; i < ckshards; i++) {
         char nm[GR_CKPT_NAME_MAX], sub[PATH_MAX_LEN];
         dense_dir_name(i, ckshards, nm);
@@ -681,7 +704,7 @@ static int do_load(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
             if (!rc) rc = gr_ckpt_load(dir, ts, L.n, &lo, &tot);
             free(ts);
         }
-        if (!rc) rc = stage_dense(s, dir, m->map.shards, &L, &tot);
+        if (!rc) rc = stage_dense(s, dir, m, &L, &tot);
         for (size_t i = 0; !rc && i < L.n; i++) {
             rc = srv_registry_replace(&s->reg, gr_table_get_spec(L.v[i].t), L.v[i].t, L.v[i].dense,
                                       L.v[i].size);

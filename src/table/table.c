@@ -942,6 +942,20 @@ static int check_finite(gr_table *t, const char *what, const uint64_t *keys, con
     return GR_OK;
 }
 
+/* An f16 table stores a weight of 65520 or more as inf: such rows are refused like
+ * non-finite ones, so that an insert (a restore) never makes a row the table cannot hold. */
+static int check_f16_range(gr_table *t, const uint64_t *keys, const float *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < t->dim; j++)
+            if (!(fabsf(w[i * t->dim + j]) < F16_WLIMIT))
+                return gr_seterr(GR_EINVAL,
+                                 "table '%s': weight %g for key %" PRIu64 " (row %zu, element %u) "
+                                 "is outside the f16 range (+-65504); nothing was applied",
+                                 t->spec.name, (double)w[i * t->dim + j], keys[i], i, j);
+    return GR_OK;
+}
+
 int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads)
 {
     CHECK_T("gr_table_apply");
@@ -979,6 +993,7 @@ int gr_table_insert(gr_table *t, const uint64_t *keys, size_t n, const float *we
     CHECK_PTR(keys, "insert", "keys");
     CHECK_PTR(weights, "insert", "weights");
     int rc = check_finite(t, "weights", keys, weights, n, t->dim);
+    if (!rc && t->spec.dtype == GR_DTYPE_F16) rc = check_f16_range(t, keys, weights, n);
     if (!rc && state) rc = check_finite(t, "optimizer state", keys, state, n, t->state_floats);
     if (rc) return rc;
     op_ctx c = {.keys = keys, .win = weights, .sin = state, .min = meta};

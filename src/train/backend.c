@@ -196,6 +196,43 @@ static int lb_dense_push(void *ctx, const char *name, const float *g, size_t n)
     return GR_OK;
 }
 
+/* The started forms: this backend has no I/O to overlap, so the work is done at the start. */
+static int lb_dense_pull_start(void *ctx, const char *name, float *out, size_t n, void **op)
+{
+    *op = NULL;
+    return lb_dense_pull(ctx, name, out, n);
+}
+
+static int lb_dense_push_start(void *ctx, const char *name, const float *g, size_t n, void **op)
+{
+    *op = NULL;
+    return lb_dense_push(ctx, name, g, n);
+}
+
+static int lb_op_wait(void *ctx, void *op)
+{
+    (void)ctx;
+    (void)op;
+    return GR_OK;
+}
+
+static int lb_ckpt_save(void *ctx, gr_train_ckpt *k)
+{
+    (void)ctx;
+    (void)k;
+    return gr_seterr(GR_EINVAL, "the local backend keeps no checkpoints: they are saved by the "
+                     "parameter servers (the embedded cluster or --servers)");
+}
+
+static int lb_ckpt_load(void *ctx, const char *root, const char *name, gr_train_ckpt *k)
+{
+    (void)ctx;
+    (void)name;
+    (void)k;
+    return gr_seterr(GR_EINVAL, "the local backend cannot restore %s: checkpoints are loaded by the "
+                     "parameter servers (the embedded cluster or --servers)", root ? root : "a checkpoint");
+}
+
 static void lb_destroy(void *ctx)
 {
     local_ctx *c = ctx;
@@ -238,8 +275,13 @@ int gr_local_backend_create(const gr_local_backend_opts *opts, gr_train_backend 
     out->dense_init = lb_dense_init;
     out->dense_pull = lb_dense_pull;
     out->dense_push = lb_dense_push;
-    out->step_begin = NULL; /* async: no step tokens */
-    out->step_commit = NULL;
+    out->dense_pull_start = lb_dense_pull_start;
+    out->dense_push_start = lb_dense_push_start;
+    out->op_wait = lb_op_wait;
+    out->ckpt_save = lb_ckpt_save;
+    out->ckpt_load = lb_ckpt_load;
+    out->checkpoints = false;
+    out->steps = NULL; /* async only: no step tokens */
     out->destroy = lb_destroy;
     return GR_OK;
 }

@@ -194,6 +194,13 @@ static int ps_fetch(void *ctx, uint32_t table, const uint64_t *keys, size_t n, f
     return r2;
 }
 
+/* The shards' job for a trainer mode. Hybrid runs a sync job whose steps carry only the dense
+ * gradient; the rows go through plain PULL/PUSH beside it. */
+static uint32_t job_mode(int mode)
+{
+    return (uint32_t)(mode == GR_MODE_HYBRID ? GR_MODE_SYNC : mode);
+}
+
 static uint64_t *tag_slot(ps_ctx *p, uint32_t worker, uint64_t token)
 {
     return p->tags + ((size_t)worker * RING + token % RING) * p->shards;
@@ -250,6 +257,9 @@ static void ps_cancel(void *ctx)
     (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR | GR_CLIENT_SYNC_LIVE, NULL);
 }
 
+static const gr_train_steps ps_steps = {ps_step_begin, ps_fetch, ps_push_step, ps_worker_done,
+                                         ps_cancel};
+
 static void ps_destroy(void *ctx)
 {
     ps_ctx *p = ctx;
@@ -304,7 +314,7 @@ static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_
         /* The job's step state belongs to the run that was interrupted (gradients staged for a
          * step it never finished, its workers' step counts): start it over. Called before any
          * worker runs, so the per-worker arrays are ours. */
-        gr_client_sync_config sc = {(uint32_t)p->o.mode, p->o.workers, p->o.aggregate,
+        gr_client_sync_config sc = {job_mode(p->o.mode), p->o.workers, p->o.aggregate,
                                     p->o.staleness};
         rc = gr_client_sync_configure(p->c, &sc, GR_CLIENT_SYNC_RESET, NULL);
         memset(p->want, 0, (size_t)p->o.workers * p->shards * sizeof *p->want);
@@ -318,7 +328,7 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
     memset(out, 0, sizeof *out);
     if (!o || (!o->client && !o->servers))
         return gr_seterr(GR_EINVAL, "parameter-server backend: give a client or a server list");
-    if (o->mode < GR_MODE_ASYNC || o->mode > GR_MODE_SSP)
+    if (o->mode < GR_MODE_ASYNC || o->mode > GR_MODE_HYBRID)
         return gr_seterr(GR_EINVAL, "parameter-server backend: unknown mode %d", o->mode);
     ps_ctx *p = calloc(1, sizeof *p);
     if (!p) return gr_seterr(GR_ENOMEM, "out of memory");
@@ -351,7 +361,7 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
             if (!p->want || !p->next || !p->tags) rc = gr_seterr(GR_ENOMEM, "out of memory");
         }
         if (!rc) {
-            gr_client_sync_config sc = {(uint32_t)o->mode, p->o.workers, p->o.aggregate,
+            gr_client_sync_config sc = {job_mode(o->mode), p->o.workers, p->o.aggregate,
                                         p->o.staleness};
             rc = gr_client_sync_configure(p->c, &sc, o->reset ? GR_CLIENT_SYNC_RESET : 0, NULL);
         }
@@ -375,13 +385,8 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
     out->op_wait = ps_op_wait;
     out->ckpt_save = ps_ckpt_save;
     out->ckpt_load = ps_ckpt_load;
-    if (p->stepped) {
-        out->step_begin = ps_step_begin;
-        out->fetch = ps_fetch;
-        out->push_step = ps_push_step;
-        out->worker_done = ps_worker_done;
-        out->cancel = ps_cancel;
-    }
+    out->checkpoints = true;
+    out->steps = p->stepped ? &ps_steps : NULL;
     return GR_OK;
 }
 

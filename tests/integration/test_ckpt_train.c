@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "granary/ckpt.h"
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"
@@ -525,6 +526,61 @@ static void test_cli_kill_and_resume(void **state)
     assert_int_equal(step, 96);
 }
 
+/* Hybrid: one sequential worker resumes exactly (its rows and dense steps are deterministic);
+ * two pipelined workers checkpoint at global steps like sync (every worker paused before the
+ * same step's token) and a resumed run does the rest. */
+static void test_hybrid_resume(void **state)
+{
+    (void)state;
+    char file[256], rootA[256], rootB[256], rootC[256];
+    path_of(file, sizeof file, "multi.tsv");
+    path_of(rootA, sizeof rootA, "hybA");
+    path_of(rootB, sizeof rootB, "hybB");
+    path_of(rootC, sizeof rootC, "hybC");
+    uint64_t *ids;
+    size_t nids = file_ids(file, &ids);
+    params pa, pb;
+    gr_train_result ra, rb1, rb2;
+    run_cfg a = {.file = file, .workers = 1, .shards = 2, .mode = GR_MODE_HYBRID,
+                 .pipeline = false, .ckpt_dir = rootA, .every = STEPS};
+    int rc = run(&a, ids, nids, &pa, &ra);
+    if (rc) fprintf(stderr, "hybrid A: %s\n", gr_errmsg());
+    assert_int_equal(rc, 0);
+    assert_int_equal(ra.steps, 2 * STEPS);
+    assert_string_equal(ra.ckpt_last, "step-000000000016");
+    run_cfg b1 = a;
+    b1.ckpt_dir = rootB;
+    b1.max_steps = STEPS;
+    assert_int_equal(run(&b1, NULL, 0, NULL, &rb1), 0);
+    assert_string_equal(rb1.ckpt_last, "step-000000000008");
+    run_cfg b2 = a;
+    b2.ckpt_dir = rootB;
+    b2.resume = rootB;
+    assert_int_equal(run(&b2, ids, nids, &pb, &rb2), 0);
+    assert_int_equal(rb2.resumed_step, STEPS);
+    assert_int_equal(rb2.steps, STEPS);
+    assert_params_equal(&pa, &pb);
+    assert_true(ra.test_auc == rb2.test_auc);
+    params_fini(&pa);
+    params_fini(&pb);
+
+    run_cfg c = {.file = file, .workers = 2, .shards = 2, .mode = GR_MODE_HYBRID,
+                 .pipeline = true, .ckpt_dir = rootC, .every = STEPS / 2};
+    gr_train_result rc1, rc2;
+    c.max_steps = STEPS / 2;
+    assert_int_equal(run(&c, NULL, 0, NULL, &rc1), 0);
+    assert_int_equal(rc1.steps, STEPS); /* 4 global steps of 2 workers */
+    assert_string_equal(rc1.ckpt_last, "step-000000000004");
+    c.max_steps = 0;
+    c.resume = rootC;
+    assert_int_equal(run(&c, NULL, 0, NULL, &rc2), 0);
+    assert_int_equal(rc2.resumed_step, STEPS / 2);
+    assert_int_equal(rc2.steps, STEPS);
+    assert_int_equal(rc2.examples, STEPS * B);
+    assert_string_equal(rc2.ckpt_last, "step-000000000008");
+    free(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -533,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_pause_modes_resume_covers_the_rest),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_cli_kill_and_resume),
+        cmocka_unit_test(test_hybrid_resume),
     };
     return cmocka_run_group_tests_name("ckpt_train", tests, setup, teardown);
 }

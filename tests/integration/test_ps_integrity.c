@@ -327,6 +327,89 @@ static void test_hostile_checkpoint_files(void **state)
     ps_test_rmdir(dir);
 }
 
+/* Pulls dense parameter "mlp" (10 floats) and row 5 of table 1 into one array of 14. */
+static void snapshot(gr_client *c, float *out)
+{
+    uint64_t key = 5;
+    assert_int_equal(gr_client_dense_pull(c, "mlp", out, 10), 0);
+    assert_int_equal(gr_client_pull(c, 1, 4, &key, 1, out + 10), 0);
+}
+
+static void bump(gr_client *c, float by)
+{
+    uint64_t key = 5;
+    float g[10];
+    for (int i = 0; i < 10; i++) g[i] = by;
+    assert_int_equal(gr_client_dense_push(c, "mlp", g, 10), 0);
+    assert_int_equal(gr_client_push(c, 1, 4, &key, 1, g), 0);
+}
+
+static int run_verify(const char *dir, char *out, size_t cap)
+{
+    const char *args[] = {"ckpt", "verify", dir, NULL};
+    return ps_test_run_granary(args, out, cap);
+}
+
+/* A checkpoint whose dense part was deleted is refused as incomplete by the load and by
+ * verify, and the load changes nothing (before: the sparse tables were restored and the dense
+ * parameters silently kept newer values). A flipped byte in a dense part fails verify. */
+static void test_dense_part_is_part_of_the_checkpoint(void **state)
+{
+    (void)state;
+    char dir[128], path[512], out[4096];
+    assert_int_equal(ps_test_tmpdir(dir, sizeof dir), 0);
+    const char *extra[] = {"--ckpt-root", dir, NULL};
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, extra), 0);
+    gr_client *c = client_for(s.addr);
+    char spec[256];
+    snprintf(spec, sizeof spec, spec_fmt, 1u, 1u);
+    assert_int_equal(gr_client_create_table(c, spec), 0);
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"mlp\",\"size\":10,"
+                                               "\"optimizer\":{\"kind\":\"sgd\",\"lr\":1}}"),
+                     0);
+    bump(c, 1.0f);
+    gr_client_ckpt_opts o = {.root = "r", .step = 1};
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), 0);
+    o.step = 2;
+    assert_int_equal(gr_client_ckpt_save(c, &o, NULL), 0);
+    snprintf(path, sizeof path, "%s/r/step-000000000001", dir);
+    assert_int_equal(run_verify(path, out, sizeof out), 0);
+    bump(c, 2.0f);
+    float before[14], after[14];
+    snapshot(c, before);
+    /* Delete step 1's dense part. */
+    snprintf(path, sizeof path, "%s/r/step-000000000001/dense-00000-of-00001", dir);
+    ps_test_rmdir(path);
+    gr_client_ckpt_loaded ld;
+    assert_int_equal(gr_client_ckpt_load(c, "r", "step-000000000001", false, &ld), GR_ENOENT);
+    assert_non_null(strstr(gr_errmsg(), "incomplete checkpoint"));
+    snapshot(c, after);
+    assert_memory_equal(before, after, sizeof before);
+    snprintf(path, sizeof path, "%s/r/step-000000000001", dir);
+    assert_int_equal(run_verify(path, out, sizeof out), 1);
+    assert_non_null(strstr(out, "dense-00000-of-00001 is missing"));
+    /* Flip a byte in step 2's dense shard file: verify reads it and fails. */
+    snprintf(path, sizeof path, "%s/r/step-000000000002/dense-00000-of-00001/"
+                                "shard-00000-of-00001.gck", dir);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 100, SEEK_SET), 0);
+    int ch = fgetc(f);
+    assert_int_equal(fseek(f, 100, SEEK_SET), 0);
+    fputc(ch ^ 0x5a, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/r/step-000000000002", dir);
+    assert_int_equal(run_verify(path, out, sizeof out), 1);
+    assert_non_null(strstr(out, "dense-00000-of-00001"));
+    assert_int_equal(gr_client_ckpt_load(c, "r", "step-000000000002", false, &ld), GR_ECORRUPT);
+    snapshot(c, after);
+    assert_memory_equal(before, after, sizeof before);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+    ps_test_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_result_refused_on_shard),
         cmocka_unit_test(test_default_ckpt_root_is_working_dir),
         cmocka_unit_test(test_hostile_checkpoint_files),
+        cmocka_unit_test(test_dense_part_is_part_of_the_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

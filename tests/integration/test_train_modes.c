@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"
@@ -203,8 +204,8 @@ static int stuck_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t 
         *dropped = false;
         return GR_OK; /* pretends: its gradient never reaches the shards */
     }
-    return s->inner.push_step(s->inner.ctx, worker, token, table, keys, n, grads, dense, dgrad,
-                              dn, dropped);
+    return s->inner.steps->push(s->inner.ctx, worker, token, table, keys, n, grads, dense, dgrad,
+                                dn, dropped);
 }
 
 #define FWD(name, sig, args)                                                                 \
@@ -213,6 +214,13 @@ static int stuck_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t 
         stuck_ctx *s = ctx;                                                                  \
         return s->inner.name args;                                                           \
     }
+/* The same for a step call. */
+#define FWDS(name, sig, args)                                                                \
+    static int stuck_##name sig                                                              \
+    {                                                                                        \
+        stuck_ctx *s = ctx;                                                                  \
+        return s->inner.steps->name args;                                                    \
+    }
 FWD(table_init, (void *ctx, const gr_table_spec *spec), (s->inner.ctx, spec))
 FWD(pull, (void *ctx, uint32_t t, const uint64_t *k, size_t n, float *r, unsigned f),
     (s->inner.ctx, t, k, n, r, f))
@@ -220,15 +228,23 @@ FWD(push, (void *ctx, uint32_t t, const uint64_t *k, size_t n, const float *g), 
 FWD(dense_init, (void *ctx, const char *nm, const float *v, size_t n), (s->inner.ctx, nm, v, n))
 FWD(dense_pull, (void *ctx, const char *nm, float *v, size_t n), (s->inner.ctx, nm, v, n))
 FWD(dense_push, (void *ctx, const char *nm, const float *v, size_t n), (s->inner.ctx, nm, v, n))
-FWD(step_begin, (void *ctx, uint32_t w, uint64_t *t), (s->inner.ctx, w, t))
-FWD(fetch, (void *ctx, uint32_t t, const uint64_t *k, size_t n, float *r, const char *d, float *p, size_t np),
+FWD(dense_pull_start, (void *ctx, const char *nm, float *v, size_t n, void **op),
+    (s->inner.ctx, nm, v, n, op))
+FWD(dense_push_start, (void *ctx, const char *nm, const float *v, size_t n, void **op),
+    (s->inner.ctx, nm, v, n, op))
+FWD(op_wait, (void *ctx, void *op), (s->inner.ctx, op))
+FWD(ckpt_save, (void *ctx, gr_train_ckpt *k), (s->inner.ctx, k))
+FWD(ckpt_load, (void *ctx, const char *r, const char *nm, gr_train_ckpt *k), (s->inner.ctx, r, nm, k))
+FWDS(begin, (void *ctx, uint32_t w, uint64_t *t), (s->inner.ctx, w, t))
+FWDS(fetch, (void *ctx, uint32_t t, const uint64_t *k, size_t n, float *r, const char *d, float *p, size_t np),
     (s->inner.ctx, t, k, n, r, d, p, np))
-FWD(worker_done, (void *ctx, uint32_t w), (s->inner.ctx, w))
+FWDS(leave, (void *ctx, uint32_t w), (s->inner.ctx, w))
 static void stuck_cancel(void *ctx)
 {
     stuck_ctx *s = ctx;
-    s->inner.cancel(s->inner.ctx);
+    s->inner.steps->cancel(s->inner.ctx);
 }
+static void stuck_destroy(void *ctx) { (void)ctx; }
 
 static void test_stuck_worker_times_out(void **state)
 {
@@ -236,12 +252,15 @@ static void test_stuck_worker_times_out(void **state)
     ps_run p;
     ps_up(&p, NULL, GR_MODE_SYNC, 2, 0, 0, 1500);
     stuck_ctx sc = {.inner = p.be};
+    static const gr_train_steps steps = {stuck_begin, stuck_fetch, stuck_push_step, stuck_leave,
+                                         stuck_cancel};
     gr_train_backend be = {.ctx = &sc, .table_init = stuck_table_init, .pull = stuck_pull,
                            .push = stuck_push, .dense_init = stuck_dense_init,
                            .dense_pull = stuck_dense_pull, .dense_push = stuck_dense_push,
-                           .step_begin = stuck_step_begin, .fetch = stuck_fetch,
-                           .push_step = stuck_push_step, .worker_done = stuck_worker_done,
-                           .cancel = stuck_cancel};
+                           .dense_pull_start = stuck_dense_pull_start,
+                           .dense_push_start = stuck_dense_push_start, .op_wait = stuck_op_wait,
+                           .ckpt_save = stuck_ckpt_save, .ckpt_load = stuck_ckpt_load,
+                           .destroy = stuck_destroy, .checkpoints = true, .steps = &steps};
     gr_train_opts o;
     small_opts(&o, GR_MODE_SYNC, 2);
     gr_train_result r;

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
 

@@ -212,28 +212,56 @@ static int tk_dense_push(void *c, const char *name, const float *g, size_t n)
     token_ctx *t = c;
     return t->inner.dense_push(t->inner.ctx, name, g, n);
 }
+static void tk_destroy(void *c) { (void)c; }
 static int tk_begin(void *c, uint32_t worker, uint64_t *token)
 {
     token_ctx *t = c;
     *token = ((uint64_t)worker << 32) | atomic_fetch_add(&t->begins, 1);
     return GR_OK;
 }
-static int tk_commit(void *c, uint32_t worker, uint64_t token)
+static int tk_fetch(void *c, uint32_t tb, const uint64_t *k, size_t n, float *rows,
+                    const char *dense, float *params, size_t np)
+{
+    token_ctx *t = c;
+    int rc = t->inner.pull(t->inner.ctx, tb, k, n, rows, 0);
+    return rc ? rc : t->inner.dense_pull(t->inner.ctx, dense, params, np);
+}
+/* Every third step is refused as stale: nothing of it is applied. */
+static int tk_push_step(void *c, uint32_t worker, uint64_t token, uint32_t tb, const uint64_t *k,
+                        size_t n, const float *g, const char *dense, const float *dg, size_t dn,
+                        bool *dropped)
 {
     token_ctx *t = c;
     assert_int_equal(token >> 32, worker);
-    return atomic_fetch_add(&t->commits, 1) % 3 == 2 ? GR_ESTALE : GR_OK;
+    *dropped = atomic_fetch_add(&t->commits, 1) % 3 == 2;
+    if (*dropped) return GR_OK;
+    int rc = t->inner.push(t->inner.ctx, tb, k, n, g);
+    return rc ? rc : t->inner.dense_push(t->inner.ctx, dense, dg, dn);
 }
+static int tk_leave(void *c, uint32_t worker)
+{
+    (void)c;
+    (void)worker;
+    return GR_OK;
+}
+static void tk_cancel(void *c) { (void)c; }
 
 static void test_step_tokens(void **state)
 {
     (void)state;
     token_ctx tc = {0};
     assert_int_equal(gr_local_backend_create(NULL, &tc.inner), GR_OK);
-    gr_train_backend be = {.ctx = &tc, .table_init = tk_table_init, .pull = tk_pull,
-                           .push = tk_push, .dense_init = tk_dense_init,
-                           .dense_pull = tk_dense_pull, .dense_push = tk_dense_push,
-                           .step_begin = tk_begin, .step_commit = tk_commit};
+    static const gr_train_steps steps = {tk_begin, tk_fetch, tk_push_step, tk_leave, tk_cancel};
+    gr_train_backend be = tc.inner; /* the core of the local backend ... */
+    be.ctx = &tc;                   /* ... wrapped where the step calls need it */
+    be.table_init = tk_table_init;
+    be.pull = tk_pull;
+    be.push = tk_push;
+    be.dense_init = tk_dense_init;
+    be.dense_pull = tk_dense_pull;
+    be.dense_push = tk_dense_push;
+    be.destroy = tk_destroy;
+    be.steps = &steps;
     gr_train_opts o;
     quick_opts(&o, GR_MODEL_LR);
     o.test_path = NULL;

@@ -1,9 +1,9 @@
 /* The embedded local cluster: S parameter-server shards as gr_servers inside this process, on
  * free loopback ports, so `granary train` without --servers (and the benchmark and tests) run
- * the real wire protocol and shard code with nothing to deploy. This is the one place where
- * the train part uses the server part; the trainer itself only sees the client backend. */
+ * the real wire protocol and shard code with nothing to deploy. Its own part because it
+ * depends on server, which train must not. */
+#include "granary/cluster.h"
 #include "granary/server.h"
-#include "granary/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>

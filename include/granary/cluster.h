@@ -1,0 +1,21 @@
+/* granary cluster: an embedded parameter-server cluster. S shards as in-process gr_servers on
+ * free loopback ports, for `granary train` without --servers, the benchmarks and tests: they
+ * run the real wire protocol and shard code with nothing to deploy. This part depends on
+ * server; train does not (the trainer only sees the client backend over the cluster's
+ * addresses).
+ *
+ * Errors: functions return 0 or a negative gr_err and set gr_errmsg(). */
+#ifndef GRANARY_CLUSTER_H
+#define GRANARY_CLUSTER_H
+
+#include "granary/core.h"
+
+typedef struct gr_local_cluster gr_local_cluster;
+/* threads: worker threads per shard (0 = 2). */
+GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
+/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
+GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
+/* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
+GR_API void gr_local_cluster_stop(gr_local_cluster *c);
+
+#endif

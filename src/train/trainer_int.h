@@ -1,0 +1,202 @@
+/* The trainer's internals, shared by its parts: trainer.c (the run: options, threads,
+ * progress, results), queue.c (bounded queues between pipeline stages), pipeline.c (the
+ * stages of a worker and its threads), datasplit.c (how workers share the training file),
+ * ckcoord.c (checkpoint coordination and resume) and eval.c (scoring a file). */
+#ifndef GRANARY_TRAIN_TRAINER_INT_H
+#define GRANARY_TRAIN_TRAINER_INT_H
+
+#include "granary/train.h"
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- bounded queue of work items (queue.c) ------------------------------------------------ */
+
+typedef struct tr_item tr_item;
+
+typedef struct tr_queue {
+    tr_item **q;
+    size_t cap, head, len;
+    bool closed; /* no more pushes; pops drain what is left */
+    bool *abort; /* shared: everything stops at once */
+    pthread_mutex_t *mu;
+    pthread_cond_t cv;
+} tr_queue;
+
+int tr_queue_init(tr_queue *q, size_t cap, pthread_mutex_t *mu, bool *abort);
+void tr_queue_fini(tr_queue *q);
+/* Never blocks for long: the queue holds every item of its worker. */
+void tr_queue_push(tr_queue *q, tr_item *it);
+/* NULL when closed and empty, or aborted. */
+tr_item *tr_queue_pop(tr_queue *q);
+void tr_queue_close(tr_queue *q);
+
+/* ---- a batch on its way through a worker's stages ----------------------------------------- */
+
+/* Seconds per pipeline stage, of one batch or summed: read (parse), pull (the fetch stage:
+ * rows, and in sync/semisync/ssp the dense parameters with them), compute (the compute stage:
+ * the model, and in async/hybrid the dense parameters' round trips, which sit there for
+ * accuracy), push (the push stage: row gradients, in sync/semisync/ssp with the dense one),
+ * wait (blocked on step tokens or the hybrid staleness bound; not in the others). */
+typedef struct tr_stage_times {
+    double read, pull, compute, push, wait;
+} tr_stage_times;
+
+struct tr_item {
+    gr_batch batch;
+    uint64_t *uniq;
+    uint32_t *inv;
+    size_t nuniq;
+    float *rows;   /* nuniq x dim: pulled rows, later the summed gradients */
+    float *emb;    /* n x 26 x dim: per occurrence */
+    float *gemb;   /* its gradient */
+    float *params; /* dense parameters as pulled */
+    float *gdense;
+    double loss;
+    uint64_t token;
+    uint64_t chunk;   /* shared data: the chunk (counter value) it was read from */
+    uint64_t seq;     /* this worker's batch number, from 0 (hybrid: embedding staleness) */
+    uint64_t stale;   /* hybrid: this worker's earlier batches not yet pushed at its pull */
+    bool dropped;     /* its step push was refused as stale */
+    tr_stage_times t; /* seconds this batch spent in each stage */
+};
+
+typedef struct trainer trainer;
+
+
+typedef struct tr_worker {
+    trainer *tr;
+    unsigned id;
+    uint64_t start, end, first_line; /* byte range of the training file (static data) */
+    uint64_t steps;                  /* batches pushed (push stage only) */
+    tr_item *items;
+    unsigned nitems;
+    tr_queue free_q, read_q, fetch_q, push_q;
+    pthread_mutex_t mu;
+    bool abort;
+    gr_model_ws *ws;
+    gr_dedup_scratch dedup;
+    /* Checkpoints and resume (under tr->mu, except skip and read: the reader's own). */
+    uint64_t base;      /* batches this worker pushed before the resume */
+    uint64_t skip;      /* static data: batches to skip first (done before the resume) */
+    uint64_t read;      /* batches handed on in this run (for max_steps) */
+    uint64_t fetched;   /* items past the checkpoint gate (fetch stage) */
+    int gate;           /* TR_GATE_* */
+    bool finished;      /* its threads are done (it left the job) */
+    uint64_t cur_chunk; /* shared data: chunk of its last pushed item (UINT64_MAX: none) */
+    /* Batches read (the reader's) and pushed (under mu; hybrid waits on inflight_cv for the
+     * staleness bound). */
+    uint64_t next_seq, pushed_seq;
+    pthread_cond_t inflight_cv;
+} tr_worker;
+
+/* Where a worker's fetch stage is, for the checkpoint coordinator. */
+enum { TR_GATE_RUN = 0, TR_GATE_PARKED = 1, TR_GATE_ACQUIRING = 2, TR_GATE_HELD = 3 };
+
+/* How the training file is cut among workers (datasplit.c). */
+typedef struct tr_data {
+    bool shared;                      /* workers take chunks in turn */
+    uint64_t *chunk_off, *chunk_line; /* nchunks + 1 entries */
+    unsigned nchunks;
+    atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
+    uint64_t nchunk_total;            /* with checkpoints: epochs * nchunks */
+    int32_t *chunk_owner;             /* per chunk counter value: the worker that took it, or -1 */
+    uint64_t *chunk_pushed;           /* per chunk counter value: batches pushed (resumed included) */
+    uint8_t *chunk_done;              /* per chunk counter value: complete before the resume */
+} tr_data;
+
+/* Checkpoint coordination (ckcoord.c; under trainer.mu; docs/checkpoints.md "In training").
+ * Sync mode pauses every worker at the same step ("rounds"): before it takes the token of
+ * step target. The other modes pause every worker wherever it is between two steps (pause). */
+typedef struct tr_ck {
+    bool on, rounds, pause;
+    uint64_t npause;      /* pauses so far (started) */
+    uint64_t target;      /* rounds: the step at which workers pause next (0: none) */
+    uint64_t next_total;  /* pause mode: pause when this many batches are pushed in all */
+    uint64_t saved_total; /* batches pushed in all at the last checkpoint (or the resume) */
+    char parent[64];      /* the last checkpoint this run committed */
+} tr_ck;
+
+struct trainer {
+    const gr_train_opts *o;
+    gr_train_backend *be;
+    gr_model *m;
+    uint32_t dim;
+    size_t np;
+    const char *dense_name;
+    tr_worker *workers;
+    /* How a step talks to the backend. stepped: the backend's step calls order the dense
+     * parameters (sync, semisync, ssp, hybrid). hybrid: only the dense parameters go through
+     * the step calls; embedding rows are pulled and pushed asynchronously. */
+    bool stepped, hybrid;
+    uint32_t emb_bound; /* hybrid: batches a worker may have pulled but not pushed */
+    float lr_scale;     /* the dense learning rate's current multiplier (warm-up) */
+
+    pthread_mutex_t mu; /* everything below */
+    pthread_cond_t cv;
+    int err;
+    char errmsg[512];
+    unsigned running; /* workers not finished */
+    uint64_t examples, steps, dropped, bad_lines;
+    double loss_sum;        /* since the last progress line: sum of loss * n */
+    uint64_t loss_n;
+    double wait_s;          /* in step_begin, summed over workers */
+    uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
+    tr_stage_times t;       /* summed over all batches */
+    atomic_uint_fast64_t read_examples; /* for max_examples */
+    atomic_bool cancelled;
+    tr_data data;
+    tr_ck ck;
+    uint64_t base_total, base_examples; /* done before the resume */
+    gr_train_result *res;
+};
+
+/* ---- pipeline.c --------------------------------------------------------------------------- */
+
+/* Records the first error and stops every worker: one failed step fails the job. */
+void tr_fail(trainer *tr, tr_worker *w, int rc);
+bool tr_aborted(tr_worker *w);
+int tr_worker_init(trainer *tr, tr_worker *w, unsigned id);
+void tr_worker_fini(tr_worker *w);
+/* Thread mains of a worker: four stages as threads, or all in turn (--no-pipeline). */
+void *tr_pipeline_main(void *arg);
+void *tr_sequential_main(void *arg);
+
+/* ---- datasplit.c -------------------------------------------------------------------------- */
+
+/* Called once per batch read (sequential workers): the rest of the step. */
+typedef int (*tr_batch_fn)(tr_worker *w, tr_item *it);
+
+/* Cuts the training file: W contiguous ranges (static) or 64 W chunks taken in turn (shared).
+ * tr->data.shared and nchunks are set before (a resume may change nchunks). */
+int tr_data_setup(trainer *tr);
+/* With checkpoints or a resume, shared data tracks who read which chunk. */
+int tr_data_track(trainer *tr);
+void tr_data_fini(tr_data *d);
+/* Reads the worker's part of the file for every epoch, handing full items to `out`. Items come
+ * from `pool` (pipeline) or are the single `it` (sequential: each is called per batch). */
+int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each);
+
+/* ---- ckcoord.c ---------------------------------------------------------------------------- */
+
+/* Batches pushed by all workers, before the resume included. Under mu. */
+uint64_t tr_total_pushed(const trainer *tr);
+/* The pause count (odd while a pause is on): a token that timed out can tell whether the
+ * others stood paused. */
+uint64_t tr_ck_pauses(trainer *tr);
+/* The fetch stage's gate: parks the worker while a checkpoint wants it (after: once it holds
+ * the step token). */
+int tr_ck_gate(tr_worker *w, bool after);
+/* Restores the checkpoint to resume from (before the workers exist); *meta: the position. */
+int tr_ck_restore(trainer *tr, cJSON **meta);
+/* Applies a restored position to the workers and the chunk table. */
+int tr_ck_apply(trainer *tr, const cJSON *j);
+/* Arms the coordinator (after the resume, before the workers start). */
+void tr_ck_setup(trainer *tr);
+/* The coordinator's turn (main thread, holding mu): true when it saved. */
+bool tr_ck_turn(trainer *tr);
+/* The last checkpoint when training ends (unless the last one is it). */
+void tr_ck_finish(trainer *tr);
+
+#endif
