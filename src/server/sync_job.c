@@ -4,7 +4,7 @@
  * then hands the parts to the state machine, whose apply callback writes into the shard's
  * tables and dense parameters.
  *
- * A waiting SYNC_ACQUIRE holds no thread: the connection's reader polls the state machine and,
+ * A waiting SYNC_ACQUIRE holds no thread: the connection loop polls the state machine and,
  * when the step cannot start yet, parks the request here with a reference on its connection.
  * Whoever changes the state (a push completing a step, a leave, a reset) re-polls the parked
  * requests and answers the ready ones; a timer thread answers those whose timeout passed. So N
@@ -376,7 +376,7 @@ static void srv_sync_destroy(gr_server *s)
     s->sync = NULL;
 }
 
-/* ---- SYNC_ACQUIRE (run by the connection's reader) ---- */
+/* ---- SYNC_ACQUIRE (run by the connection loop) ---- */
 
 static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
                      const uint8_t *body, bool *fatal)
