@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DIM 64
@@ -42,7 +43,10 @@
       "measure the flat gather and the lookup R times, alternating, and report\n"             \
       "medians (for A/B comparisons on a busy machine)")                                       \
     X(TB_ONLY, "only", GR_CLI_CHOICE, NULL, 0, 0, "all|lookup", NULL, "all",                     \
-      "lookup: skip the adagrad and PyTorch figures")
+      "lookup: skip the adagrad and PyTorch figures")                                          \
+    X(TB_WIDE, "wide", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                                 \
+      "also gather from a flat array at the table's 528-byte row stride, to\n"                \
+      "separate the cost of the row layout from the cost of finding a row")
 
 enum { TABLE_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
 static const gr_cli_opt table_bench_opts[] = {TABLE_BENCH_OPTIONS(GR_CLI_ROW)};
@@ -56,7 +60,7 @@ static const gr_cli_spec table_bench_spec = {
 typedef struct opts {
     uint64_t rows;
     unsigned batches, threads, repeat;
-    bool json, full, lookup_only;
+    bool json, full, lookup_only, wide;
 } opts;
 
 /* Keys are a fixed bijection of the Zipf rank, so hot keys land in all partitions. */
@@ -81,11 +85,26 @@ typedef struct worker {
     gr_table *t;
     const float *flat;
     pthread_barrier_t *bar;
+    double cpu_s; /* this thread's CPU time for its batches */
     int rc;
     char err[256];
 } worker;
 
-enum { KIND_FLAT, KIND_LOOKUP, KIND_ADAGRAD, KIND_FILL };
+enum { KIND_FLAT, KIND_LOOKUP, KIND_ADAGRAD, KIND_FILL, KIND_WIDE };
+#define WIDE 132 /* floats per row of the wide baseline: the table's 528-byte row stride */
+static const float *g_wide;
+
+static void wide_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
+{
+    const size_t pf = 16;
+    for (size_t i = 0; i < n; i++) {
+        if (i + pf < n) {
+            const char *r = (const char *)(flat + (size_t)ix[i + pf] * WIDE);
+            for (int l = 0; l < DIM * 4 + 64; l += 64) __builtin_prefetch(r + l, 0, 3);
+        }
+        memcpy(out + i * DIM, flat + (size_t)ix[i] * WIDE + 4, DIM * sizeof(float));
+    }
+}
 
 static void flat_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
 {
@@ -120,10 +139,14 @@ static void *worker_main(void *p)
 {
     worker *w = p;
     pthread_barrier_wait(w->bar);
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     for (unsigned b = 0; b < w->batches && !w->rc; b++) {
         unsigned k = b % w->pool_n;
         if (w->kind == KIND_FLAT) {
             flat_gather(w->flat, w->rowix[k], IDS, w->out);
+        } else if (w->kind == KIND_WIDE) {
+            wide_gather(g_wide, w->rowix[k], IDS, w->out);
         } else if (w->kind == KIND_LOOKUP) {
             w->rc = gr_table_lookup(w->t, w->keys[k], IDS, w->out, 0);
         } else {
@@ -131,11 +154,15 @@ static void *worker_main(void *p)
         }
         if (w->rc) snprintf(w->err, sizeof w->err, "%s", gr_errmsg());
     }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    w->cpu_s = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
     return NULL;
 }
 
-/* Runs `kind` on nt workers; returns ids (or rows) per second, or -1 on error. */
-static double measure(worker *ws, unsigned nt, int kind)
+/* Runs `kind` on nt workers; returns ids (or rows) per second of wall time, or -1 on error.
+ * *cpu_rate gets the sum over threads of ids per second of that thread's CPU time: on a
+ * machine shared with other work it leaves out the time a thread was not running. */
+static double measure(worker *ws, unsigned nt, int kind, double *cpu_rate)
 {
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, nt + 1);
@@ -157,6 +184,11 @@ static double measure(worker *ws, unsigned nt, int kind)
             return -1;
         }
         ids += (uint64_t)ws[i].batches * IDS;
+    }
+    if (cpu_rate) {
+        *cpu_rate = 0;
+        for (unsigned i = 0; i < nt; i++)
+            *cpu_rate += (double)ws[i].batches * IDS / (ws[i].cpu_s > 0 ? ws[i].cpu_s : 1e-9);
     }
     return (double)ids / secs;
 }
@@ -204,7 +236,9 @@ static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
     double ids = -1;
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"ids_per_sec\":");
-        if (p) ids = strtod(p + 14, NULL);
+        char *end;
+        double x = p ? strtod(p + 14, &end) : 0;
+        if (p && end != p + 14 && x > 0) ids = x;
     }
     int st = pclose(f);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
@@ -213,7 +247,9 @@ static double run_torch(uint64_t rows, unsigned batches, unsigned threads)
 
 typedef struct result {
     unsigned threads;
-    double flat, lookup, ratio, adagrad, torch; /* ratio: median of lookup / flat pairs */
+    double flat, lookup, adagrad, torch;
+    double ratio, ratio_cpu; /* medians of lookup / flat pairs, in wall and in CPU time */
+    double wide, wide_cpu;   /* the same for the flat gather at the row stride (--wide) */
 } result;
 
 static int cmp_double(const void *a, const void *b)
@@ -248,7 +284,8 @@ int gr_bench_table(int argc, char **argv)
               .repeat = (unsigned)v[TB_REPEAT].i,
               .json = v[TB_JSON].b,
               .full = v[TB_FULL].b,
-              .lookup_only = v[TB_ONLY].i == 1};
+              .lookup_only = v[TB_ONLY].i == 1,
+              .wide = v[TB_WIDE].b};
     bool rows_set = v[TB_ROWS].given;
     if (o.full && !rows_set) o.rows = 50000000;
     if (o.rows > UINT32_MAX) {
@@ -267,7 +304,7 @@ int gr_bench_table(int argc, char **argv)
     spec.opt.eps = 1e-8f;
 
     /* Refuse sizes this machine cannot hold rather than swapping or being killed. */
-    double need = (double)o.rows * (528 + 32 + DIM * 4) + 64e6 * o.threads;
+    double need = (double)o.rows * (528 + 32 + DIM * 4 + (o.wide ? WIDE * 4 : 0)) + 64e6 * o.threads;
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (need > 0.85 * ram) {
         fprintf(stderr,
@@ -333,10 +370,24 @@ int gr_bench_table(int argc, char **argv)
         for (size_t i = 0; i < (size_t)o.rows * DIM; i++) f[i] = (float)(i & 1023) * 1e-5f;
     }
 
+    void *wide = NULL;
+    if (o.wide) {
+        size_t wb = ((size_t)o.rows * WIDE * 4 + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        if (posix_memalign(&wide, 2u << 20, wb) != 0) {
+            free(flat);
+            goto oom;
+        }
+#ifdef MADV_HUGEPAGE
+        madvise(wide, wb, MADV_HUGEPAGE);
+#endif
+        memset(wide, 1, wb);
+        g_wide = wide;
+    }
     gr_table *t = NULL;
     if (gr_table_create(&spec, &t) != GR_OK) {
         fprintf(stderr, "granary bench table: %s\n", gr_errmsg());
         free(flat);
+        free(wide);
         goto out;
     }
     {
@@ -357,6 +408,7 @@ int gr_bench_table(int argc, char **argv)
             fprintf(stderr, "granary bench table: fill failed: %s\n", gr_strerror(frc));
             gr_table_destroy(t);
             free(flat);
+            free(wide);
             goto out;
         }
         printf("fill: %" PRIu64 " rows created by lookups in %.2f s (%.2f M rows/s, %u threads)\n",
@@ -380,22 +432,32 @@ int gr_bench_table(int argc, char **argv)
         r->torch = -1;
         /* Alternating the two, R times, lets each lookup figure be read against a flat
          * gather taken moments before on the same (shared) machine. */
-        double fl[100], lk[100], ratio[100];
+        double fl[100], lk[100], ratio[100], fl_cpu, lk_cpu, ratio_cpu[100];
         bool failed = false;
         unsigned done = 0;
+        double wd[100], wd_cpu[100], x_cpu;
         for (; done < o.repeat && !failed; done++) {
-            fl[done] = measure(ws, nt, KIND_FLAT);
-            lk[done] = measure(ws, nt, KIND_LOOKUP);
+            fl[done] = measure(ws, nt, KIND_FLAT, &fl_cpu);
+            if (g_wide) {
+                wd[done] = measure(ws, nt, KIND_WIDE, &x_cpu) / fl[done];
+                wd_cpu[done] = x_cpu / fl_cpu;
+            }
+            lk[done] = measure(ws, nt, KIND_LOOKUP, &lk_cpu);
             ratio[done] = lk[done] / fl[done];
+            ratio_cpu[done] = lk_cpu / fl_cpu;
             failed = fl[done] < 0 || lk[done] < 0;
         }
         r->flat = median(fl, done);
         r->lookup = median(lk, done);
+        r->wide = g_wide ? median(wd, done) : -1;
+        r->wide_cpu = g_wide ? median(wd_cpu, done) : -1;
         r->ratio = median(ratio, done);
-        r->adagrad = o.lookup_only || failed ? -1 : measure(ws, nt, KIND_ADAGRAD);
+        r->ratio_cpu = median(ratio_cpu, done);
+        r->adagrad = o.lookup_only || failed ? -1 : measure(ws, nt, KIND_ADAGRAD, NULL);
         if (failed || (!o.lookup_only && r->adagrad < 0)) {
             gr_table_destroy(t);
             free(flat);
+            free(wide);
             goto out;
         }
     }
@@ -403,14 +465,15 @@ int gr_bench_table(int argc, char **argv)
     /* Give the memory back before PyTorch allocates its own copy of the table. */
     gr_table_destroy(t);
     free(flat);
+    free(wide);
     unsigned torch_batches = o.batches < 30 ? o.batches : 30;
     for (unsigned k = 0; k < nres && !o.lookup_only; k++) {
         res[k].torch = run_torch(o.rows, torch_batches, res[k].threads);
         if (res[k].torch < 0) break; /* no torch here: skip the other thread counts */
     }
 
-    printf("\n%-8s %14s %14s %9s %14s %14s %9s\n", "threads", "flat M rows/s", "lookup M rows/s",
-           "x flat", "adagrad M ids/s", "torch M ids/s", "x torch");
+    printf("\n%-8s %14s %14s %9s %9s %14s %14s %9s\n", "threads", "flat M rows/s",
+           "lookup M rows/s", "x flat", "(cpu)", "adagrad M ids/s", "torch M ids/s", "x torch");
     for (unsigned k = 0; k < nres; k++) {
         result *r = &res[k];
         char tb[32] = "n/a", xb[32] = "n/a", ab[32] = "n/a";
@@ -419,8 +482,11 @@ int gr_bench_table(int argc, char **argv)
             snprintf(tb, sizeof tb, "%.2f", r->torch / 1e6);
             snprintf(xb, sizeof xb, "%.1f", r->adagrad / r->torch);
         }
-        printf("%-8u %14.2f %15.2f %9.2f %15s %14s %9s\n", r->threads, r->flat / 1e6,
-               r->lookup / 1e6, r->ratio, ab, tb, xb);
+        printf("%-8u %14.2f %15.2f %9.2f %9.2f %15s %14s %9s\n", r->threads, r->flat / 1e6,
+               r->lookup / 1e6, r->ratio, r->ratio_cpu, ab, tb, xb);
+        if (r->wide >= 0)
+            printf("         flat gather at the 528-byte row stride: %.2f x flat (cpu %.2f)\n",
+                   r->wide, r->wide_cpu);
     }
     result *top = &res[nres - 1];
     printf("\nmemory: %.2f GiB for %" PRIu64 " rows = %.1f B/row; payload (weights + adagrad) "
@@ -448,9 +514,11 @@ int gr_bench_table(int argc, char **argv)
             json_num(tj, sizeof tj, res[k].torch);
             json_num(aj, sizeof aj, res[k].adagrad);
             printf("%s{\"threads\":%u,\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":"
-                   "%.0f,\"lookup_per_flat\":%.3f,\"adagrad_ids_per_sec\":%s,"
-                   "\"torch_adagrad_ids_per_sec\":%s}",
-                   k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].ratio, aj, tj);
+                   "%.0f,\"lookup_per_flat\":%.3f,\"lookup_per_flat_cpu\":%.3f,"
+                   "\"wide_per_flat\":%.3f,\"wide_per_flat_cpu\":%.3f,"
+                   "\"adagrad_ids_per_sec\":%s,\"torch_adagrad_ids_per_sec\":%s}",
+                   k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].ratio,
+                   res[k].ratio_cpu, res[k].wide, res[k].wide_cpu, aj, tj);
         }
         printf("]}\n");
     }
