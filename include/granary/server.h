@@ -38,8 +38,8 @@ typedef struct gr_server_config {
     uint32_t idle_timeout_ms;  /* a connection with nothing in flight that sends nothing for
                                   this long is closed, default 900000; UINT32_MAX = never */
     uint64_t max_total_inflight_bytes; /* request bodies in flight over all connections; a
-                                  connection whose next body would pass it waits (its reader
-                                  pauses), default 4 GiB (a single larger frame is taken
+                                  connection whose next body would pass it is not read until
+                                  others finish, default 4 GiB (a single larger frame is taken
                                   alone) */
     /* Checkpoint requests name directories on this shard's filesystem. With ckpt_root set,
      * they must be relative paths under it (no "..", and no symlink may lead out of it; it is
@@ -58,7 +58,7 @@ GR_API int gr_server_create(const gr_server_config *cfg, gr_server **out);
 /* Frees a stopped (or never started) server and all its tables. NULL is a no-op. */
 GR_API void gr_server_destroy(gr_server *s);
 
-/* Binds, listens and starts the accept, reader and worker threads. GR_EIO with the address
+/* Binds, listens and starts the connection loop and the worker threads. GR_EIO with the address
  * when the bind fails. */
 GR_API int gr_server_start(gr_server *s);
 /* The bound port (after start). */

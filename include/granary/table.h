@@ -161,6 +161,12 @@ GR_API int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *o
  * GR_ENOMEM when the memory cap stops a row from being created: that key's gradient is
  * dropped, every other key is applied. */
 GR_API int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads);
+/* gr_table_apply where rows refused by the finite policy are not an error: *refused gets how
+ * many there were (they are counted in the stats as always). For callers that apply a
+ * server-side aggregate (the sync job's steps), where one refused row must not stop the rest
+ * of the step. Every other error is as gr_table_apply's. */
+GR_API int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n,
+                                  const float *grads, size_t *refused);
 
 /* Removes keys; *deleted (may be NULL) gets how many were present. */
 GR_API int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted);

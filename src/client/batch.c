@@ -2,7 +2,6 @@
  * one request per planned piece of work, and its replies are scattered back by the reader
  * threads as they arrive. The client's time in each phase is counted (gr_client_stats_t). */
 #include "client/op.h"
-#include "client/check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,7 +107,7 @@ static int plan_batch(gr_client_op *op, const gr_client_batch *b, size_t nb, boo
         if (!rc) rc = cl_plan_put_sections(&op->plan, i, layout, &r->frame);
         if (!rc) rc = gr_proto_end(&r->frame, 0);
     }
-    if (!rc && push) cl_plan_sum_grads(&op->plan, b);
+    if (!rc && push) rc = cl_plan_sum_grads(&op->plan, b); /* refuses non-finite gradients */
     count_ns(&c->frame_ns, t0);
     return rc;
 }
@@ -142,14 +141,14 @@ int gr_client_pull_start(gr_client *c, const gr_client_batch *b, size_t nb, unsi
 int gr_client_push_start(gr_client *c, const gr_client_batch *b, size_t nb, gr_client_op **op)
 {
     if (op) *op = NULL;
-    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH, b, nb, 0, op);
+    return batch_start(c, GR_OP_PUSH, b, nb, 0, op); /* gradients checked while summed */
 }
 
 int gr_client_push_pull_start(gr_client *c, const gr_client_batch *b, size_t nb,
                               gr_client_op **op)
 {
     if (op) *op = NULL;
-    return cl_check_grads(b, nb) ? GR_EINVAL : batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op);
+    return batch_start(c, GR_OP_PUSH_PULL, b, nb, 0, op); /* gradients checked while summed */
 }
 
 int gr_client_pull_many(gr_client *c, const gr_client_batch *b, size_t nb, unsigned flags)

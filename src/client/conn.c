@@ -274,6 +274,17 @@ out:
 
 /* ---- the reader thread ---- */
 
+/* Marks the connection broken before the reader completes the request whose reply broke it:
+ * its caller may send again at once, and must then reconnect rather than queue behind a
+ * connection that is about to fail everything pending on it. */
+static void mark_broken(cl_conn *k)
+{
+    pthread_mutex_lock(&k->mu);
+    k->broken = true;
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&k->mu);
+}
+
 static void fail_pending(cl_conn *k, const char *why)
 {
     pthread_mutex_lock(&k->mu);
@@ -410,15 +421,19 @@ static void *reader_main(void *arg)
             atomic_fetch_add_explicit(&cl->recv_ns, b.read_ns, memory_order_relaxed);
             atomic_fetch_add(&cl->bytes_received,
                              GR_PROTO_HEADER_SIZE + (uint64_t)(h.body_len - b.left));
-            if (rc) snprintf(why, sizeof why, "%s", gr_errmsg());
+            if (rc) { /* the stream stopped mid-frame: this connection is done */
+                snprintf(why, sizeof why, "%s", gr_errmsg());
+                mark_broken(k);
+            }
             req->on_done(req, rc, rc ? gr_errmsg() : NULL);
-            if (rc) break; /* the stream stopped mid-frame: this connection is done */
+            if (rc) break;
             continue;
         }
         if (req) { /* a streamed request answered with another opcode: malformed */
             rc = gr_seterr(GR_EPROTO, "reply opcode %u does not match request opcode %u", h.op,
                            req->opcode);
             snprintf(why, sizeof why, "malformed reply");
+            mark_broken(k);
             req->on_done(req, rc, gr_errmsg());
             break;
         }
@@ -451,6 +466,7 @@ static void *reader_main(void *arg)
         }
         bool fatal = false;
         rc = reply_result(req, &h, k->rbuf, &fatal);
+        if (fatal) mark_broken(k);
         req->on_done(req, rc, rc ? gr_errmsg() : NULL);
         if (fatal) {
             snprintf(why, sizeof why, "malformed reply");

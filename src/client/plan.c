@@ -2,6 +2,7 @@
  * sections, summed push gradients and the scatter of replies. Pure code (plan.h says the
  * steps); the operations in batch.c and step.c drive it and do the I/O. */
 #include "client/plan.h"
+#include "client/check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -254,31 +255,44 @@ int cl_plan_put_sections(cl_plan *p, size_t ri, gr_proto_layout layout, gr_proto
     return rc;
 }
 
+static inline uint32_t nonfinite(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    return (b & 0x7f800000u) == 0x7f800000u;
+}
+
 /* It walks the gradients in the caller's order (a sequential read of the largest array) and
  * adds into each key's slot in the frame; repeated keys are the hot ones, so their slots stay
  * in cache. Walking key by key instead would jump across the caller's array for every repeat
- * (measured: twice the client's push CPU). */
-void cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
+ * (measured: twice the client's push CPU). The finite check rides along: it is the same
+ * single read of the gradients that a separate pass would repeat (check.c words the error). */
+int cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
 {
     for (size_t bi = 0; bi < p->nb; bi++) {
         const cl_tbl *t = &p->tb[bi];
         const float *g = b[bi].grads;
         size_t dim = t->dim;
-        if (t->unique) {
-            for (size_t i = 0; i < t->n; i++) memcpy(t->dst[i], g + i * dim, dim * sizeof(float));
-            continue;
-        }
+        uint32_t bad = 0;
         for (size_t i = 0; i < t->n; i++) {
-            uint32_t u = t->inv[i];
-            float *dst = t->dst[u];
             const float *src = g + i * dim;
-            if (t->first[u] == (int32_t)i) {
-                memcpy(dst, src, dim * sizeof(float));
+            if (t->unique || t->first[t->inv[i]] == (int32_t)i) {
+                float *dst = t->dst[t->unique ? i : t->inv[i]];
+                for (size_t d = 0; d < dim; d++) {
+                    dst[d] = src[d];
+                    bad |= nonfinite(src[d]);
+                }
             } else {
-                for (size_t d = 0; d < dim; d++) dst[d] += src[d];
+                float *dst = t->dst[t->inv[i]];
+                for (size_t d = 0; d < dim; d++) {
+                    dst[d] += src[d];
+                    bad |= nonfinite(src[d]);
+                }
             }
         }
+        if (bad) return cl_check_grads(&b[bi], 1);
     }
+    return GR_OK;
 }
 
 void cl_plan_scatter_rows(const cl_plan *p, size_t ri, uint32_t k, uint32_t j0, uint32_t count,

@@ -79,8 +79,10 @@ size_t cl_plan_body_size(const cl_plan *p, size_t ri, gr_proto_layout layout);
  * GR_PROTO_KEYS_VALUES it records each key's gradient slot for cl_plan_sum_grads, so the frame
  * must not move until then. */
 int cl_plan_put_sections(cl_plan *p, size_t ri, gr_proto_layout layout, gr_proto_buf *frame);
-/* Step 3, pushes: every key's slot gets the sum of its gradients, in occurrence order. */
-void cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b);
+/* Step 3, pushes: every key's slot gets the sum of its gradients, in occurrence order.
+ * GR_EINVAL (check.c's message: table, key, element) when a gradient is NaN or inf; the
+ * frames must not be sent then. */
+int cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b);
 /* Step 4: checks that reply holds request ri's sections (tables, dims, counts) and copies each
  * row to every occurrence of its key. GR_EPROTO when it does not match (nothing is promised
  * about the rows then). Safe to run for different requests of one plan at once. */

@@ -126,7 +126,8 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
     *op = NULL;
     if (!tags) return gr_seterr(GR_EINVAL, "push_step needs the tags from acquire");
     if ((nb && !b) || (nd && !d)) return gr_seterr(GR_EINVAL, "NULL tables or dense gradients");
-    if (cl_check_grads(b, nb) || cl_check_dense_grads(d, nd)) return GR_EINVAL;
+    /* Sparse gradients are checked while they are summed (cl_plan_sum_grads), before any send. */
+    if (cl_check_dense_grads(d, nd)) return GR_EINVAL;
     for (size_t i = 0; i < nd; i++) {
         int rc = cl_check_dense_name(d[i].name);
         if (rc) return rc;
@@ -186,7 +187,7 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
         if (!rc) rc = gr_proto_end(&r->frame, 0);
     }
     free(dshard);
-    if (!rc && nb) cl_plan_sum_grads(p, b);
+    if (!rc && nb) rc = cl_plan_sum_grads(p, b);
     atomic_fetch_add_explicit(&c->frame_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     if (!rc) rc = cl_op_send(o);
     if (rc) {

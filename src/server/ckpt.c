@@ -4,8 +4,8 @@
  * every shard saved) writes the caller's metadata, then the manifest, then applies retention;
  * CKPT_LOAD builds new tables from the rows this shard owns and swaps them in.
  *
- * These run on one checkpoint thread per shard, never on the worker pool or a connection's
- * reader: a save that waits for the disk holds no thread that pulls and pushes need, and the
+ * These run on one checkpoint thread per shard, never on the worker pool or the connection
+ * loop: a save that waits for the disk holds no thread that pulls and pushes need, and the
  * library's save never holds a table lock while it waits (docs/checkpoints.md). */
 #include "server/server_int.h"
 #include "granary/ckpt.h"
@@ -840,7 +840,7 @@ static int srv_ckpt_create(gr_server *s)
 }
 
 /* Checks that a body decodes, so a peer that does not speak the protocol is cut off by the
- * reader at once, as for every other opcode. */
+ * loop at once, as for every other opcode. */
 static int check_body(gr_server *s, const gr_proto_header *h, const uint8_t *body)
 {
     if (h->op == GR_OP_CKPT_SAVE) {

@@ -1,6 +1,7 @@
-/* Internal to the server part: the gr_server struct, connections, the table registry and the
- * dispatcher's entry point. server.c owns threads and sockets, registry.c the tables,
- * dispatch.c joins proto to table (the only file that does). */
+/* Internal to the server part: the gr_server struct, the table of operations and the handler
+ * contract, the module interface, the table registry. docs/server.md has a line on each file:
+ * conn.c owns sockets, server.c the life cycle and the pool, ops.c says where each opcode
+ * runs, dispatch.c joins proto to table (the only file that does). */
 #ifndef GRANARY_SERVER_INT_H
 #define GRANARY_SERVER_INT_H
 

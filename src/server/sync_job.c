@@ -4,7 +4,7 @@
  * then hands the parts to the state machine, whose apply callback writes into the shard's
  * tables and dense parameters.
  *
- * A waiting SYNC_ACQUIRE holds no thread: the connection's reader polls the state machine and,
+ * A waiting SYNC_ACQUIRE holds no thread: the connection loop polls the state machine and,
  * when the step cannot start yet, parks the request here with a reference on its connection.
  * Whoever changes the state (a push completing a step, a leave, a reset) re-polls the parked
  * requests and answers the ready ones; a timer thread answers those whose timeout passed. So N
@@ -131,9 +131,15 @@ static int job_apply(void *ctx, uint32_t kind, uint32_t id, uint32_t dim, const 
         e = srv_registry_get(&s->reg, false, NULL, id);
         if (!e) return gr_seterr(GR_ENOENT, "no table with id %u on shard %u", id, s->cfg.shard);
     }
+    /* Rows the table's finite policy refuses are counted in its stats; they must not stop
+     * the rest of the step (or, in ssp, the worker's clock). */
+    size_t refused = 0;
     int rc = gr_table_get_spec(e->table)->dim == dim
-                 ? gr_table_apply(e->table, keys, n, grads)
+                 ? gr_table_apply_counted(e->table, keys, n, grads, &refused)
                  : gr_seterr(GR_EDIM, "table '%s': aggregated gradient has dim %u", e->name, dim);
+    if (refused)
+        GR_LOGW("shard %u: table '%s': %zu rows of a step refused, their result would not be "
+                "finite (counted in nonfinite_rejected)", s->cfg.shard, e->name, refused);
     srv_entry_put(e);
     return rc;
 }
@@ -370,7 +376,7 @@ static void srv_sync_destroy(gr_server *s)
     s->sync = NULL;
 }
 
-/* ---- SYNC_ACQUIRE (run by the connection's reader) ---- */
+/* ---- SYNC_ACQUIRE (run by the connection loop) ---- */
 
 static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
                      const uint8_t *body, bool *fatal)

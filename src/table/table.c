@@ -956,8 +956,10 @@ static int check_f16_range(gr_table *t, const uint64_t *keys, const float *w, si
     return GR_OK;
 }
 
-int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads)
+int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n, const float *grads,
+                           size_t *refused)
 {
+    if (refused) *refused = 0;
     CHECK_T("gr_table_apply");
     CHECK_PTR(keys, "apply", "keys");
     CHECK_PTR(grads, "apply", "grads");
@@ -965,6 +967,10 @@ int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *gra
     if (rc) return rc;
     op_ctx c = {.keys = keys, .grads = grads};
     rc = run_batch(t, &c, n, OP_APPLY);
+    if (refused) {
+        *refused = c.nonfinite;
+        return rc;
+    }
     if (!rc && c.nonfinite)
         rc = gr_seterr(GR_EINVAL,
                        "table '%s': the update of key %" PRIu64 " would make its row non-finite "
@@ -973,6 +979,11 @@ int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *gra
                        t->spec.name, c.nonfinite_key, gr_table_opt_name(t->spec.opt.kind),
                        (double)t->spec.opt.lr, c.nonfinite, n);
     return rc;
+}
+
+int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads)
+{
+    return gr_table_apply_counted(t, keys, n, grads, NULL);
 }
 
 int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted)

@@ -131,7 +131,6 @@ struct trainer {
      * the step calls; embedding rows are pulled and pushed asynchronously. */
     bool stepped, hybrid;
     uint32_t emb_bound; /* hybrid: batches a worker may have pulled but not pushed */
-    float lr_scale;     /* the dense learning rate's current multiplier (warm-up) */
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;
@@ -141,7 +140,7 @@ struct trainer {
     uint64_t examples, steps, dropped, bad_lines;
     double loss_sum;        /* since the last progress line: sum of loss * n */
     uint64_t loss_n;
-    double wait_s;          /* in step_begin, summed over workers */
+    double wait_s;          /* in steps->begin, summed over workers */
     uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
     tr_stage_times t;       /* summed over all batches */
     atomic_uint_fast64_t read_examples; /* for max_examples */

@@ -216,7 +216,7 @@ static void test_auth_deadline_from_accept(void **state)
     assert_int_equal(st, GR_EAUTH);
     assert_non_null(strstr(msg, "authentication not completed within 700 ms"));
     assert_true(ps_raw_at_eof(fd, NULL));
-    assert_true(now_s() - t0 < 3.0);
+    assert_true(now_s() - t0 < 6.0); /* a reset-per-byte deadline would close at 11.5 s */
     close(fd);
 
     /* Unknown opcode before authentication: answered, then closed. */
@@ -250,7 +250,7 @@ static void test_idle_connections_reaped(void **state)
     double t0 = now_s();
     assert_true(ps_raw_at_eof(fd, NULL));
     double took = now_s() - t0;
-    assert_true(took > 0.3 && took < 3.0);
+    assert_true(took > 0.3 && took < 6.0);
     close(fd);
     usleep(600 * 1000); /* the client's connection is reaped too */
     pull_one(good);
@@ -286,7 +286,7 @@ static void test_hangup_cancels_parked_acquire(void **state)
     double t0 = now_s();
     while (stat_of(&s, "sync", "waiting") > 0 && now_s() - t0 < 5.0) usleep(20 * 1000);
     assert_int_equal((int)stat_of(&s, "sync", "waiting"), 0);
-    assert_true(now_s() - t0 < 2.0);
+    assert_true(now_s() - t0 < 5.0); /* not the acquire's hour */
     assert_int_equal((int)stat_of(&s, NULL, "connections"), conns - 1);
     gr_client_destroy(good);
     assert_int_equal(ps_test_server_stop(&s, 0), 0);

@@ -176,6 +176,47 @@ static void test_nonfinite_result_refused_on_shard(void **state)
     assert_int_equal(ps_test_server_stop(&s, 0), 0);
 }
 
+/* A sync step whose first table's row would overflow: that row is refused and counted, the
+ * rest of the step (the second table) is applied and the push succeeds (before: the push
+ * failed and the second table's gradient was never applied). */
+static void test_sync_step_with_a_refused_row(void **state)
+{
+    (void)state;
+    ps_test_server s;
+    assert_int_equal(ps_test_server_start(&s, 0, 1, 0, NULL), 0);
+    gr_client *c = client_for(s.addr);
+    char spec[256];
+    for (unsigned t = 1; t <= 2; t++) {
+        snprintf(spec, sizeof spec, spec_fmt, t, t);
+        assert_int_equal(gr_client_create_table(c, spec), 0);
+    }
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0};
+    assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
+    uint64_t key = 5, want = 0, tag = 0;
+    float big[4] = {3e38f, 3e38f, 3e38f, 3e38f}, one[4] = {1, 1, 1, 1}, row[4];
+    uint32_t out = 9;
+    for (int step = 0; step < 2; step++) {
+        assert_int_equal(gr_client_sync_acquire(c, 0, &want, 5000, &tag, NULL), 0);
+        gr_client_batch b[2] = {{.table = 1, .dim = 4, .n = 1, .keys = &key, .grads = big},
+                                {.table = 2, .dim = 4, .n = 1, .keys = &key, .grads = one}};
+        int rc = gr_client_push_step(c, 0, &tag, b, step == 0 ? 1 : 2, NULL, 0, &out);
+        if (rc) fprintf(stderr, "push_step: %s\n", gr_errmsg());
+        assert_int_equal(rc, 0);
+        assert_int_equal(out, GR_CLIENT_PUSH_APPLIED);
+        want = tag + 1;
+    }
+    assert_int_equal(gr_client_pull(c, 1, 4, &key, 1, row), 0);
+    for (int i = 0; i < 4; i++) assert_true(row[i] == -3e38f);
+    assert_int_equal(gr_client_pull(c, 2, 4, &key, 1, row), 0);
+    for (int i = 0; i < 4; i++) assert_true(row[i] == -1.0f);
+    char *js = NULL;
+    assert_int_equal(gr_client_stats(c, 0, &js), 0);
+    assert_non_null(strstr(js, "\"nonfinite_rejected\":1"));
+    free(js);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&s, 0), 0);
+}
+
 /* The client refuses non-finite gradients before sending: push (any batch of several),
  * push-pull, dense push; the shard sees no request at all. */
 static void test_client_refuses_nonfinite(void **state)
@@ -416,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_multi_table_push_is_all_or_nothing),
         cmocka_unit_test(test_client_refuses_nonfinite),
         cmocka_unit_test(test_nonfinite_result_refused_on_shard),
+        cmocka_unit_test(test_sync_step_with_a_refused_row),
         cmocka_unit_test(test_default_ckpt_root_is_working_dir),
         cmocka_unit_test(test_hostile_checkpoint_files),
         cmocka_unit_test(test_dense_part_is_part_of_the_checkpoint),

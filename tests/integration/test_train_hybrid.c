@@ -180,6 +180,27 @@ static void test_staleness_bound(void **state)
     }
 }
 
+/* With a straggler the other worker waits for every step's token: the time shows in
+ * wait_seconds (the existing key: time in the step calls' begin) and in the wait stage. */
+static void test_token_wait_is_counted(void **state)
+{
+    (void)state;
+    ps_run p;
+    ps_up(&p, GR_MODE_HYBRID, 2);
+    gr_train_opts o;
+    small_opts(&o, GR_MODE_HYBRID, 2);
+    o.max_examples = 256 * 20;
+    o.straggler = 1;
+    o.straggler_factor = 3;
+    gr_train_result r;
+    assert_int_equal(gr_train_run(&o, &p.be, &r), 0);
+    fprintf(stderr, "straggler: wait_seconds %.3f, wait stage %.3f, compute %.3f\n",
+            r.wait_seconds, r.stage_wait_seconds, r.compute_seconds);
+    assert_true(r.wait_seconds > 0);
+    assert_true(r.stage_wait_seconds >= r.wait_seconds);
+    ps_down(&p);
+}
+
 static void test_cli_default_is_hybrid(void **state)
 {
     (void)state;
@@ -222,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_one_worker_matches_sync),
         cmocka_unit_test(test_two_workers_dense_sync),
         cmocka_unit_test(test_staleness_bound),
+        cmocka_unit_test(test_token_wait_is_counted),
         cmocka_unit_test(test_cli_default_is_hybrid),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "ckpt/ckpt_internal.h"
 #include "granary/ckpt.h"
 
@@ -195,6 +197,105 @@ static void test_f16_table_insert_range(void **state)
     gr_table_destroy(t);
 }
 
+/* Writes a NaN into the first weight of the first ROWS section of a raw shard file and
+ * recomputes every checksum over it (section, trailer, manifest), as a writer without the
+ * check would have produced it. Returns the key of that row. */
+static uint64_t plant_nan(const char *dir, const char *file)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    ck_reader r;
+    assert_int_equal(ck_reader_open(&r, path, 0), GR_OK);
+    ck_section s;
+    uint64_t off = 0;
+    unsigned char *buf = NULL;
+    size_t cap = 0;
+    while (ck_reader_next(&r, &s) == 1) {
+        if (s.type == CK_SEC_TABLE) {
+            assert_int_equal(ck_reader_payload(&r, &s, &buf, &cap), GR_OK);
+            assert_int_equal(ck_reader_table(&r, &s, buf), GR_OK);
+        }
+        if (s.type == CK_SEC_ROWS) {
+            off = r.payload_off;
+            break;
+        }
+    }
+    free(buf);
+    ck_reader_close(&r);
+    assert_true(off > 0);
+    assert_int_equal(s.codec, CK_CODEC_NONE);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char *payload = malloc(s.stored_len);
+    assert_int_equal(pread(fd, payload, s.stored_len, (off_t)off), (ssize_t)s.stored_len);
+    uint64_t key;
+    memcpy(&key, payload, 8);
+    float nan = NAN;
+    memcpy(payload + 8 * s.count, &nan, 4);
+    assert_int_equal(pwrite(fd, payload, s.stored_len, (off_t)off), (ssize_t)s.stored_len);
+    s.payload_checksum = XXH3_64bits(payload, s.stored_len);
+    s.checksum = XXH3_64bits(&s, 48);
+    assert_int_equal(pwrite(fd, &s, sizeof s, (off_t)(off - sizeof s)), (ssize_t)sizeof s);
+    free(payload);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    size_t body = (size_t)st.st_size - CK_TAIL_SIZE;
+    unsigned char *all = malloc(body);
+    assert_int_equal(pread(fd, all, body, 0), (ssize_t)body);
+    ck_tail tail;
+    assert_int_equal(pread(fd, &tail, sizeof tail, (off_t)body), (ssize_t)sizeof tail);
+    uint64_t old = tail.content_checksum;
+    tail.content_checksum = XXH3_64bits(all, body);
+    assert_int_equal(pwrite(fd, &tail, sizeof tail, (off_t)body), (ssize_t)sizeof tail);
+    free(all);
+    close(fd);
+    char mpath[700], oldhex[17], newhex[17], *txt = NULL;
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    snprintf(oldhex, sizeof oldhex, "%016llx", (unsigned long long)old);
+    snprintf(newhex, sizeof newhex, "%016llx", (unsigned long long)tail.content_checksum);
+    size_t len = 0;
+    assert_int_equal(gr_read_file(mpath, &txt, &len), 0);
+    char *at = strstr(txt, oldhex);
+    assert_non_null(at);
+    memcpy(at, newhex, 16);
+    assert_int_equal(gr_write_file_atomic(mpath, txt, len), 0);
+    free(txt);
+    return key;
+}
+
+/* A restore names exactly which file, table and row is bad (and inserts nothing of it). */
+static void test_restore_names_the_bad_row(void **state)
+{
+    (void)state;
+    gr_table *t = table_with("emb", 1.0f);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/step-000000000001", g_tmp);
+    gr_ckpt_write_opts wo;
+    memset(&wo, 0, sizeof wo);
+    wo.kind = GR_CKPT_FULL;
+    wo.shards = 1;
+    wo.step = 1;
+    gr_ckpt_file_info fi;
+    assert_int_equal(gr_ckpt_write_shard(dir, &t, 1, &wo, &fi), 0);
+    gr_ckpt_commit_opts co = {1, NULL, NULL};
+    assert_int_equal(gr_ckpt_commit(dir, &co), 0);
+    uint64_t key = plant_nan(dir, fi.name);
+    gr_table *target = NULL;
+    assert_int_equal(gr_table_create(gr_table_get_spec(t), &target), 0);
+    gr_ckpt_load_opts lo = {0, 1, NULL};
+    assert_int_equal(gr_ckpt_load(dir, &target, 1, &lo, NULL), GR_ECORRUPT);
+    char want[256];
+    snprintf(want, sizeof want, "%s: table 'emb', row of key %llu: weight element 0 is nan",
+             fi.name, (unsigned long long)key);
+    if (!strstr(gr_errmsg(), want)) fprintf(stderr, "got: %s\nwant: %s\n", gr_errmsg(), want);
+    assert_non_null(strstr(gr_errmsg(), want));
+    gr_table_stats st;
+    gr_table_get_stats(target, &st);
+    assert_int_equal(st.rows, 0);
+    gr_table_destroy(target);
+    gr_table_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -205,6 +306,7 @@ int main(void)
                                         teardown_tmp),
         cmocka_unit_test_setup_teardown(test_parts, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_f16_table_insert_range),
+        cmocka_unit_test_setup_teardown(test_restore_names_the_bad_row, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -200,7 +200,7 @@ static void test_push_sums_duplicates(void **state)
     gr_proto_buf_init(&buf);
     assert_int_equal(gr_proto_buf_reserve(&buf, cl_plan_body_size(&p, 0, GR_PROTO_KEYS_VALUES)), 0);
     assert_int_equal(cl_plan_put_sections(&p, 0, GR_PROTO_KEYS_VALUES, &buf), GR_OK);
-    cl_plan_sum_grads(&p, &bt);
+    assert_int_equal(cl_plan_sum_grads(&p, &bt), GR_OK);
     gr_proto_batch d;
     assert_int_equal(gr_proto_decode_batch(buf.data, buf.len, GR_PROTO_KEYS_VALUES, &lims2[0], &d), 0);
     assert_int_equal(d.sections[0].n, 3);
@@ -213,6 +213,20 @@ static void test_push_sums_duplicates(void **state)
     assert_true(v[2] == 5.0f && v[3] == 5.0f);
     assert_true(v[4] == 7.0f && v[5] == 7.0f);
     gr_proto_batch_fini(&d);
+    gr_proto_buf_fini(&buf);
+    cl_plan_fini(&p);
+
+    /* A non-finite gradient is refused with the caller's table, key, row and element (the
+     * first one, in the caller's order). */
+    g[7] = __builtin_inff();
+    g[9] = -__builtin_inff();
+    assert_int_equal(cl_plan_tables(&p, 1, &bt, 1, false, true), GR_OK);
+    assert_int_equal(cl_plan_split(&p, lims2, GR_PROTO_KEYS_VALUES, false), GR_OK);
+    gr_proto_buf_init(&buf);
+    assert_int_equal(gr_proto_buf_reserve(&buf, cl_plan_body_size(&p, 0, GR_PROTO_KEYS_VALUES)), 0);
+    assert_int_equal(cl_plan_put_sections(&p, 0, GR_PROTO_KEYS_VALUES, &buf), GR_OK);
+    assert_int_equal(cl_plan_sum_grads(&p, &bt), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "table 3, key 5 (row 3, element 1) is not finite"));
     gr_proto_buf_fini(&buf);
     cl_plan_fini(&p);
 }
@@ -319,7 +333,7 @@ static void test_unique_keys(void **state)
         assert_int_equal(gr_proto_buf_reserve(&bufs[r], cl_plan_body_size(&p, r, GR_PROTO_KEYS_VALUES)), 0);
         assert_int_equal(cl_plan_put_sections(&p, r, GR_PROTO_KEYS_VALUES, &bufs[r]), GR_OK);
     }
-    cl_plan_sum_grads(&p, &bt);
+    assert_int_equal(cl_plan_sum_grads(&p, &bt), GR_OK);
     gr_proto_batch d;
     assert_int_equal(gr_proto_decode_batch(bufs[0].data, bufs[0].len, GR_PROTO_KEYS_VALUES, &lims2[0], &d), 0);
     assert_int_equal(d.sections[0].n, 2);

@@ -189,6 +189,28 @@ static void test_batch_refuses_only_the_bad_row(void **state)
     gr_table_destroy(t);
 }
 
+/* The counted form (the sync job's steps): refused rows are counted, not an error. */
+static void test_apply_counted(void **state)
+{
+    (void)state;
+    gr_table *t = make(GR_OPT_SGD, 1.0f, GR_DTYPE_F32, GR_NONFINITE_REJECT);
+    assert_int_equal(push(t, 11, 3e38f), 0);
+    uint64_t keys[2] = {10, 11};
+    float g[2 * DIM];
+    for (int i = 0; i < 2 * DIM; i++) g[i] = i < DIM ? 1.0f : 3e38f;
+    size_t refused = 99;
+    assert_int_equal(gr_table_apply_counted(t, keys, 2, g, &refused), 0);
+    assert_int_equal(refused, 1);
+    assert_true(get(t, 10).w[0] == -1.0f);
+    assert_true(get(t, 11).w[0] == -3e38f);
+    g[0] = NAN; /* a bad gradient is still an error, nothing applied */
+    assert_int_equal(gr_table_apply_counted(t, keys, 2, g, &refused), GR_EINVAL);
+    assert_int_equal(refused, 0);
+    assert_true(get(t, 10).w[0] == -1.0f);
+    assert_int_equal(stats(t).nonfinite_rejected, 1);
+    gr_table_destroy(t);
+}
+
 static void test_spec_json(void **state)
 {
     (void)state;
@@ -223,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_every_optimizer),
         cmocka_unit_test(test_f16_range),
         cmocka_unit_test(test_batch_refuses_only_the_bad_row),
+        cmocka_unit_test(test_apply_counted),
         cmocka_unit_test(test_spec_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
