@@ -157,6 +157,58 @@ static int lb_dense_pull(void *ctx, const char *name, float *out, size_t n)
     return GR_OK;
 }
 
+/* One optimizer step of d with gradient g (caller holds d->mu). With store false nothing is
+ * written: it returns the index of the first value (weight or optimizer state) that would not be
+ * finite, or n. With store true it writes the step and returns n. */
+static size_t dense_update(dense_param *d, const gr_local_backend_opts *o, const float *g,
+                           size_t n, bool store)
+{
+    switch (o->dense_opt) {
+    case GR_DENSE_OPT_ADAM: {
+        uint64_t t = d->t + 1;
+        double bc1 = 1.0 - pow(o->beta1, (double)t), bc2 = 1.0 - pow(o->beta2, (double)t);
+        float step = (float)(o->dense_lr * sqrt(bc2) / bc1);
+        for (size_t i = 0; i < n; i++) {
+            float m = o->beta1 * d->m[i] + (1 - o->beta1) * g[i];
+            float v = o->beta2 * d->v[i] + (1 - o->beta2) * g[i] * g[i];
+            float w = d->w[i] - step * m / (sqrtf(v) + o->eps);
+            if (!store) {
+                if (!isfinite(m) || !isfinite(v) || !isfinite(w)) return i;
+                continue;
+            }
+            d->m[i] = m;
+            d->v[i] = v;
+            d->w[i] = w;
+        }
+        if (store) d->t = t;
+        break;
+    }
+    case GR_DENSE_OPT_ADAGRAD:
+        for (size_t i = 0; i < n; i++) {
+            float v = d->v[i] + g[i] * g[i];
+            float w = d->w[i] - o->dense_lr * g[i] / (sqrtf(v) + o->eps);
+            if (!store) {
+                if (!isfinite(v) || !isfinite(w)) return i;
+                continue;
+            }
+            d->v[i] = v;
+            d->w[i] = w;
+        }
+        break;
+    case GR_DENSE_OPT_SGD:
+        for (size_t i = 0; i < n; i++) {
+            float w = d->w[i] - o->dense_lr * g[i];
+            if (!store) {
+                if (!isfinite(w)) return i;
+                continue;
+            }
+            d->w[i] = w;
+        }
+        break;
+    }
+    return n;
+}
+
 static int lb_dense_push(void *ctx, const char *name, const float *g, size_t n)
 {
     local_ctx *c = ctx;
@@ -168,30 +220,20 @@ static int lb_dense_push(void *ctx, const char *name, const float *g, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!isfinite(g[i]))
             return gr_seterr(GR_EINVAL, "dense push to '%s': gradient %zu is not finite", name, i);
-    const gr_local_backend_opts *o = &c->o;
     pthread_mutex_lock(&d->mu);
-    switch (o->dense_opt) {
-    case GR_DENSE_OPT_ADAM: {
-        d->t++;
-        double bc1 = 1.0 - pow(o->beta1, (double)d->t), bc2 = 1.0 - pow(o->beta2, (double)d->t);
-        float step = (float)(o->dense_lr * sqrt(bc2) / bc1);
-        for (size_t i = 0; i < n; i++) {
-            d->m[i] = o->beta1 * d->m[i] + (1 - o->beta1) * g[i];
-            d->v[i] = o->beta2 * d->v[i] + (1 - o->beta2) * g[i] * g[i];
-            d->w[i] -= step * d->m[i] / (sqrtf(d->v[i]) + o->eps);
-        }
-        break;
+    /* The table engine's finite policy (docs/table.md), for the local dense parameters: an
+     * update whose result would not be finite is refused whole and changes nothing. The first
+     * pass computes every new value without storing it; the second recomputes the same
+     * expressions and stores them, so a good update is bitwise what one pass gave. */
+    size_t bad = dense_update(d, &c->o, g, n, false);
+    if (bad < n) {
+        pthread_mutex_unlock(&d->mu);
+        return gr_seterr(GR_EINVAL,
+                         "dense push to '%s': the update of value %zu would not be finite "
+                         "(gradient %g); nothing was applied",
+                         name, bad, (double)g[bad]);
     }
-    case GR_DENSE_OPT_ADAGRAD:
-        for (size_t i = 0; i < n; i++) {
-            d->v[i] += g[i] * g[i];
-            d->w[i] -= o->dense_lr * g[i] / (sqrtf(d->v[i]) + o->eps);
-        }
-        break;
-    case GR_DENSE_OPT_SGD:
-        for (size_t i = 0; i < n; i++) d->w[i] -= o->dense_lr * g[i];
-        break;
-    }
+    dense_update(d, &c->o, g, n, true);
     pthread_mutex_unlock(&d->mu);
     return GR_OK;
 }

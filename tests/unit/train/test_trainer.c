@@ -101,6 +101,57 @@ static void test_local_backend(void **state)
     assert_int_equal(gr_local_backend_create(&bo, &be), GR_EINVAL);
 }
 
+/* The local backend's dense parameters follow the table engine's finite policy: an update
+ * whose result would overflow is refused whole and leaves weights and optimizer state as they
+ * were (issue 9's cases: SGD lr 1 with two pushes of 3e38, Adagrad 1e20; Adam 1e30). */
+static void test_dense_refuses_nonfinite_results(void **state)
+{
+    (void)state;
+    const gr_dense_opt opts[3] = {GR_DENSE_OPT_SGD, GR_DENSE_OPT_ADAGRAD, GR_DENSE_OPT_ADAM};
+    for (int k = 0; k < 3; k++) {
+        gr_local_backend_opts bo = {opts[k], 1.0f, 0.9f, 0.999f, 1e-8f};
+        gr_train_backend be;
+        assert_int_equal(gr_local_backend_create(&bo, &be), GR_OK);
+        float init[2] = {0.5f, -0.25f}, w[2], g[2] = {0.125f, 0.25f};
+        assert_int_equal(be.dense_init(be.ctx, "mlp", init, 2), GR_OK);
+        assert_int_equal(be.dense_push(be.ctx, "mlp", g, 2), GR_OK); /* a normal step */
+        float before[2];
+        assert_int_equal(be.dense_pull(be.ctx, "mlp", before, 2), GR_OK);
+        const float big[3] = {3e38f, 1e20f, 1e30f}; /* Adam scales g*g by 1 - beta2 first */
+        float huge[2] = {0.5f, big[k]};
+        int first = be.dense_push(be.ctx, "mlp", huge, 2);
+        int second = be.dense_push(be.ctx, "mlp", huge, 2);
+        /* SGD: the first push moves w[1] to about -3e38 (finite), the second would pass -inf.
+         * Adagrad and Adam: the squared gradient overflows the accumulator at once. */
+        if (opts[k] == GR_DENSE_OPT_SGD) {
+            assert_int_equal(first, GR_OK);
+            assert_int_equal(be.dense_pull(be.ctx, "mlp", before, 2), GR_OK);
+        } else {
+            assert_int_equal(first, GR_EINVAL);
+        }
+        assert_int_equal(second, GR_EINVAL);
+        assert_non_null(strstr(gr_errmsg(), "value 1 would not be finite"));
+        assert_non_null(strstr(gr_errmsg(), "nothing was applied"));
+        assert_int_equal(be.dense_pull(be.ctx, "mlp", w, 2), GR_OK);
+        assert_memory_equal(w, before, sizeof w); /* value 0 was not applied either */
+        assert_true(isfinite(w[0]) && isfinite(w[1]));
+        /* The optimizer state is untouched: the next normal step is what it would have been. */
+        assert_int_equal(be.dense_push(be.ctx, "mlp", g, 2), GR_OK);
+        gr_train_backend ref;
+        assert_int_equal(gr_local_backend_create(&bo, &ref), GR_OK);
+        assert_int_equal(ref.dense_init(ref.ctx, "mlp", init, 2), GR_OK);
+        assert_int_equal(ref.dense_push(ref.ctx, "mlp", g, 2), GR_OK);
+        if (opts[k] == GR_DENSE_OPT_SGD) assert_int_equal(ref.dense_push(ref.ctx, "mlp", huge, 2), GR_OK);
+        assert_int_equal(ref.dense_push(ref.ctx, "mlp", g, 2), GR_OK);
+        float want[2];
+        assert_int_equal(be.dense_pull(be.ctx, "mlp", w, 2), GR_OK);
+        assert_int_equal(ref.dense_pull(ref.ctx, "mlp", want, 2), GR_OK);
+        assert_memory_equal(w, want, sizeof w);
+        gr_train_backend_destroy(&ref);
+        gr_train_backend_destroy(&be);
+    }
+}
+
 static void quick_opts(gr_train_opts *o, gr_model_kind kind)
 {
     gr_train_opts_default(o, kind);
@@ -341,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_train_lr_sequential_deterministic),
         cmocka_unit_test(test_step_tokens),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_dense_refuses_nonfinite_results),
     };
     return cmocka_run_group_tests_name("train_trainer", tests, setup, teardown);
 }
