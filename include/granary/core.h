@@ -139,7 +139,10 @@ GR_API long gr_dedup(const uint64_t *keys, size_t n, uint64_t *uniq, uint32_t *i
                      gr_dedup_scratch *scratch);
 GR_API void gr_dedup_scratch_fini(gr_dedup_scratch *scratch);
 
-/* Reads a whole file into a NUL-terminated buffer the caller frees. */
+/* Reads a whole file into a NUL-terminated buffer the caller frees. The file is opened
+ * without blocking and must be a regular file (else GR_EINVAL) of at most GR_READ_FILE_MAX
+ * bytes (else GR_ETOOBIG); GR_ENOENT when it does not exist, GR_EIO on other failures. */
+#define GR_READ_FILE_MAX (64ull << 20)
 GR_API int gr_read_file(const char *path, char **out, size_t *len_out);
 /* Writes data to path atomically: temporary file, fsync, rename, fsync of the directory. */
 GR_API int gr_write_file_atomic(const char *path, const void *data, size_t len);

@@ -13,33 +13,49 @@
 
 int gr_read_file(const char *path, char **out, size_t *len_out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return gr_seterr(errno == ENOENT ? GR_ENOENT : GR_EIO, "cannot open %s: %s", path,
-                             strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return gr_seterr(GR_EIO, "cannot seek %s: %s", path, strerror(errno));
+    /* Opened without blocking and checked to be a regular file of bounded size before a byte
+     * is read: a FIFO or a device named as a config or secret file must fail, not hang the
+     * process or fill its memory (the same rules as checkpoint metadata, docs/operations.md). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return gr_seterr(errno == ENOENT ? GR_ENOENT : GR_EIO, "cannot open %s: %s", path,
+                         strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return gr_seterr(GR_EIO, "cannot stat %s: %s", path, strerror(e));
     }
-    long sz = ftell(f);
-    if (sz < 0) {
-        fclose(f);
-        return gr_seterr(GR_EIO, "cannot size %s", path);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return gr_seterr(GR_EINVAL, "%s is not a regular file", path);
     }
-    rewind(f);
-    char *buf = malloc((size_t)sz + 1);
+    if ((uint64_t)st.st_size > GR_READ_FILE_MAX) {
+        close(fd);
+        return gr_seterr(GR_ETOOBIG, "%s has %lld bytes; files read whole may have at most %llu",
+                         path, (long long)st.st_size, (unsigned long long)GR_READ_FILE_MAX);
+    }
+    size_t sz = (size_t)st.st_size;
+    char *buf = malloc(sz + 1);
     if (!buf) {
-        fclose(f);
-        return gr_seterr(GR_ENOMEM, "cannot allocate %ld bytes for %s", sz, path);
+        close(fd);
+        return gr_seterr(GR_ENOMEM, "cannot allocate %zu bytes for %s", sz, path);
     }
-    size_t got = fread(buf, 1, (size_t)sz, f);
-    fclose(f);
-    if (got != (size_t)sz) {
+    size_t got = 0;
+    while (got < sz) {
+        ssize_t r = read(fd, buf + got, sz - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != sz) {
         free(buf);
         return gr_seterr(GR_EIO, "short read on %s", path);
     }
     buf[sz] = '\0';
     *out = buf;
-    if (len_out) *len_out = (size_t)sz;
+    if (len_out) *len_out = sz;
     return GR_OK;
 }
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include "granary/core.h"
 
@@ -167,6 +169,20 @@ static void test_files(void **state)
     unlink(path);
     assert_int_equal(gr_read_file(path, &buf, &len), GR_ENOENT);
     assert_non_null(strstr(gr_errmsg(), "f.txt"));
+    /* A FIFO (a config or secret file an attacker replaced) fails at once instead of blocking
+     * the reader forever; so does a directory. */
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(gr_read_file(path, &buf, &len), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "not a regular file"));
+    unlink(path);
+    assert_int_equal(gr_read_file(dir, &buf, &len), GR_EINVAL);
+    /* A sparse file past the limit is refused by its size, before any memory is taken. */
+    int fd = open(path, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)GR_READ_FILE_MAX + 1), 0);
+    close(fd);
+    assert_int_equal(gr_read_file(path, &buf, &len), GR_ETOOBIG);
+    unlink(path);
     rmdir(dir);
 }
 
