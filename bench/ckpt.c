@@ -7,6 +7,7 @@
  * + CKPT_COMMIT) while another client pulls 8 random keys every 100 us (the longest pull is the
  * pause a worker would see), and a 3-shard cluster restores it. */
 #include "bench/bench.h"
+#include "cli/opts.h"
 #include "granary/ckpt.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
@@ -32,20 +33,31 @@ typedef struct opts {
     const char *dir;
 } opts;
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: granary bench ckpt [--json] [--full] [--rows N] [--zstd L] [--dir PATH] [--keep]\n"
-            "  one table, dim %d, Adagrad state; save (full), restore, cp+sync baseline,\n"
-            "  longest concurrent lookup during the save, and a delta save after 1%% changes;\n"
-            "  then through the servers: 2 shards save while a client pulls, 3 shards restore\n"
-            "  --rows N   rows (default 2M; --full 10M)\n"
-            "  --zstd L   compress sections with zstd level L (default 0: raw)\n"
-            "  --dir PATH where to write (default $TMPDIR or /tmp); removed afterwards\n"
-            "  --keep     do not remove the checkpoint\n"
-            "  --json     print a final JSON line\n",
-            DIM);
-}
+/* Every option of `granary bench ckpt`, declared once. --rows has no default in the table
+ * because its default follows --full. */
+#define CKPT_BENCH_OPTIONS(X)                                                                  \
+    X(CB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")    \
+    X(CB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "10M rows unless --rows")     \
+    X(CB_ROWS, "rows", GR_CLI_SIZE, NULL, 1, 4294967295.0, NULL, "N", NULL,                     \
+      "rows (default 2M; --full 10M)")                                                         \
+    X(CB_ZSTD, "zstd", GR_CLI_INT, NULL, 0, 19, NULL, "L",                                      \
+      "0", "compress sections with zstd level L (0: raw)")                                     \
+    X(CB_DIR, "dir", GR_CLI_STR, NULL, 0, 0, NULL, "PATH", NULL,                                \
+      "where to write (default $TMPDIR or /tmp); removed afterwards")                          \
+    X(CB_KEEP, "keep", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "do not remove the checkpoint")
+
+enum { CKPT_BENCH_OPTIONS(GR_CLI_ENUM) CB_COUNT };
+static const gr_cli_opt ckpt_bench_opts[] = {CKPT_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec ckpt_bench_spec = {
+    .command = "bench ckpt",
+    .synopsis =
+        "granary bench ckpt [--json] [--full] [--rows N] [--zstd L] [--dir PATH] [--keep]\n"
+        "  one table, dim 64, Adagrad state; save (full), restore, cp+sync baseline,\n"
+        "  longest concurrent lookup during the save, and a delta save after 1% changes;\n"
+        "  then through the servers: 2 shards save while a client pulls, 3 shards restore",
+    .opts = ckpt_bench_opts,
+    .n_opts = CB_COUNT,
+};
 
 static uint64_t key_of(uint64_t i)
 {
@@ -245,31 +257,17 @@ static int run_cmd(const char *cmd)
 
 int gr_bench_ckpt(int argc, char **argv)
 {
-    opts o = {0};
-    o.rows = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) o.json = true;
-        else if (!strcmp(a, "--full")) o.full = true;
-        else if (!strcmp(a, "--keep")) o.keep = true;
-        else if (!strcmp(a, "--rows") && i + 1 < argc) {
-            if (gr_parse_size(argv[++i], &o.rows) != GR_OK || o.rows == 0) {
-                fprintf(stderr, "granary bench ckpt: bad --rows\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--zstd") && i + 1 < argc) {
-            o.zstd = atoi(argv[++i]);
-        } else if (!strcmp(a, "--dir") && i + 1 < argc) {
-            o.dir = argv[++i];
-        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "granary bench ckpt: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    gr_cli_value v[CB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&ckpt_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    opts o = {.json = v[CB_JSON].b,
+              .full = v[CB_FULL].b,
+              .keep = v[CB_KEEP].b,
+              .rows = v[CB_ROWS].u,
+              .zstd = (int)v[CB_ZSTD].i,
+              .dir = v[CB_DIR].s};
     if (!o.rows) o.rows = o.full ? 10000000ull : 2000000ull;
     const char *base = o.dir ? o.dir : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char root[1024], ckdir[1100], copy[1100], src[1200], cmd[4096];

@@ -5,6 +5,7 @@
  * here, no persistence), and raw loopback TCP throughput between two processes.
  * Rows/s count every id of a batch, duplicates included (before dedup). */
 #include "bench/bench.h"
+#include "cli/opts.h"
 #include "granary/client.h"
 
 #include <arpa/inet.h>
@@ -43,21 +44,35 @@ typedef struct opts {
     bool no_baselines;
 } opts;
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: granary bench ps [--json] [--full] [--batches B] [--rounds R] [--inflight K]\n"
-            "                        [--threads T] [--vocab V]\n"
-            "  two local shards; batches of %d x %d ids (one table per column), dim %d, Adagrad\n"
-            "  --batches B   distinct batches (default 32; --full 128)\n"
-            "  --rounds R    passes over them per measurement (default 3)\n"
-            "  --inflight K  batches in flight (default 2)\n"
-            "  --threads T   worker threads per shard (default 1)\n"
-            "  --vocab V     Zipf ranks per column (default 1M; --full 10M)\n"
-            "  --no-baselines  skip Redis and raw TCP (for profiling)\n"
-            "  --json        print a final JSON line\n",
-            EXAMPLES, COLS, DIM);
-}
+/* Every option of `granary bench ps`, declared once. --batches and --vocab have no default in
+ * the table because theirs follows --full. */
+#define PS_BENCH_OPTIONS(X)                                                                    \
+    X(PB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")    \
+    X(PB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                               \
+      "128 batches over 10M ranks per column unless --batches / --vocab")                     \
+    X(PB_BATCHES, "batches", GR_CLI_INT, NULL, 1, 4096, NULL, "B", NULL,                        \
+      "distinct batches (default 32; --full 128)")                                             \
+    X(PB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 1000, NULL, "R", "3",                           \
+      "passes over them per measurement")                                                     \
+    X(PB_INFLIGHT, "inflight", GR_CLI_INT, NULL, 1, 64, NULL, "K", "2", "batches in flight")    \
+    X(PB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "1",                          \
+      "worker threads per shard")                                                             \
+    X(PB_VOCAB, "vocab", GR_CLI_SIZE, NULL, 1, 1099511627776.0, NULL, "V", NULL,                \
+      "Zipf ranks per column (default 1M; --full 10M)")                                        \
+    X(PB_NO_BASELINES, "no-baselines", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,               \
+      "skip Redis and raw TCP (for profiling)")
+
+enum { PS_BENCH_OPTIONS(GR_CLI_ENUM) PB_COUNT };
+static const gr_cli_opt ps_bench_opts[] = {PS_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec ps_bench_spec = {
+    .command = "bench ps",
+    .synopsis = "granary bench ps [--json] [--full] [--batches B] [--rounds R] [--inflight K]\n"
+                "                        [--threads T] [--vocab V] [--no-baselines]\n"
+                "  two local shards; batches of 4096 x 26 ids (one table per column), dim 64, "
+                "Adagrad",
+    .opts = ps_bench_opts,
+    .n_opts = PB_COUNT,
+};
 
 static uint64_t mix(uint64_t z)
 {
@@ -155,12 +170,17 @@ static int start_shard(child *c, unsigned shard, unsigned threads)
     }
     close(fd);
     line[len] = '\0';
+    /* Only the first line is the address; a log line may follow it in the same read. */
+    line[strcspn(line, "\n")] = '\0';
     const char *colon = strrchr(line, ':');
     if (strncmp(line, "listening on ", 13) || !colon) {
         stop_child(c);
         return -1;
     }
-    c->port = (uint16_t)atoi(colon + 1);
+    if (gr_bench_parse_port(colon + 1, &c->port)) {
+        stop_child(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -555,31 +575,21 @@ static int ps_run(gr_client *c, uint64_t *const *batches, uint32_t *const *nuniq
 
 int gr_bench_ps(int argc, char **argv)
 {
-    opts o = {false, false, 0, 3, 2, 1, 0, 0, false};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) o.json = true;
-        else if (!strcmp(a, "--no-baselines")) o.no_baselines = true;
-        else if (!strcmp(a, "--full")) o.full = true;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (v && !strcmp(a, "--batches")) o.batches = (unsigned)atoi(argv[++i]);
-        else if (v && !strcmp(a, "--rounds")) o.rounds = (unsigned)atoi(argv[++i]);
-        else if (v && !strcmp(a, "--inflight")) o.inflight = (unsigned)atoi(argv[++i]);
-        else if (v && !strcmp(a, "--threads")) o.threads = (unsigned)atoi(argv[++i]);
-        else if (v && !strcmp(a, "--vocab")) {
-            if (gr_parse_size(argv[++i], &o.vocab)) o.vocab = 0;
-        } else {
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!o.batches) o.batches = o.full ? 128 : 32;
-    if (!o.vocab) o.vocab = o.full ? 10000000 : 1000000;
-    if (!o.rounds) o.rounds = 1;
-    if (!o.inflight) o.inflight = 1;
-    if (!o.threads) o.threads = 1;
+    gr_cli_value v[PB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&ps_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    opts o = {.json = v[PB_JSON].b,
+              .full = v[PB_FULL].b,
+              .batches = (unsigned)v[PB_BATCHES].i,
+              .rounds = (unsigned)v[PB_ROUNDS].i,
+              .inflight = (unsigned)v[PB_INFLIGHT].i,
+              .threads = (unsigned)v[PB_THREADS].i,
+              .vocab = v[PB_VOCAB].u,
+              .no_baselines = v[PB_NO_BASELINES].b};
+    if (!v[PB_BATCHES].given) o.batches = o.full ? 128 : 32;
+    if (!v[PB_VOCAB].given) o.vocab = o.full ? 10000000 : 1000000;
     o.redis_batches = o.full ? 32 : 8;
     signal(SIGPIPE, SIG_IGN);
     /* As the server does: keep per-request frame buffers in the heap between batches. */

@@ -6,9 +6,11 @@
  * growth after warm-up (the first quarter of the run): flat is the target. Every request that
  * should succeed and did not is an unexpected error. */
 #include "bench/bench.h"
+#include "cli/opts.h"
 #include "granary/client.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
@@ -105,10 +107,11 @@ static int start_shard(soak *k, unsigned i)
     }
     close(p[0]);
     line[len] = '\0';
+    /* Only the first line is the address; a log line may follow it in the same read. */
+    line[strcspn(line, "\n")] = '\0';
     const char *colon = strrchr(line, ':');
     if (strncmp(line, "listening on ", 13) || !colon) return -1;
-    k->port[i] = (uint16_t)atoi(colon + 1);
-    return 0;
+    return gr_bench_parse_port(colon + 1, &k->port[i]);
 }
 
 static int stop_shard(pid_t pid)
@@ -125,6 +128,19 @@ static int stop_shard(pid_t pid)
     return 137;
 }
 
+/* The count after a /proc/PID/status field name ("VmRSS:   1234 kB"), or -1 when the line
+ * does not hold one (a kernel that words it differently leaves the figure unknown). */
+static long long proc_count(const char *text)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || errno || v < 0) return -1;
+    while (*end == ' ' || *end == '\t') end++;
+    if (*end && *end != '\n' && strncmp(end, "kB", 2)) return -1;
+    return v;
+}
+
 /* RSS (bytes) and threads from /proc/PID/status, open descriptors from /proc/PID/fd. */
 static void sample_proc(pid_t pid, long long *rss, long long *threads, long long *fds)
 {
@@ -133,8 +149,12 @@ static void sample_proc(pid_t pid, long long *rss, long long *threads, long long
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
     while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "VmRSS:", 6)) *rss = atoll(line + 6) * 1024;
-        else if (!strncmp(line, "Threads:", 8)) *threads = atoll(line + 8);
+        if (!strncmp(line, "VmRSS:", 6)) {
+            long long kb = proc_count(line + 6);
+            *rss = kb < 0 ? -1 : kb * 1024;
+        } else if (!strncmp(line, "Threads:", 8)) {
+            *threads = proc_count(line + 8);
+        }
     }
     if (f) fclose(f);
     snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
@@ -316,14 +336,25 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
     return remove(p);
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: granary bench soak [--minutes N] [--json]\n"
-               "  two local shards under mixed load for N minutes (fractions allowed; default 1):\n"
-               "  pulls, pushes, creates and drops, checkpoints, clients connecting and vanishing,\n"
-               "  bad frames; samples each shard's RSS, threads and descriptors every few\n"
-               "  seconds and reports their growth after warm-up (the first quarter)\n");
-}
+/* Every option of `granary bench soak`, declared once. */
+#define SOAK_BENCH_OPTIONS(X)                                                                  \
+    X(SB_MINUTES, "minutes", GR_CLI_NUM, NULL, 0.001, 1440, NULL, "N", "1",                     \
+      "how long to run, in minutes (fractions allowed)")                                       \
+    X(SB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")
+
+enum { SOAK_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
+static const gr_cli_opt soak_bench_opts[] = {SOAK_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec soak_bench_spec = {
+    .command = "bench soak",
+    .synopsis =
+        "granary bench soak [--minutes N] [--json]\n"
+        "  two local shards under mixed load for N minutes: pulls, pushes, creates and drops,\n"
+        "  checkpoints, clients connecting and vanishing, bad frames; samples each shard's RSS,\n"
+        "  threads and descriptors every few seconds and reports their growth after warm-up\n"
+        "  (the first quarter)",
+    .opts = soak_bench_opts,
+    .n_opts = SB_COUNT,
+};
 
 static int setup_tables(soak *k)
 {
@@ -359,25 +390,13 @@ static long long growth(const sample *s, size_t n, size_t from, int what)
 
 int gr_bench_soak(int argc, char **argv)
 {
-    double minutes = 1.0;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (!strcmp(argv[i], "--minutes") && i + 1 < argc) {
-            minutes = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!(minutes > 0) || minutes > 24 * 60) {
-        fprintf(stderr, "granary bench soak: --minutes must be in (0, 1440]\n");
-        return 2;
-    }
+    gr_cli_value v[SB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&soak_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    double minutes = v[SB_MINUTES].d;
+    bool json = v[SB_JSON].b;
     soak *k = calloc(1, sizeof *k);
     sample *samples = calloc(MAX_SAMPLES, sizeof *samples);
     if (!k || !samples) return 1;

@@ -9,6 +9,7 @@
  *    holds every chunk of bytes for the same one-way delay (the output says which).
  * The last line with --json holds every figure. */
 #include "bench/bench.h"
+#include "cli/opts.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
@@ -33,19 +34,35 @@
 #include <time.h>
 #include <unistd.h>
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
-            "                           [--delay-us D] [--skip-link] [--skip-straggler]\n"
-            "  --rows N        training rows generated (default 200000; --full: 1000000)\n"
-            "  --test-rows M   test rows (default 20000; --full: 100000)\n"
-            "  --delay-us D    one-way delay of the emulated link (default 200)\n"
-            "  --no-torch      skip the PyTorch baseline\n"
-            "  --skip-link     skip the pipelined vs --no-pipeline runs over the delayed link\n"
-            "  --skip-straggler skip the 4-worker straggler runs\n"
-            "  --json          print a final JSON line with the figures\n");
-}
+/* Every option of `granary bench train`, declared once. --rows and --test-rows have no default
+ * in the table because theirs follows --full. */
+#define TRAIN_BENCH_OPTIONS(X)                                                                 \
+    X(RB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                               \
+      "print a final JSON line with the figures")                                             \
+    X(RB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                               \
+      "1M training and 100k test rows unless --rows / --test-rows")                           \
+    X(RB_ROWS, "rows", GR_CLI_INT, NULL, 1, 1e15, NULL, "N", NULL,                              \
+      "training rows generated (default 200000; --full 1000000)")                              \
+    X(RB_TEST_ROWS, "test-rows", GR_CLI_INT, NULL, 1, 1e15, NULL, "M", NULL,                    \
+      "test rows (default 20000; --full 100000)")                                              \
+    X(RB_NO_TORCH, "no-torch", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                       \
+      "skip the PyTorch baseline")                                                            \
+    X(RB_DELAY_US, "delay-us", GR_CLI_INT, NULL, 1, 10000000, NULL, "D", "200",                 \
+      "one-way delay of the emulated link, in microseconds")                                  \
+    X(RB_SKIP_LINK, "skip-link", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                     \
+      "skip the pipelined vs --no-pipeline runs over the delayed link")                       \
+    X(RB_SKIP_STRAGGLER, "skip-straggler", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,           \
+      "skip the 4-worker straggler runs")
+
+enum { TRAIN_BENCH_OPTIONS(GR_CLI_ENUM) RB_COUNT };
+static const gr_cli_opt train_bench_opts[] = {TRAIN_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec train_bench_spec = {
+    .command = "bench train",
+    .synopsis = "granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
+                "                           [--delay-us D] [--skip-link] [--skip-straggler]",
+    .opts = train_bench_opts,
+    .n_opts = RB_COUNT,
+};
 
 /* ---- PyTorch baseline ---- */
 
@@ -71,9 +88,10 @@ static void run_torch(const char *dir, double *eps, double *auc)
     char line[2048];
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"examples_per_sec\": ");
-        if (p) *eps = strtod(p + 20, NULL);
+        /* A line that names a figure but holds no number makes it unknown (-1), not 0. */
+        if (p && gr_bench_parse_double(p + 20, eps)) *eps = -1;
         p = strstr(line, "\"auc\": ");
-        if (p) *auc = strtod(p + 7, NULL);
+        if (p && gr_bench_parse_double(p + 7, auc)) *auc = -1;
     }
     int st = pclose(f);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) *eps = *auc = -1;
@@ -538,35 +556,15 @@ static void stage_row(const char *name, const gr_train_result *r)
 
 int gr_bench_train(int argc, char **argv)
 {
-    bool json = false, full = false, torch = true, link = true, strag = true;
-    uint64_t rows = 0, test_rows = 0, delay_us = 200;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--full")) full = true;
-        else if (!strcmp(a, "--no-torch")) torch = false;
-        else if (!strcmp(a, "--skip-link")) link = false;
-        else if (!strcmp(a, "--skip-straggler")) strag = false;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if ((!strcmp(a, "--rows") || !strcmp(a, "--test-rows") || !strcmp(a, "--delay-us")) &&
-                   i + 1 < argc) {
-            char *end;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || !*argv[i] || v == 0) {
-                fprintf(stderr, "granary bench train: bad value '%s' for %s\n", argv[i], a);
-                return 2;
-            }
-            if (!strcmp(a, "--rows")) rows = v;
-            else if (!strcmp(a, "--test-rows")) test_rows = v;
-            else delay_us = v;
-        } else {
-            fprintf(stderr, "granary bench train: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    gr_cli_value v[RB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&train_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    bool json = v[RB_JSON].b, full = v[RB_FULL].b, torch = !v[RB_NO_TORCH].b,
+         link = !v[RB_SKIP_LINK].b, strag = !v[RB_SKIP_STRAGGLER].b;
+    uint64_t rows = (uint64_t)v[RB_ROWS].i, test_rows = (uint64_t)v[RB_TEST_ROWS].i,
+             delay_us = (uint64_t)v[RB_DELAY_US].i;
     if (!rows) rows = full ? 1000000 : 200000;
     if (!test_rows) test_rows = full ? 100000 : 20000;
 
@@ -649,8 +647,14 @@ int gr_bench_train(int argc, char **argv)
             const char *list = gr_local_cluster_servers(cl);
             for (int i = 0; i < 2; i++) {
                 const char *p = list;
-                for (int k = 0; k < i; k++) p = strchr(p, ',') + 1;
-                uint16_t port = (uint16_t)atoi(strchr(p, ':') + 1);
+                for (int k = 0; k < i && p; k++) p = strchr(p, ',');
+                if (p && i) p++;
+                const char *colon = p ? strchr(p, ':') : NULL;
+                uint16_t port;
+                if (!colon || gr_bench_parse_port(colon + 1, &port)) {
+                    fprintf(stderr, "granary bench train: bad cluster address list '%s'\n", list);
+                    break;
+                }
                 if (relay_start(&rl[i], "127.0.0.1", port, delay_us * 1000u) != 0) break;
                 nrelay++;
                 char a[40];

@@ -1,7 +1,9 @@
 /* Helpers shared by the benchmarks. */
 #include "bench/bench.h"
 
+#include <errno.h>
 #include <libgen.h>
+#include <math.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,4 +29,27 @@ bool gr_bench_find_script(const char *env_var, const char *name, char *path, siz
         if (access(path, R_OK) == 0) return true;
     }
     return false;
+}
+
+int gr_bench_parse_port(const char *text, uint16_t *port)
+{
+    if (*text < '0' || *text > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (*end == ',') end++; /* one entry of a "HOST:PORT,HOST:PORT" list */
+    else while (*end == '\r' || *end == '\n') end++;
+    if (errno || (*end && end[-1] != ',') || v == 0 || v > 65535) return -1;
+    *port = (uint16_t)v;
+    return 0;
+}
+
+int gr_bench_parse_double(const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || errno || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
 }

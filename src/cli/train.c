@@ -319,13 +319,25 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     if (v[TO_ADMIT].given) o->emb.admit_min_count = (uint32_t)v[TO_ADMIT].i;
     if (v[TO_STRAG].given) {
         const char *a = v[TO_STRAG].s;
-        char *colon = strchr(a, ':'), *end;
-        errno = 0;
-        unsigned long w = strtoul(a, &end, 10);
-        double f = colon ? strtod(colon + 1, &end) : 0;
-        if (!colon || colon == a || *end || errno || w > 255 || !(f >= 1 && f <= 1000)) {
-            fprintf(stderr, "granary train: --straggler wants WORKER:FACTOR (e.g. 3:3), got "
-                            "'%s'\n", a);
+        const char *colon = strchr(a, ':');
+        char *wend = NULL, *fend = NULL;
+        unsigned long w = 0;
+        double f = 0;
+        bool ok = colon && a[0] >= '0' && a[0] <= '9';
+        if (ok) {
+            /* Each half is checked against its own end pointer: the worker must end exactly at
+             * the ':' ("3x:3" is not worker 3) and the factor at the end of the text. */
+            errno = 0;
+            w = strtoul(a, &wend, 10);
+            ok = !errno && wend == colon;
+            errno = 0;
+            f = ok ? strtod(colon + 1, &fend) : 0;
+            ok = ok && !errno && fend != colon + 1 && *fend == '\0' && colon[1] != ' ' &&
+                 colon[1] != '\t';
+        }
+        if (!ok || w > 255 || !(f >= 1 && f <= 1000)) {
+            fprintf(stderr, "granary train: --straggler wants WORKER:FACTOR, a worker in "
+                            "0..255 and a factor in 1..1000 (e.g. 3:3), got '%s'\n", a);
             return 2;
         }
         o->straggler = (unsigned)w;

@@ -308,6 +308,37 @@ static void test_other_commands_use_tables(void **state)
     assert_non_null(strstr(out, "unexpected argument '/tmp'"));
 }
 
+/* --straggler W:F is read by hand (two numbers in one value): each half must end where it
+ * should. strtod once overwrote strtoul's end pointer, so "3x:3" ran as worker 3. */
+static void test_train_straggler_is_checked(void **state)
+{
+    (void)state;
+    static char out[16384];
+    const char *bad[] = {"3x:3", "3:3x", "3", ":3", "3:", "-1:3", " 3:3", "3: 3", "3:0.5",
+                         "3:nan", "3:inf", "256:2", "3:1001", "x:3", "3::3"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "train --straggler '%s'", bad[i]);
+        int rc = run_granary(args, out, sizeof out);
+        char want[160];
+        snprintf(want, sizeof want,
+                 "granary train: --straggler wants WORKER:FACTOR, a worker in 0..255 and a factor "
+                 "in 1..1000 (e.g. 3:3), got '%s'", bad[i]);
+        if (rc != 2 || !strstr(out, want))
+            fail_msg("--straggler '%s': exit %d, '%s'; wanted exit 2 and '%s'", bad[i], rc, out,
+                     want);
+    }
+    /* A well-formed value passes the straggler check and stops at the next (no --train). */
+    const char *good[] = {"3:3", "0:1", "255:1000", "2:1.5", "3:1e3"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "train --straggler '%s'", good[i]);
+        assert_int_equal(run_granary(args, out, sizeof out), 2);
+        if (!strstr(out, "--train FILE is required"))
+            fail_msg("--straggler '%s' should be accepted, got '%s'", good[i], out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +353,7 @@ int main(void)
         cmocka_unit_test_teardown(test_table_id_mismatch_is_caught, teardown),
         cmocka_unit_test(test_server_uses_the_table),
         cmocka_unit_test(test_other_commands_use_tables),
+        cmocka_unit_test(test_train_straggler_is_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
