@@ -647,8 +647,10 @@ int gr_bench_train(int argc, char **argv)
             const char *list = gr_local_cluster_servers(cl);
             for (int i = 0; i < 2; i++) {
                 const char *p = list;
-                for (int k = 0; k < i && p; k++) p = strchr(p, ',');
-                if (p && i) p++;
+                for (int k = 0; k < i && p; k++) {
+                    p = strchr(p, ',');
+                    if (p) p++;
+                }
                 const char *colon = p ? strchr(p, ':') : NULL;
                 uint16_t port;
                 if (!colon || gr_bench_parse_port(colon + 1, &port)) {
