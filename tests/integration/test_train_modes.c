@@ -275,7 +275,8 @@ static void test_stuck_worker_times_out(void **state)
     assert_int_equal(rc, GR_ETIMEDOUT);
     assert_non_null(strstr(gr_errmsg(), "timed out after 1500 ms waiting for step 4"));
     assert_non_null(strstr(gr_errmsg(), "1 of 2 gradients"));
-    assert_true(secs < 10);
+    /* The 1.5 s step timeout ended it, not the 30 s request timeout (loose: load). */
+    assert_true(secs < 18);
     ps_down(&p);
 }
 
@@ -337,7 +338,8 @@ static void test_killed_shard_fails_the_run(void **state)
     fprintf(stderr, "killed shard: rc %d after %.1f s: %s\n", b.rc, secs, b.msg);
     assert_true(b.rc == GR_ECONN || b.rc == GR_ESHUTDOWN);
     assert_non_null(strstr(b.msg, "shard 1"));
-    assert_true(secs < 10);
+    /* The kill was noticed, not the 30 s timeout waited out (loose: load). */
+    assert_true(secs < 25);
     ps_down(&p);
     ps_test_server_stop(&srv[0], 0);
 }
