@@ -427,16 +427,29 @@ static pid_t spawn_train(const char *const *args)
     return pid;
 }
 
-static int wait_exit(pid_t pid, unsigned timeout_ms)
+/* The whole of test_cli_kill_and_resume must end within this, so that a hung run fails here
+ * with its name instead of the runner's per-binary limit (scripts/run-tests, 300 s) killing
+ * the binary. It is a hang detector, not a speed target: a run takes ~1 s on a quiet machine. */
+#define CLI_BUDGET_S 200.0
+
+/* Waits for pid's exit until the monotonic clock passes `until` (then kills it: -1). Counts
+ * clock time, not polls: a poll's sleep lasts longer than asked on a loaded machine. */
+static int wait_exit(pid_t pid, double until, const char *what)
 {
     int st = 0;
-    for (unsigned waited = 0; waited < timeout_ms; waited += 5) {
+    double t0 = gr_now_s();
+    for (;;) {
         pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r == pid) {
+            fprintf(stderr, "cli: %s took %.1f s\n", what, gr_now_s() - t0);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        if (r < 0 || gr_now_s() > until) break;
         usleep(5000);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
+    fprintf(stderr, "cli: %s had not ended %.0f s into the test: killed\n", what, CLI_BUDGET_S);
     return -1;
 }
 
@@ -480,7 +493,8 @@ static void test_cli_kill_and_resume(void **state)
     args[n++] = "--metrics-out";
     args[n++] = mA;
     args[n] = NULL;
-    assert_int_equal(wait_exit(spawn_train(args), 120000), 0);
+    const double until = gr_now_s() + CLI_BUDGET_S;
+    assert_int_equal(wait_exit(spawn_train(args), until, "the uninterrupted run"), 0);
     /* Killed once its first checkpoint is complete. */
     n = NC;
     args[n++] = "--ckpt-dir";
@@ -491,13 +505,20 @@ static void test_cli_kill_and_resume(void **state)
     char name[GR_CKPT_NAME_MAX];
     uint64_t step = 0;
     int st = -1;
-    for (unsigned waited = 0; waited < 120000; waited += 1) {
+    bool exited = false;
+    while (gr_now_s() < until) {
         if (gr_ckpt_latest(rootB, name, &step) == GR_OK) break;
-        if (waitpid(pid, &st, WNOHANG) == pid) break;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            exited = true;
+            break;
+        }
         usleep(1000);
     }
-    kill(pid, SIGKILL);
-    int rc = wait_exit(pid, 20000);
+    int rc = exited ? (WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st)) : -1;
+    if (!exited) {
+        kill(pid, SIGKILL);
+        rc = wait_exit(pid, until, "the run to kill");
+    }
     assert_int_equal(gr_ckpt_latest(rootB, name, &step), 0);
     fprintf(stderr, "cli: train %s at its checkpoint of step %llu (of 96)\n",
             rc == 128 + SIGKILL ? "killed" : "had finished", (unsigned long long)step);
@@ -510,7 +531,7 @@ static void test_cli_kill_and_resume(void **state)
     args[n++] = "--metrics-out";
     args[n++] = mB;
     args[n] = NULL;
-    assert_int_equal(wait_exit(spawn_train(args), 120000), 0);
+    assert_int_equal(wait_exit(spawn_train(args), until, "the resumed run"), 0);
     char aucA[64], llA[64], aucB[64], llB[64];
     read_metrics(mA, aucA, llA);
     read_metrics(mB, aucB, llB);

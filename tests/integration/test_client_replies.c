@@ -220,7 +220,8 @@ static void test_stalled_reply_fails_at_the_deadline(void **state)
     assert_int_equal(gr_client_pull(c, 1, 4, keys, 3, rows), GR_ETIMEDOUT);
     double ms = (double)(gr_now_ns() - t0) / 1e6;
     assert_non_null(strstr(gr_errmsg(), "stalled"));
-    assert_true(ms >= 250 && ms < 3000);
+    /* Upper bound: the 300 ms deadline, not the 30 s default (loose: load delays wakeups). */
+    assert_true(ms >= 250 && ms < 10000);
     gr_client_destroy(c);
     pthread_join(f.th, NULL);
     close(f.lfd);

@@ -362,7 +362,9 @@ static void test_request_timeout_names_shard(void **state)
     char want[160];
     snprintf(want, sizeof want, "shard 0 (%s): no reply within 300 ms", addr);
     assert_non_null(strstr(gr_errmsg(), want));
-    assert_true(waited_ms < 2000);
+    /* Upper bound: only "the 300 ms timeout was honoured, not the 30 s default"; how soon
+     * after 300 ms the wait ends depends on the machine's load. */
+    assert_true(waited_ms < 10000);
     gr_client_destroy(c);
     pthread_join(f.th, NULL);
     close(f.lfd);
@@ -398,7 +400,8 @@ static void test_reconnect_with_backoff(void **state)
     assert_int_equal(rc, GR_ECONN);
     assert_non_null(strstr(gr_errmsg(), "connection refused"));
     assert_non_null(strstr(gr_errmsg(), "attempts"));
-    assert_true(ms >= 100 && ms < 3000);
+    /* Below the 5 s default connect timeout: the 300 ms one was used (loose: load delays). */
+    assert_true(ms >= 100 && ms < 4500);
     /* It comes back on the same port (a fresh, empty shard): the client reconnects. */
     assert_int_equal(ps_test_server_start(&s, 0, 1, port, NULL), 0);
     assert_int_equal(gr_client_create_table(c, user_spec), 0);

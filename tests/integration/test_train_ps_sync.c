@@ -196,7 +196,8 @@ static void test_semisync_drop_and_timeout(void **state)
     uint64_t start = gr_now_ns();
     assert_int_equal(gr_client_sync_acquire(k.c, 0, w2, 300, t2, NULL), GR_ETIMEDOUT);
     double secs = (double)(gr_now_ns() - start) / 1e9;
-    assert_true(secs >= 0.25 && secs < 3.0);
+    /* Upper bound: the 300 ms acquire timeout was honoured (loose: load delays wakeups). */
+    assert_true(secs >= 0.25 && secs < 10.0);
     assert_non_null(strstr(gr_errmsg(), "1 of 2 gradients"));
     assert_non_null(strstr(gr_errmsg(), "shard 0"));
     float row[2];
@@ -248,7 +249,8 @@ static void test_parked_acquires_hold_no_thread(void **state)
     assert_int_equal(gr_server_stop(k.s[0]), 0);
     int rc = gr_client_wait(last, -1);
     assert_true(rc == GR_ESHUTDOWN || rc == GR_ECONN);
-    assert_true((double)(gr_now_ns() - start) / 1e9 < 5.0);
+    /* Not the acquire's 60 s (loose: a stop under load and sanitizers takes a while). */
+    assert_true((double)(gr_now_ns() - start) / 1e9 < 30.0);
     down(&k);
 }
 
@@ -296,7 +298,8 @@ static void test_killed_shard_is_an_error(void **state)
     int rc = gr_client_wait(op, -1);
     assert_true(rc == GR_ECONN || rc == GR_ESHUTDOWN);
     assert_non_null(strstr(gr_errmsg(), "shard"));
-    assert_true((double)(gr_now_ns() - start) / 1e9 < 5.0);
+    /* Not the acquire's 60 s nor the 10 s request timeout: the kill was noticed. */
+    assert_true((double)(gr_now_ns() - start) / 1e9 < 9.0);
     /* The next call on the dead shard fails too (after the short connect timeout). */
     uint64_t want0[2] = {0, 0};
     assert_true(gr_client_sync_acquire(c, 1, want0, 1000, tags, NULL) < 0);

@@ -201,10 +201,14 @@ int ps_test_run_granary(const char *const *args, char *out, size_t cap)
     return ps_test_server_wait(&s, 10000);
 }
 
-int ps_test_connect(uint16_t port)
+int ps_test_connect(uint16_t port) { return ps_test_connect_rcvbuf(port, 0); }
+
+int ps_test_connect_rcvbuf(uint16_t port, int rcvbuf)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
+    /* Before connect, so the window the peer sees is small from the first byte. */
+    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;

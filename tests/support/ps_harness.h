@@ -40,6 +40,8 @@ int ps_test_run_granary(const char *const *args, char *out, size_t cap);
 
 /* A raw TCP connection to 127.0.0.1:port (for hand-made frames), with 10 s I/O timeouts. */
 int ps_test_connect(uint16_t port);
+/* The same with SO_RCVBUF set to rcvbuf bytes first (0: the default). */
+int ps_test_connect_rcvbuf(uint16_t port, int rcvbuf);
 
 /* A fresh temporary folder under /tmp (caller removes it with ps_test_rmdir). */
 int ps_test_tmpdir(char *path, size_t cap);

@@ -1,5 +1,6 @@
 /* Raw frames for the hostile-peer tests (ps_raw.h). */
 #include "tests/support/ps_raw.h"
+#include "tests/support/ps_harness.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,24 +15,7 @@
 
 int ps_raw_connect(uint16_t port, int rcvbuf)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
+    return ps_test_connect_rcvbuf(port, rcvbuf);
 }
 
 int ps_raw_send_all(int fd, const void *p, size_t n)
