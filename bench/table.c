@@ -52,7 +52,8 @@ enum { TABLE_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
 static const gr_cli_opt table_bench_opts[] = {TABLE_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec table_bench_spec = {
     .command = "bench table",
-    .synopsis = "granary bench table [--json] [--full] [--rows N] [--batches B] [--threads T]",
+    .synopsis = "granary bench table [--json] [--full] [--rows N] [--batches B] [--threads T]\n"
+                "                          [--repeat R] [--only all|lookup] [--wide]",
     .opts = table_bench_opts,
     .n_opts = TB_COUNT,
 };

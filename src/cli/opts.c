@@ -112,10 +112,11 @@ int gr_cli_set_text(const gr_cli_opt *o, const char *text, gr_cli_value *v, char
         uint64_t x;
         /* gr_parse_size reads with strtoull, which would wrap "-1" to 2^64-1. */
         if (strchr(text, '-') || gr_parse_size(text, &x))
-            return bad(err, errcap, "%s wants a size like 64, 4k, 10M or 2G in %s bytes, got '%s'",
+            return bad(err, errcap,
+                       "%s wants a size like 64, 4k, 10M or 2G (powers of 1024) in %s, got '%s'",
                        flag, range, text);
         if ((double)x < o->lo || (double)x > o->hi)
-            return bad(err, errcap, "%s must be in %s bytes, got %s", flag, range, text);
+            return bad(err, errcap, "%s must be in %s, got %s", flag, range, text);
         v->u = x;
         break;
     }
