@@ -27,6 +27,8 @@ bool gr_bench_find_script(const char *env_var, const char *name, char *path, siz
  * HOST:PORT" line, or of one entry of a "HOST:PORT,HOST:PORT" list): 1..65535, then the end
  * of the text, a line end, or a ','. Returns 0, or -1 for anything else. */
 int gr_bench_parse_port(const char *text, uint16_t *port);
+/* A TCP connection to 127.0.0.1:port with TCP_NODELAY, or -1. */
+int gr_bench_tcp_connect(uint16_t port);
 
 /* Reads a finite number at the start of `text`, as a child printed it; the end pointer must
  * have moved. Returns 0, or -1 when there is no number there. */

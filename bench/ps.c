@@ -203,23 +203,6 @@ static int tcp_listen_any(uint16_t *port)
     return fd;
 }
 
-static int tcp_connect(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
 /* One stream from a child process to this one; bytes/s at the receiver. */
 static double loopback_bytes_per_sec(uint64_t total)
 {
@@ -228,7 +211,7 @@ static double loopback_bytes_per_sec(uint64_t total)
     if (lfd < 0) return NAN;
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = tcp_connect(port);
+        int fd = gr_bench_tcp_connect(port);
         size_t chunk = 1 << 20;
         char *buf = calloc(1, chunk);
         uint64_t sent = 0;
@@ -368,7 +351,7 @@ static void cb_bulk(cmdbuf *c, const void *p, size_t n)
  * command, 16 commands in flight; returns rows/s (ids, duplicates included). */
 static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bool set)
 {
-    int fd = tcp_connect(port);
+    int fd = gr_bench_tcp_connect(port);
     if (fd < 0) return NAN;
     rconn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
     cmdbuf cb = {NULL, 0, 0};
@@ -438,7 +421,7 @@ static int start_redis(child *c)
         close(fd);
         c->port = port;
         for (int i = 0; i < 300; i++) {
-            int s = tcp_connect(port);
+            int s = gr_bench_tcp_connect(port);
             if (s >= 0) {
                 char pong[16] = {0};
                 bool up = r_send(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&

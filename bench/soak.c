@@ -278,19 +278,6 @@ static void *ckpt_main(void *arg)
     return NULL;
 }
 
-static int raw_connect(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
-    if (fd >= 0) close(fd);
-    return -1;
-}
-
 /* Clients that connect, pull once and vanish; connections cut mid-frame; frames that are not
  * the protocol (the shard must answer or close, and keep serving everyone else). */
 static void *hostile_main(void *arg)
@@ -304,7 +291,7 @@ static void *hostile_main(void *arg)
         gr_client_destroy(c);
         atomic_fetch_add(&k->clients, 1);
         atomic_fetch_add(&k->requests, 1);
-        int fd = raw_connect(k->port[i % SHARDS]);
+        int fd = gr_bench_tcp_connect(k->port[i % SHARDS]);
         if (fd < 0) {
             unexpected(k, "raw connect");
         } else {
