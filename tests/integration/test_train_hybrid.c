@@ -25,45 +25,26 @@
 #include "granary/cluster.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/train_fixture.h"
 
-static char tmpdir[64], train_path[128], test_path[128];
+static tr_fixture fx;
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gr_trainhybrid_XXXXXX");
-    if (!mkdtemp(tmpdir)) return -1;
-    gr_datagen_opts o = {.train_rows = 40000, .test_rows = 5000, .seed = 11, .threads = 2};
-    gr_datagen_result r;
-    if (gr_datagen_run(tmpdir, &o, &r)) return -1;
-    snprintf(train_path, sizeof train_path, "%s/train.tsv", tmpdir);
-    snprintf(test_path, sizeof test_path, "%s/test.tsv", tmpdir);
-    return 0;
+    return tr_fixture_make(&fx, "trainhybrid", 11);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tr_fixture_remove(&fx);
 }
 
+/* A small DLRM: fast enough for tests, big enough to learn the generated data. */
 static void small_opts(gr_train_opts *o, gr_train_mode mode, unsigned workers)
 {
-    gr_train_opts_default(o, GR_MODEL_DLRM);
-    o->model.dim = 8;
-    o->model.n_bottom = 1;
-    o->model.bottom[0] = 16;
-    o->model.n_top = 1;
-    o->model.top[0] = 32;
-    o->emb.dim = 8;
-    o->train_path = train_path;
-    o->test_path = test_path;
-    o->batch = 256;
-    o->workers = workers;
-    o->mode = mode;
-    o->progress_s = 0;
+    tr_fixture_small_dlrm(&fx, o, mode, workers);
 }
 
 typedef struct ps_run {
@@ -205,8 +186,8 @@ static void test_cli_default_is_hybrid(void **state)
 {
     (void)state;
     char metrics[160], out[8192];
-    snprintf(metrics, sizeof metrics, "%s/m.json", tmpdir);
-    const char *args[] = {"train", "--train", train_path, "--test", test_path, "--workers", "2",
+    snprintf(metrics, sizeof metrics, "%s/m.json", fx.dir);
+    const char *args[] = {"train", "--train", fx.train, "--test", fx.test, "--workers", "2",
                           "--batch", "512", "--dim", "8", "--bottom", "16", "--top", "32",
                           "--progress", "0", "--metrics-out", metrics, NULL};
     int rc = ps_test_run_granary(args, out, sizeof out);
@@ -228,12 +209,12 @@ static void test_cli_default_is_hybrid(void **state)
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "auc")->valuedouble > 0.6);
     cJSON_Delete(j);
     /* One worker: async (nothing to synchronise). */
-    const char *one[] = {"train", "--train", train_path, "--workers", "1", "--batch", "512",
+    const char *one[] = {"train", "--train", fx.train, "--workers", "1", "--batch", "512",
                          "--dim", "8", "--bottom", "16", "--top", "32", "--progress", "0",
                          "--max-examples", "2048", NULL};
     assert_int_equal(ps_test_run_granary(one, out, sizeof out), 0);
     assert_non_null(strstr(out, "mode async"));
-    const char *bad[] = {"train", "--train", train_path, "--emb-staleness", "65", NULL};
+    const char *bad[] = {"train", "--train", fx.train, "--emb-staleness", "65", NULL};
     assert_int_equal(ps_test_run_granary(bad, out, sizeof out), 2);
 }
 

@@ -27,46 +27,26 @@
 #include "granary/client.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/train_fixture.h"
 
-static char tmpdir[64], train_path[128], test_path[128];
+static tr_fixture fx;
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gr_trainmodes_XXXXXX");
-    if (!mkdtemp(tmpdir)) return -1;
-    gr_datagen_opts o = {.train_rows = 40000, .test_rows = 5000, .seed = 5, .threads = 2};
-    gr_datagen_result r;
-    if (gr_datagen_run(tmpdir, &o, &r)) return -1;
-    snprintf(train_path, sizeof train_path, "%s/train.tsv", tmpdir);
-    snprintf(test_path, sizeof test_path, "%s/test.tsv", tmpdir);
-    return 0;
+    return tr_fixture_make(&fx, "trainmodes", 5);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tr_fixture_remove(&fx);
 }
 
 /* A small DLRM: fast enough for tests, big enough to learn the generated data. */
 static void small_opts(gr_train_opts *o, gr_train_mode mode, unsigned workers)
 {
-    gr_train_opts_default(o, GR_MODEL_DLRM);
-    o->model.dim = 8;
-    o->model.n_bottom = 1;
-    o->model.bottom[0] = 16;
-    o->model.n_top = 1;
-    o->model.top[0] = 32;
-    o->emb.dim = 8;
-    o->train_path = train_path;
-    o->test_path = test_path;
-    o->batch = 256;
-    o->workers = workers;
-    o->mode = mode;
-    o->progress_s = 0;
+    tr_fixture_small_dlrm(&fx, o, mode, workers);
 }
 
 typedef struct ps_run {
@@ -348,8 +328,8 @@ static void test_cli_metrics(void **state)
 {
     (void)state;
     char metrics[160], out[8192];
-    snprintf(metrics, sizeof metrics, "%s/m.json", tmpdir);
-    const char *args[] = {"train", "--train", train_path, "--test", test_path, "--mode", "semisync",
+    snprintf(metrics, sizeof metrics, "%s/m.json", fx.dir);
+    const char *args[] = {"train", "--train", fx.train, "--test", fx.test, "--mode", "semisync",
                           "--workers", "3", "--backup", "1", "--batch", "512", "--dim", "8",
                           "--bottom", "16", "--top", "32", "--progress", "0", "--metrics-out",
                           metrics, NULL};
@@ -372,12 +352,12 @@ static void test_cli_metrics(void **state)
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "auc")->valuedouble > 0.6);
     cJSON_Delete(j);
     /* Bad combinations are refused before anything runs. */
-    const char *bad1[] = {"train", "--train", train_path, "--mode", "sync", "--local", NULL};
+    const char *bad1[] = {"train", "--train", fx.train, "--mode", "sync", "--local", NULL};
     assert_int_equal(ps_test_run_granary(bad1, out, sizeof out), 2);
     assert_non_null(strstr(out, "step tokens"));
-    const char *bad2[] = {"train", "--train", train_path, "--straggler", "5:3", NULL};
+    const char *bad2[] = {"train", "--train", fx.train, "--straggler", "5:3", NULL};
     assert_int_equal(ps_test_run_granary(bad2, out, sizeof out), 2);
-    const char *bad3[] = {"train", "--train", train_path, "--mode", "semisync", "--aggregate",
+    const char *bad3[] = {"train", "--train", fx.train, "--mode", "semisync", "--aggregate",
                           "2", "--backup", "1", NULL};
     assert_int_equal(ps_test_run_granary(bad3, out, sizeof out), 2);
 }
@@ -397,8 +377,8 @@ static void test_cli_servers_and_reset(void **state)
     assert_int_equal(gr_client_create(&cc, &c), 0);
     gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 5, 0, 3};
     assert_int_equal(gr_client_sync_configure(c, &other, 0, NULL), 0);
-    snprintf(metrics, sizeof metrics, "%s/servers.json", tmpdir);
-    const char *args[] = {"train", "--train", train_path, "--test", test_path, "--servers", list,
+    snprintf(metrics, sizeof metrics, "%s/servers.json", fx.dir);
+    const char *args[] = {"train", "--train", fx.train, "--test", fx.test, "--servers", list,
                           "--mode", "sync", "--batch", "1024", "--dim", "8", "--bottom", "16",
                           "--top", "32", "--progress", "0", "--metrics-out", metrics, NULL, NULL};
     assert_int_equal(ps_test_run_granary(args, out, sizeof out), 1);
