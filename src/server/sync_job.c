@@ -168,30 +168,43 @@ static void waiter_free(srv_waiter *w)
     free(w);
 }
 
+/* Unlinks every parked acquire for which pick says yes and returns them as a list, in reverse
+ * order of the waiter list (caller holds sy->mu). */
+typedef bool (*waiter_pick)(srv_waiter *w, void *arg);
+static srv_waiter *take_waiters_locked(srv_sync *sy, waiter_pick pick, void *arg)
+{
+    srv_waiter *out = NULL;
+    for (srv_waiter **pp = &sy->waiters; *pp;) {
+        srv_waiter *w = *pp;
+        if (pick(w, arg)) {
+            *pp = w->next;
+            sy->nwaiters--;
+            w->next = out;
+            out = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    return out;
+}
+
+/* A waiter of job arg whose step is ready (or whose job shut down: answered with the error). */
+static bool pick_ready(srv_waiter *w, void *arg)
+{
+    sync_job *j = arg;
+    if (w->job != j) return false;
+    bool ok = false;
+    uint64_t tag = 0, cur = 0;
+    return gr_step_machine_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur) || ok;
+}
+
 /* Re-polls the parked acquires of job j and answers the ready ones (the step machine's notify). */
 static void job_notify(void *ctx)
 {
     sync_job *j = ctx;
     srv_sync *sy = j->sy;
-    srv_waiter *ready = NULL;
     pthread_mutex_lock(&sy->mu);
-    for (srv_waiter **pp = &sy->waiters; *pp;) {
-        srv_waiter *w = *pp;
-        bool ok = false;
-        uint64_t tag = 0, cur = 0;
-        if (w->job == j) {
-            int rc = gr_step_machine_poll(j->ss, w->worker, w->step, false, &ok, &tag, &cur);
-            if (rc) ok = true; /* shut down: answer (with the error) below */
-        }
-        if (ok) {
-            *pp = w->next;
-            sy->nwaiters--;
-            w->next = ready;
-            ready = w;
-        } else {
-            pp = &w->next;
-        }
-    }
+    srv_waiter *ready = take_waiters_locked(sy, pick_ready, j);
     pthread_mutex_unlock(&sy->mu);
     while (ready) {
         srv_waiter *w = ready;
@@ -211,26 +224,28 @@ static void ts_at(uint64_t mono_ns, struct timespec *ts)
     ts->tv_nsec = (long)(mono_ns % 1000000000u);
 }
 
+/* A waiter whose deadline passed; the others' earliest deadline is kept in next. */
+typedef struct deadline_scan {
+    uint64_t now, next;
+} deadline_scan;
+
+static bool pick_expired(srv_waiter *w, void *arg)
+{
+    deadline_scan *d = arg;
+    if (w->deadline_ns <= d->now) return true;
+    if (w->deadline_ns < d->next) d->next = w->deadline_ns;
+    return false;
+}
+
 /* Answers parked acquires whose timeout passed. */
 static void *timer_main(void *arg)
 {
     srv_sync *sy = arg;
     pthread_mutex_lock(&sy->mu);
     while (!sy->stopping) {
-        uint64_t now = gr_now_ns(), next = UINT64_MAX;
-        srv_waiter *expired = NULL;
-        for (srv_waiter **pp = &sy->waiters; *pp;) {
-            srv_waiter *w = *pp;
-            if (w->deadline_ns <= now) {
-                *pp = w->next;
-                sy->nwaiters--;
-                w->next = expired;
-                expired = w;
-            } else {
-                if (w->deadline_ns < next) next = w->deadline_ns;
-                pp = &w->next;
-            }
-        }
+        deadline_scan scan = {gr_now_ns(), UINT64_MAX};
+        srv_waiter *expired = take_waiters_locked(sy, pick_expired, &scan);
+        uint64_t next = scan.next;
         if (expired) {
             pthread_mutex_unlock(&sy->mu);
             while (expired) {
@@ -267,23 +282,15 @@ static void *timer_main(void *arg)
     return NULL;
 }
 
+/* A waiter of job arg (of any job when arg is NULL). */
+static bool pick_job(srv_waiter *w, void *arg) { return !arg || w->job == arg; }
+
 /* Takes every parked acquire of job j (all jobs when j is NULL) off the list and answers it
  * with rc/msg. Caller holds no lock. */
 static void fail_waiters(srv_sync *sy, sync_job *j, int rc, const char *msg)
 {
-    srv_waiter *out = NULL;
     pthread_mutex_lock(&sy->mu);
-    for (srv_waiter **pp = &sy->waiters; *pp;) {
-        srv_waiter *w = *pp;
-        if (!j || w->job == j) {
-            *pp = w->next;
-            sy->nwaiters--;
-            w->next = out;
-            out = w;
-        } else {
-            pp = &w->next;
-        }
-    }
+    srv_waiter *out = take_waiters_locked(sy, pick_job, j);
     pthread_mutex_unlock(&sy->mu);
     while (out) {
         srv_waiter *w = out;
@@ -293,22 +300,14 @@ static void fail_waiters(srv_sync *sy, sync_job *j, int rc, const char *msg)
     }
 }
 
+/* A waiter parked by connection arg. */
+static bool pick_conn(srv_waiter *w, void *arg) { return w->c == arg; }
+
 static void srv_sync_conn_closed(gr_server *s, srv_conn *c)
 {
     srv_sync *sy = s->sync;
-    srv_waiter *out = NULL;
     pthread_mutex_lock(&sy->mu);
-    for (srv_waiter **pp = &sy->waiters; *pp;) {
-        srv_waiter *w = *pp;
-        if (w->c == c) {
-            *pp = w->next;
-            sy->nwaiters--;
-            w->next = out;
-            out = w;
-        } else {
-            pp = &w->next;
-        }
-    }
+    srv_waiter *out = take_waiters_locked(sy, pick_conn, c);
     pthread_mutex_unlock(&sy->mu);
     while (out) {
         srv_waiter *w = out;
