@@ -10,7 +10,8 @@ BUILD   := build$(if $(SANITIZER),/$(SANITIZER))
 CPPFLAGS := -Iinclude -Isrc -I. -D_GNU_SOURCE -DGR_BUILDING
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -fPIC -fvisibility=hidden -pthread \
            -fno-strict-aliasing -MMD -MP
-LDLIBS  := -lcjson -lxxhash -lopenblas -lzstd -lcrypto -levent_core -levent_pthreads -lm -lpthread
+LDLIBS  := -lcjson -lxxhash -lopenblas -lzstd -lcrypto -levent_core -levent_pthreads -lmicrohttpd \
+           -lzookeeper_mt -lsqlite3 -lm -lpthread
 TESTLIBS := -lcmocka
 
 ifeq ($(SANITIZER),address)
