@@ -27,7 +27,8 @@
 
 #include "granary/core.h"
 #include "granary/http.h"
-#include "support/ps_harness.h"
+#include "tests/support/ctl_harness.h"
+#include "tests/support/ps_harness.h"
 
 static char tmp[256], data[300], state_dir[300], tokens_path[300];
 
@@ -35,153 +36,6 @@ static char tmp[256], data[300], state_dir[300], tokens_path[300];
 #define ALICE "alice-token-0002"
 #define BOB "bob-token-00003"
 #define VIEWER "viewer-token-004"
-
-typedef struct ctl {
-    pid_t pid;
-    uint16_t port;
-    char base[96];
-} ctl;
-
-static uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static void ctl_start(ctl *c, unsigned capacity, bool with_tokens)
-{
-    c->port = free_port();
-    char http[64], cap[16];
-    snprintf(http, sizeof http, "127.0.0.1:%u", c->port);
-    snprintf(cap, sizeof cap, "%u", capacity);
-    snprintf(c->base, sizeof c->base, "http://%s", http);
-    char log[400];
-    snprintf(log, sizeof log, "%s/controller.log", tmp);
-    c->pid = fork();
-    assert_true(c->pid >= 0);
-    if (c->pid == 0) {
-        FILE *f = freopen(log, "a", stderr);
-        (void)f;
-        const char *bin = ps_test_granary_bin();
-        if (with_tokens)
-            execl(bin, "granary", "controller", "--http", http, "--state", state_dir,
-                  "--data-root", data, "--capacity", cap, "--tokens", tokens_path, (char *)NULL);
-        else
-            execl(bin, "granary", "controller", "--http", http, "--state", state_dir,
-                  "--data-root", data, "--capacity", cap, (char *)NULL);
-        _exit(127);
-    }
-    char url[128];
-    snprintf(url, sizeof url, "%s/healthz", c->base);
-    for (int i = 0; i < 400; i++) {
-        gr_http_result r;
-        if (gr_http_fetch("GET", url, NULL, NULL, 0, 1000, &r) == 0 && r.status == 200) {
-            gr_http_result_free(&r);
-            return;
-        }
-        gr_http_result_free(&r);
-        usleep(50000);
-    }
-    fail_msg("the controller did not answer on %s", c->base);
-}
-
-static void ctl_kill(ctl *c, int sig)
-{
-    kill(c->pid, sig);
-    int st;
-    waitpid(c->pid, &st, 0);
-}
-
-/* One call: status, and the body parsed as JSON (NULL when not JSON) in *out. */
-static int api(const ctl *c, const char *method, const char *path, const char *token,
-               const char *body, cJSON **out)
-{
-    char url[256], hdr[128] = "";
-    snprintf(url, sizeof url, "%s%s", c->base, path);
-    if (token) snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", token);
-    gr_http_result r;
-    int rc = gr_http_fetch(method, url, token ? hdr : NULL, body, body ? strlen(body) : 0, 30000,
-                           &r);
-    if (rc) fail_msg("%s %s: %s", method, path, gr_errmsg());
-    if (out) *out = cJSON_Parse(r.body);
-    int status = r.status;
-    gr_http_result_free(&r);
-    return status;
-}
-
-static double jnum(const cJSON *o, const char *k)
-{
-    return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k));
-}
-
-static const char *jstr(const cJSON *o, const char *k)
-{
-    const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
-    return s ? s : "";
-}
-
-static cJSON *get_job(const ctl *c, int id)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/v1/jobs/%d", id);
-    cJSON *j = NULL;
-    assert_int_equal(api(c, "GET", path, ADMIN, NULL, &j), 200);
-    return j;
-}
-
-/* Waits until job id is in state (or its run count reaches runs, when runs > 0). */
-static cJSON *wait_job(const ctl *c, int id, const char *state, double timeout_s)
-{
-    double until = gr_now_s() + timeout_s;
-    for (;;) {
-        cJSON *j = get_job(c, id);
-        if (!strcmp(jstr(j, "state"), state)) return j;
-        if (gr_now_s() > until) {
-            char *s = cJSON_Print(j);
-            fprintf(stderr, "job %d: %s\n", id, s);
-            free(s);
-            cJSON_Delete(j);
-            fail_msg("job %d did not reach '%s' within %.0f s", id, state, timeout_s);
-        }
-        cJSON_Delete(j);
-        usleep(100000);
-    }
-}
-
-static int submit(const ctl *c, const char *token, const char *body)
-{
-    cJSON *j = NULL;
-    int st = api(c, "POST", "/v1/jobs", token, body, &j);
-    if (st != 201) fail_msg("submit: %d %s", st, jstr(j, "error"));
-    int id = (int)jnum(j, "id");
-    cJSON_Delete(j);
-    return id;
-}
-
-static bool has_event(const cJSON *job, const char *kind)
-{
-    const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItem(job, "events")) if (!strcmp(jstr(e, "kind"), kind))
-        return true;
-    return false;
-}
-
-/* Kills whatever a job still runs (its shim leads a process group). */
-static void kill_jobs(const ctl *c)
-{
-    cJSON *l = NULL;
-    if (api(c, "GET", "/v1/jobs", ADMIN, NULL, &l) != 200) return;
-    const cJSON *j, *p;
-    cJSON_ArrayForEach(j, cJSON_GetObjectItem(l, "jobs"))
-        cJSON_ArrayForEach(p, cJSON_GetObjectItem(j, "processes")) kill(-(pid_t)jnum(p, "pid"),
-                                                                       SIGKILL);
-    cJSON_Delete(l);
-}
 
 static int setup(void **state)
 {
@@ -208,6 +62,13 @@ static int teardown(void **state)
     return 0;
 }
 
+static const char *ctl_log(void)
+{
+    static char log[400];
+    snprintf(log, sizeof log, "%s/controller.log", tmp);
+    return log;
+}
+
 static void fresh_state(const char *name)
 {
     snprintf(state_dir, sizeof state_dir, "%s/%s", tmp, name);
@@ -223,71 +84,71 @@ static void test_api_and_access_control(void **state)
 {
     (void)state;
     fresh_state("state-api");
-    ctl c;
-    ctl_start(&c, 1, true);
+    ctl_test c = {.admin_token = ADMIN};
+    ctl_test_start(&c, state_dir, data, 1, tokens_path, ctl_log());
     cJSON *r = NULL;
     /* Who may do anything at all. */
-    assert_int_equal(api(&c, "GET", "/v1/jobs", NULL, NULL, &r), 401);
-    assert_non_null(strstr(jstr(r, "error"), "Bearer"));
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs", NULL, NULL, &r), 401);
+    assert_non_null(strstr(ctl_jstr(r, "error"), "Bearer"));
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "GET", "/v1/jobs", "not-a-token-at-all", NULL, NULL), 401);
-    assert_int_equal(api(&c, "GET", "/v1/whoami", BOB, NULL, &r), 200);
-    assert_string_equal(jstr(r, "user"), "bob");
-    assert_string_equal(jstr(r, "role"), "user");
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs", "not-a-token-at-all", NULL, NULL), 401);
+    assert_int_equal(ctl_api(&c, "GET", "/v1/whoami", BOB, NULL, &r), 200);
+    assert_string_equal(ctl_jstr(r, "user"), "bob");
+    assert_string_equal(ctl_jstr(r, "role"), "user");
     cJSON_Delete(r);
     const char *spec = "{\"name\":\"alice-job\",\"kind\":\"train\",\"args\":[" SLOW_SYNC_ARGS
                        ",\"--straggler\",\"1:30\"]}";
-    assert_int_equal(api(&c, "POST", "/v1/jobs", VIEWER, spec, &r), 403);
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", VIEWER, spec, &r), 403);
     cJSON_Delete(r);
     /* Bad specs: 400 naming the field. */
-    assert_int_equal(api(&c, "POST", "/v1/jobs", ALICE,
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", ALICE,
                          "{\"name\":\"x\",\"kind\":\"train\",\"args\":[\"--train\","
                          "\"/etc/passwd\"]}", &r), 400);
-    assert_non_null(strstr(jstr(r, "error"), "not under the data root"));
+    assert_non_null(strstr(ctl_jstr(r, "error"), "not under the data root"));
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "POST", "/v1/jobs", ALICE,
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", ALICE,
                          "{\"name\":\"x\",\"kind\":\"train\",\"args\":[\"--batch\",\"0\"]}", &r),
                      400);
-    assert_non_null(strstr(jstr(r, "error"), "--batch"));
+    assert_non_null(strstr(ctl_jstr(r, "error"), "--batch"));
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "POST", "/v1/jobs", ALICE,
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", ALICE,
                          "{\"name\":\"x\",\"kind\":\"train\",\"args\":[],\"cores\":2}", &r), 400);
-    assert_non_null(strstr(jstr(r, "error"), "cores"));
+    assert_non_null(strstr(ctl_jstr(r, "error"), "cores"));
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "POST", "/v1/jobs", ALICE, "{\"name\":", &r), 400);
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", ALICE, "{\"name\":", &r), 400);
     cJSON_Delete(r);
     /* A good one. */
-    assert_int_equal(api(&c, "POST", "/v1/jobs", ALICE, spec, &r), 201);
-    int id = (int)jnum(r, "id");
-    assert_string_equal(jstr(r, "owner"), "alice");
-    assert_string_equal(jstr(r, "state"), "queued");
+    assert_int_equal(ctl_api(&c, "POST", "/v1/jobs", ALICE, spec, &r), 201);
+    int id = (int)ctl_jnum(r, "id");
+    assert_string_equal(ctl_jstr(r, "owner"), "alice");
+    assert_string_equal(ctl_jstr(r, "state"), "queued");
     cJSON_Delete(r);
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%d", id);
     /* Who sees it. */
-    assert_int_equal(api(&c, "GET", path, BOB, NULL, &r), 403);
+    assert_int_equal(ctl_api(&c, "GET", path, BOB, NULL, &r), 403);
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "GET", "/v1/jobs", BOB, NULL, &r), 200);
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs", BOB, NULL, &r), 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r, "jobs")), 0);
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "GET", "/v1/jobs", VIEWER, NULL, &r), 200);
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs", VIEWER, NULL, &r), 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r, "jobs")), 1);
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "GET", path, VIEWER, NULL, NULL), 200);
+    assert_int_equal(ctl_api(&c, "GET", path, VIEWER, NULL, NULL), 200);
     /* Other resources, and what does not exist. */
-    assert_int_equal(api(&c, "GET", "/v1/jobs/999", ADMIN, NULL, NULL), 404);
-    assert_int_equal(api(&c, "GET", "/v1/jobs/abc", ADMIN, NULL, NULL), 404);
-    assert_int_equal(api(&c, "PUT", "/v1/jobs", ADMIN, "{}", NULL), 405);
-    assert_int_equal(api(&c, "GET", "/nothing", ADMIN, NULL, NULL), 404);
-    cJSON_Delete(wait_job(&c, id, "running", 60));
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs/999", ADMIN, NULL, NULL), 404);
+    assert_int_equal(ctl_api(&c, "GET", "/v1/jobs/abc", ADMIN, NULL, NULL), 404);
+    assert_int_equal(ctl_api(&c, "PUT", "/v1/jobs", ADMIN, "{}", NULL), 405);
+    assert_int_equal(ctl_api(&c, "GET", "/nothing", ADMIN, NULL, NULL), 404);
+    cJSON_Delete(ctl_wait_job(&c, id, "running", 60));
     char logs[80], metrics[80];
     snprintf(logs, sizeof logs, "%s/logs", path);
     snprintf(metrics, sizeof metrics, "%s/metrics", path);
-    assert_int_equal(api(&c, "GET", metrics, ALICE, NULL, &r), 200);
+    assert_int_equal(ctl_api(&c, "GET", metrics, ALICE, NULL, &r), 200);
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(r, "samples")));
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(r, "checkpoints")));
     cJSON_Delete(r);
-    assert_int_equal(api(&c, "GET", logs, BOB, NULL, NULL), 403);
+    assert_int_equal(ctl_api(&c, "GET", logs, BOB, NULL, NULL), 403);
     /* The command-line client, as the viewer: it lists and reads, and may not stop. */
     char idtxt[16];
     snprintf(idtxt, sizeof idtxt, "%d", id);
@@ -300,19 +161,19 @@ static void test_api_and_access_control(void **state)
     assert_int_equal(ps_test_run_granary(stop_v, out, sizeof out), 1);
     assert_non_null(strstr(out, "403"));
     /* Stopping: bob may not, alice may (and the job is stopped, not failed). */
-    assert_int_equal(api(&c, "DELETE", path, BOB, NULL, NULL), 403);
+    assert_int_equal(ctl_api(&c, "DELETE", path, BOB, NULL, NULL), 403);
     const char *stop_a[] = {"job", "stop", idtxt, "--controller", c.base, "--token", ALICE, NULL};
     assert_int_equal(ps_test_run_granary(stop_a, out, sizeof out), 0);
-    cJSON *j = wait_job(&c, id, "stopped", 120);
-    assert_true(has_event(j, "stopping"));
+    cJSON *j = ctl_wait_job(&c, id, "stopped", 120);
+    assert_true(ctl_has_event(j, "stopping"));
     cJSON_Delete(j);
     const char *status[] = {"job", "status", idtxt, "--controller", c.base, "--token", ADMIN,
                             NULL};
     assert_int_equal(ps_test_run_granary(status, out, sizeof out), 0);
     assert_non_null(strstr(out, "alice-job"));
     assert_non_null(strstr(out, "stopped"));
-    kill_jobs(&c);
-    ctl_kill(&c, SIGTERM);
+    ctl_kill_jobs(&c);
+    ctl_test_kill(&c, SIGTERM);
 }
 
 static void read_metrics(const char *path, char *auc, char *logloss)
@@ -345,34 +206,34 @@ static void test_preemption_resumes_bitwise(void **state)
                          "0", NULL};
     char out[8192];
     assert_int_equal(ps_test_run_granary(ref, out, sizeof out), 0);
-    ctl c;
-    ctl_start(&c, 2, false);
-    int low = submit(&c, NULL, "{\"name\":\"low\",\"kind\":\"train\",\"priority\":0,\"cores\":2,"
+    ctl_test c = {.admin_token = ADMIN};
+    ctl_test_start(&c, state_dir, data, 2, NULL, ctl_log());
+    int low = ctl_submit(&c, NULL, "{\"name\":\"low\",\"kind\":\"train\",\"priority\":0,\"cores\":2,"
                                "\"args\":[" SLOW_SYNC_ARGS ",\"--straggler\",\"1:12\"]}");
-    cJSON_Delete(wait_job(&c, low, "running", 60));
+    cJSON_Delete(ctl_wait_job(&c, low, "running", 60));
     /* Once it has a checkpoint, an urgent job arrives that needs every core. */
     double until = gr_now_s() + 120;
     for (;;) {
-        cJSON *j = get_job(&c, low);
+        cJSON *j = ctl_get_job(&c, low);
         int n = cJSON_GetArraySize(cJSON_GetObjectItem(j, "checkpoints"));
-        bool running = !strcmp(jstr(j, "state"), "running");
+        bool running = !strcmp(ctl_jstr(j, "state"), "running");
         cJSON_Delete(j);
         if (n > 0) break;
         assert_true(running);
         assert_true(gr_now_s() < until);
         usleep(50000);
     }
-    int high = submit(&c, NULL, "{\"name\":\"urgent\",\"kind\":\"train\",\"priority\":10,"
+    int high = ctl_submit(&c, NULL, "{\"name\":\"urgent\",\"kind\":\"train\",\"priority\":10,"
                                 "\"cores\":2,\"args\":[\"--train\",\"train.tsv\",\"--workers\","
                                 "\"1\",\"--shards\",\"1\",\"--max-examples\",\"4096\"]}");
-    cJSON *j = wait_job(&c, low, "preempted", 120);
-    assert_true(has_event(j, "preempting"));
+    cJSON *j = ctl_wait_job(&c, low, "preempted", 120);
+    assert_true(ctl_has_event(j, "preempting"));
     cJSON_Delete(j);
-    j = wait_job(&c, high, "succeeded", 120);
+    j = ctl_wait_job(&c, high, "succeeded", 120);
     cJSON_Delete(j);
-    j = wait_job(&c, low, "succeeded", 300);
-    assert_int_equal((int)jnum(j, "runs"), 2);
-    assert_true(has_event(j, "resume"));
+    j = ctl_wait_job(&c, low, "succeeded", 300);
+    assert_int_equal((int)ctl_jnum(j, "runs"), 2);
+    assert_true(ctl_has_event(j, "resume"));
     cJSON_Delete(j);
     char m[400], auc[64], ll[64], ref_auc[64], ref_ll[64];
     snprintf(m, sizeof m, "%s/jobs/%d/metrics.json", state_dir, low);
@@ -382,25 +243,25 @@ static void test_preemption_resumes_bitwise(void **state)
                     "logloss %s\n", ref_auc, ref_ll, auc, ll);
     assert_string_equal(auc, ref_auc);
     assert_string_equal(ll, ref_ll);
-    kill_jobs(&c);
-    ctl_kill(&c, SIGTERM);
+    ctl_kill_jobs(&c);
+    ctl_test_kill(&c, SIGTERM);
 }
 
 static void test_controller_killed_loses_nothing(void **state)
 {
     (void)state;
     fresh_state("state-restart");
-    ctl c;
-    ctl_start(&c, 2, false);
+    ctl_test c = {.admin_token = ADMIN};
+    ctl_test_start(&c, state_dir, data, 2, NULL, ctl_log());
     /* One short job and one long one, both running when the controller dies. */
-    int quick = submit(&c, NULL, "{\"name\":\"quick\",\"kind\":\"train\",\"args\":[\"--train\","
+    int quick = ctl_submit(&c, NULL, "{\"name\":\"quick\",\"kind\":\"train\",\"args\":[\"--train\","
                                  "\"train.tsv\",\"--workers\",\"1\",\"--shards\",\"1\","
                                  "\"--max-examples\",\"8192\",\"--straggler\",\"0:4\"]}");
-    int slow = submit(&c, NULL, "{\"name\":\"slow\",\"kind\":\"train\",\"args\":[" SLOW_SYNC_ARGS
+    int slow = ctl_submit(&c, NULL, "{\"name\":\"slow\",\"kind\":\"train\",\"args\":[" SLOW_SYNC_ARGS
                                 ",\"--straggler\",\"1:12\"]}");
-    cJSON_Delete(wait_job(&c, quick, "running", 60));
-    cJSON_Delete(wait_job(&c, slow, "running", 60));
-    ctl_kill(&c, SIGKILL);
+    cJSON_Delete(ctl_wait_job(&c, quick, "running", 60));
+    cJSON_Delete(ctl_wait_job(&c, slow, "running", 60));
+    ctl_test_kill(&c, SIGKILL);
     /* The quick one ends while nobody watches. */
     char exit_file[400];
     snprintf(exit_file, sizeof exit_file, "%s/jobs/%d/exit", state_dir, quick);
@@ -409,27 +270,27 @@ static void test_controller_killed_loses_nothing(void **state)
         assert_true(gr_now_s() < until);
         usleep(50000);
     }
-    ctl c2;
-    ctl_start(&c2, 2, false);
+    ctl_test c2 = {.admin_token = ADMIN};
+    ctl_test_start(&c2, state_dir, data, 2, NULL, ctl_log());
     cJSON *l = NULL;
-    assert_int_equal(api(&c2, "GET", "/v1/jobs", NULL, NULL, &l), 200);
+    assert_int_equal(ctl_api(&c2, "GET", "/v1/jobs", NULL, NULL, &l), 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(l, "jobs")), 2);
     cJSON_Delete(l);
-    cJSON *j = wait_job(&c2, quick, "succeeded", 30);
-    assert_int_equal((int)jnum(j, "exit_code"), 0);
-    assert_int_equal((int)jnum(j, "runs"), 1);
+    cJSON *j = ctl_wait_job(&c2, quick, "succeeded", 30);
+    assert_int_equal((int)ctl_jnum(j, "exit_code"), 0);
+    assert_int_equal((int)ctl_jnum(j, "runs"), 1);
     cJSON_Delete(j);
-    j = get_job(&c2, slow);
-    assert_string_equal(jstr(j, "state"), "running");
-    assert_true(has_event(j, "reattached"));
+    j = ctl_get_job(&c2, slow);
+    assert_string_equal(ctl_jstr(j, "state"), "running");
+    assert_true(ctl_has_event(j, "reattached"));
     cJSON_Delete(j);
-    j = wait_job(&c2, slow, "succeeded", 300);
-    assert_int_equal((int)jnum(j, "runs"), 1); /* watched to its end, not restarted */
-    assert_true(jnum(cJSON_GetObjectItem(j, "progress"), "auc") > 0.6);
+    j = ctl_wait_job(&c2, slow, "succeeded", 300);
+    assert_int_equal((int)ctl_jnum(j, "runs"), 1); /* watched to its end, not restarted */
+    assert_true(ctl_jnum(cJSON_GetObjectItem(j, "progress"), "auc") > 0.6);
     assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(j, "checkpoints")) > 0);
     cJSON_Delete(j);
-    kill_jobs(&c2);
-    ctl_kill(&c2, SIGTERM);
+    ctl_kill_jobs(&c2);
+    ctl_test_kill(&c2, SIGTERM);
 }
 
 int main(void)
