@@ -64,8 +64,16 @@ static void test_dashboard_in_chromium(void **state)
     ps_test_rmdir(tmp);
 }
 
+static int stop_controllers(void **state)
+{
+    (void)state;
+    ctl_test_cleanup();
+    return 0;
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_dashboard_in_chromium)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test_teardown(test_dashboard_in_chromium,
+                                                                 stop_controllers)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,20 @@ static uint16_t free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* Every controller started and not yet killed, so a failed test leaves none behind. */
+static ctl_test started[16];
+
+void ctl_test_cleanup(void)
+{
+    for (int i = 0; i < 16; i++)
+        if (started[i].pid > 0) {
+            ctl_kill_jobs(&started[i]);
+            kill(started[i].pid, SIGKILL);
+            waitpid(started[i].pid, NULL, 0);
+            started[i].pid = 0;
+        }
+}
+
 void ctl_test_start(ctl_test *c, const char *state_dir, const char *data, unsigned capacity,
                     const char *tokens_path, const char *log)
 {
@@ -44,8 +58,9 @@ void ctl_test_start(ctl_test *c, const char *state_dir, const char *data, unsign
     c->pid = fork();
     assert_true(c->pid >= 0);
     if (c->pid == 0) {
-        FILE *f = freopen(log, "a", stderr);
-        (void)f;
+        /* Both streams to the log: a controller left behind by a failed test must not hold
+         * the test runner's pipe open. */
+        if (!freopen(log, "a", stderr) || dup2(2, 1) < 0) _exit(126);
         const char *bin = ps_test_granary_bin();
         if (tokens_path)
             execl(bin, "granary", "controller", "--http", http, "--state", state_dir,
@@ -55,12 +70,20 @@ void ctl_test_start(ctl_test *c, const char *state_dir, const char *data, unsign
                   "--data-root", data, "--capacity", cap, (char *)NULL);
         _exit(127);
     }
+    static bool registered;
+    if (!registered) atexit(ctl_test_cleanup);
+    registered = true;
     char url[128];
     snprintf(url, sizeof url, "%s/healthz", c->base);
     for (int i = 0; i < 400; i++) {
         gr_http_result r;
         if (gr_http_fetch("GET", url, NULL, NULL, 0, 1000, &r) == 0 && r.status == 200) {
             gr_http_result_free(&r);
+            for (int k = 0; k < 16; k++)
+                if (started[k].pid <= 0) {
+                    started[k] = *c;
+                    break;
+                }
             return;
         }
         gr_http_result_free(&r);
@@ -71,6 +94,8 @@ void ctl_test_start(ctl_test *c, const char *state_dir, const char *data, unsign
 
 void ctl_test_kill(ctl_test *c, int sig)
 {
+    for (int i = 0; i < 16; i++)
+        if (started[i].pid == c->pid) started[i].pid = 0;
     kill(c->pid, sig);
     int st;
     waitpid(c->pid, &st, 0);

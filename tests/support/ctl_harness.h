@@ -30,6 +30,8 @@ cJSON *ctl_wait_job(const ctl_test *c, int id, const char *state, double timeout
 /* Submits a spec (201 expected); returns the id. */
 int ctl_submit(const ctl_test *c, const char *token, const char *body);
 bool ctl_has_event(const cJSON *job, const char *kind);
+/* Kills every controller still running, and their jobs (at exit, and from a teardown). */
+void ctl_test_cleanup(void);
 /* Kills what jobs still run (each job's shim leads a process group). */
 void ctl_kill_jobs(const ctl_test *c);
 
