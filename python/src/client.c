@@ -173,6 +173,154 @@ static int batch_get(batch_args *a, unsigned table, unsigned dim, PyObject *keys
     return 0;
 }
 
+/* A list of (table, dim, keys, values) tuples: several tables in one call (one request per
+ * shard for all of them). On success *out is a calloc'd array of *nb parsed batches. */
+static int batches_get(PyObject *seq, int writable, int unique, batch_args **out, size_t *nb)
+{
+    *out = NULL;
+    *nb = 0;
+    PyObject *fast = PySequence_Fast(seq, "batches: want a list of (table, dim, keys, values)");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    batch_args *a = calloc(n ? (size_t)n : 1, sizeof *a);
+    if (!a) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fast, i), *keys, *vals;
+        unsigned table, dim;
+        if (!PyTuple_Check(t) || !PyArg_ParseTuple(t, "IIOO", &table, &dim, &keys, &vals)) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError,
+                             "batches[%zd]: want a tuple (table, dim, keys, values)", i);
+            }
+            break;
+        }
+        if (batch_get(&a[i], table, dim, keys, vals, writable, unique)) break;
+    }
+    Py_DECREF(fast);
+    if (i < n) {
+        for (Py_ssize_t j = 0; j < i; j++) batch_release(&a[j]);
+        free(a);
+        return -1;
+    }
+    *out = a;
+    *nb = (size_t)n;
+    return 0;
+}
+
+static void batches_release(batch_args *a, size_t nb)
+{
+    for (size_t i = 0; a && i < nb; i++) batch_release(&a[i]);
+    free(a);
+}
+
+/* The gr_client_batch array of parsed batches (NULL with MemoryError). */
+static gr_client_batch *batches_plain(const batch_args *a, size_t nb)
+{
+    gr_client_batch *b = calloc(nb ? nb : 1, sizeof *b);
+    if (!b) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (size_t i = 0; i < nb; i++) b[i] = a[i].b;
+    return b;
+}
+
+static char *many_kw[] = {"batches", "readonly", "unique", NULL};
+
+/* pull_many(batches, readonly=False, unique=False, start=False) */
+static PyObject *pull_many(PyObject *o, PyObject *args, PyObject *kw, int start)
+{
+    PyObject *seq;
+    int readonly = 0, unique = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", many_kw, &seq, &readonly, &unique))
+        return NULL;
+    gr_client *c = use(CLIENT(o));
+    batch_args *a;
+    size_t nb;
+    if (!c || batches_get(seq, 1, unique, &a, &nb)) return NULL;
+    gr_client_batch *b = batches_plain(a, nb);
+    if (!b) {
+        batches_release(a, nb);
+        return NULL;
+    }
+    unsigned flags = readonly ? GR_CLIENT_READONLY : 0;
+    gr_client_op *op = NULL;
+    int rc;
+    CALL_BEGIN(CLIENT(o))
+    rc = start ? gr_client_pull_start(c, b, nb, flags, &op) : gr_client_pull_many(c, b, nb, flags);
+    CALL_END(CLIENT(o))
+    free(b);
+    if (rc || !start) {
+        batches_release(a, nb);
+        if (rc) return gr_py_raise(rc);
+        Py_RETURN_NONE;
+    }
+    /* The op keeps the rows buffers it writes; the keys were read during the start call. */
+    Py_buffer *views = malloc((nb ? nb : 1) * sizeof *views);
+    if (!views) {
+        /* Nowhere to keep the buffers: finish the pull before they are released. */
+        CALL_BEGIN(CLIENT(o))
+        gr_client_wait(op, -1);
+        CALL_END(CLIENT(o))
+        batches_release(a, nb);
+        return PyErr_NoMemory();
+    }
+    for (size_t i = 0; i < nb; i++) {
+        PyBuffer_Release(&a[i].keys);
+        views[i] = a[i].vals;
+    }
+    free(a);
+    PyObject *ret = gr_py_op_new(o, op, views, (int)nb);
+    free(views);
+    return ret;
+}
+
+static PyObject *client_pull_many(PyObject *o, PyObject *a, PyObject *k) { return pull_many(o, a, k, 0); }
+static PyObject *client_pull_many_start(PyObject *o, PyObject *a, PyObject *k)
+{
+    return pull_many(o, a, k, 1);
+}
+
+/* push_many(batches, unique=False, start=False); gradients are copied during the call. */
+static PyObject *push_many(PyObject *o, PyObject *args, PyObject *kw, int start)
+{
+    static char *kwlist[] = {"batches", "unique", NULL};
+    PyObject *seq;
+    int unique = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &seq, &unique)) return NULL;
+    gr_client *c = use(CLIENT(o));
+    batch_args *a;
+    size_t nb;
+    if (!c || batches_get(seq, 0, unique, &a, &nb)) return NULL;
+    gr_client_batch *b = batches_plain(a, nb);
+    if (!b) {
+        batches_release(a, nb);
+        return NULL;
+    }
+    gr_client_op *op = NULL;
+    int rc;
+    CALL_BEGIN(CLIENT(o))
+    rc = start ? gr_client_push_start(c, b, nb, &op) : gr_client_push_many(c, b, nb);
+    CALL_END(CLIENT(o))
+    free(b);
+    batches_release(a, nb);
+    if (rc) return gr_py_raise(rc);
+    if (!start) Py_RETURN_NONE;
+    return gr_py_op_new(o, op, NULL, 0);
+}
+
+static PyObject *client_push_many(PyObject *o, PyObject *a, PyObject *k) { return push_many(o, a, k, 0); }
+static PyObject *client_push_many_start(PyObject *o, PyObject *a, PyObject *k)
+{
+    return push_many(o, a, k, 1);
+}
+
 static char *pull_kw[] = {"table", "dim", "keys", "out", "readonly", "unique", NULL};
 
 static PyObject *client_pull(PyObject *o, PyObject *args, PyObject *kw)
@@ -490,36 +638,41 @@ static PyObject *client_sync_acquire(PyObject *o, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLongLong(step);
 }
 
+/* push_step(worker, tags, batches, unique=False) -> outcomes per shard: one step's gradients
+ * of every table in one frame per shard (an empty list still tells every shard). */
 static PyObject *client_push_step(PyObject *o, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"worker", "tags", "table", "dim", "keys", "grads", "unique", NULL};
-    unsigned worker, table, dim;
-    PyObject *tags, *keys, *grads;
+    static char *kwlist[] = {"worker", "tags", "batches", "unique", NULL};
+    unsigned worker;
+    PyObject *tags, *seq;
     int unique = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "IOIIOO|p", kwlist, &worker, &tags, &table, &dim,
-                                     &keys, &grads, &unique))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "IOO|p", kwlist, &worker, &tags, &seq, &unique))
         return NULL;
     gr_client *c = use(CLIENT(o));
     Py_buffer tv;
-    batch_args a;
+    batch_args *a;
+    size_t nb;
     if (!c || shard_array(c, tags, 0, "tags", &tv)) return NULL;
-    if (batch_get(&a, table, dim, keys, grads, 0, unique)) {
+    if (batches_get(seq, 0, unique, &a, &nb)) {
         PyBuffer_Release(&tv);
         return NULL;
     }
     uint32_t shards = gr_client_shards(c);
     uint32_t *outcomes = calloc(shards, sizeof *outcomes);
-    if (!outcomes) {
+    gr_client_batch *b = outcomes ? batches_plain(a, nb) : NULL;
+    if (!b) {
+        free(outcomes);
         PyBuffer_Release(&tv);
-        batch_release(&a);
-        return PyErr_NoMemory();
+        batches_release(a, nb);
+        return outcomes ? NULL : PyErr_NoMemory();
     }
     int rc;
     CALL_BEGIN(CLIENT(o))
-    rc = gr_client_push_step(c, worker, tv.buf, &a.b, a.b.n ? 1 : 0, NULL, 0, outcomes);
+    rc = gr_client_push_step(c, worker, tv.buf, b, nb, NULL, 0, outcomes);
     CALL_END(CLIENT(o))
+    free(b);
     PyBuffer_Release(&tv);
-    batch_release(&a);
+    batches_release(a, nb);
     PyObject *list = rc ? NULL : PyList_New(shards);
     for (uint32_t s = 0; list && s < shards; s++)
         PyList_SET_ITEM(list, s, PyLong_FromUnsignedLong(outcomes[s]));
@@ -639,7 +792,12 @@ static PyMethodDef client_methods[] = {
     M("sync_acquire", client_sync_acquire, KW,
       "sync_acquire(worker, want, tags, timeout_ms=60000) -> step (tags written per shard)"),
     M("push_step", client_push_step, KW,
-      "push_step(worker, tags, table, dim, keys, grads, unique=False) -> outcomes per shard"),
+      "push_step(worker, tags, batches, unique=False) -> outcomes per shard"),
+    M("pull_many", client_pull_many, KW,
+      "pull_many([(table, dim, keys, out), ...], readonly=False, unique=False)"),
+    M("pull_many_start", client_pull_many_start, KW, "As pull_many, but returns an Op to wait() on"),
+    M("push_many", client_push_many, KW, "push_many([(table, dim, keys, grads), ...], unique=False)"),
+    M("push_many_start", client_push_many_start, KW, "As push_many; -> Op"),
     M("sync_leave", client_sync_leave, METH_VARARGS, "sync_leave(worker)"),
     M("stats", client_stats, METH_VARARGS, "stats(shard) -> the shard's stats JSON"),
     M("client_stats", client_client_stats, METH_NOARGS, "client-side counters (dict)"),

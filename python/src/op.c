@@ -8,7 +8,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *client; /* keeps the gr_client alive while the op is in flight */
     gr_client_op *op; /* NULL once finished */
-    Py_buffer views[2];
+    Py_buffer *views; /* malloc'd, nviews entries */
     int nviews;
 } gr_py_op;
 
@@ -16,12 +16,24 @@ static void release_views(gr_py_op *self)
 {
     for (int i = 0; i < self->nviews; i++) PyBuffer_Release(&self->views[i]);
     self->nviews = 0;
+    PyMem_Free(self->views);
+    self->views = NULL;
 }
 
 PyObject *gr_py_op_new(PyObject *client, gr_client_op *op, Py_buffer *views, int nviews)
 {
     gr_py_op *self = PyObject_New(gr_py_op, &gr_py_op_type);
-    if (!self) {
+    Py_buffer *copy = nviews ? PyMem_Malloc((size_t)nviews * sizeof *copy) : NULL;
+    if (!self || (nviews && !copy)) {
+        if (self) {
+            self->client = NULL;
+            self->op = NULL;
+            self->views = NULL;
+            self->nviews = 0;
+            Py_DECREF(self);
+        }
+        PyMem_Free(copy);
+        if (nviews && !copy) PyErr_NoMemory();
         /* Nowhere to hold the buffers: finish the op here before they are released. */
         Py_BEGIN_ALLOW_THREADS
         gr_client_wait(op, -1);
@@ -33,6 +45,7 @@ PyObject *gr_py_op_new(PyObject *client, gr_client_op *op, Py_buffer *views, int
     self->client = client;
     ((gr_py_client *)client)->inflight++;
     self->op = op;
+    self->views = copy;
     self->nviews = nviews;
     for (int i = 0; i < nviews; i++) self->views[i] = views[i];
     return (PyObject *)self;
