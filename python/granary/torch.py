@@ -126,6 +126,8 @@ class EmbeddingCollection(torch.nn.Module):
             for t in self.tables:
                 client.create_table(t.spec_dict())
         if mode != "async":
+            if not aggregate:  # as the C trainer: K = N - 1 (one backup worker), or 1 alone
+                aggregate = workers - 1 if workers > 1 else 1
             client.sync_configure(mode, workers=workers, aggregate=aggregate,
                                   staleness=staleness, reset=reset)
 
