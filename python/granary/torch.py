@@ -198,12 +198,18 @@ class EmbeddingCollection(torch.nn.Module):
             rows = list(out) if isinstance(out, tuple) else [out]
         result = {}
         for (cfg, _, inv, spans), w in zip(prep.parts, rows):
-            for f, lo, hi, offs in spans:
-                idx = inv[lo:hi]
-                if cfg.pooling is None:
-                    result[f] = F.embedding(idx, w)
-                else:
-                    result[f] = F.embedding_bag(idx, w, offs, mode=cfg.pooling)
+            # One lookup per table for all its features (one backward, one gradient buffer),
+            # then split per feature.
+            if cfg.pooling is None:
+                out = F.embedding(inv, w)
+                sizes = [hi - lo for _, lo, hi, _ in spans]
+            else:
+                offs = torch.cat([o + lo for _, lo, _, o in spans]) if len(spans) > 1 \
+                    else spans[0][3]
+                out = F.embedding_bag(inv, w, offs, mode=cfg.pooling)
+                sizes = [o.numel() for _, _, _, o in spans]
+            for (f, _, _, _), part in zip(spans, torch.split(out, sizes)):
+                result[f] = part
         return result
 
     def finish(self):
