@@ -377,6 +377,11 @@ typedef struct gr_train_opts {
      * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
      * before its own previous push lands are what costs accuracy (docs/train.md). */
     uint32_t emb_staleness;
+    /* Every step's training loss written to this file as it is pushed, one line "WORKER
+     * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
+     * %.9g): to compare runs step by step (the PyTorch path's consistency test,
+     * docs/python.md). NULL = none. */
+    const char *loss_log;
 } gr_train_opts;
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u

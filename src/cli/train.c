@@ -112,6 +112,8 @@
       "with deltas: a full checkpoint at least every N")                                       \
     X(TO_CKZSTD, "ckpt-zstd", GR_CLI_INT, "ckpt_zstd", 0, 19, NULL, "L", "0",                  \
       "compress sections with zstd level L (0: raw)")                                          \
+    X(TO_LOSSLOG, "loss-log", GR_CLI_STR, "loss_log", 0, 0, NULL, "FILE", NULL,                \
+      "write every step's loss to FILE as 'WORKER STEP LOSS' lines (docs/python.md)")          \
     X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
       "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
       "DIR): parameters, optimizer state and data position; nothing there: start\n"           \
@@ -350,6 +352,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->ckpt_full_every = (uint32_t)v[TO_CKFULL].i;
     o->ckpt_zstd = (int)v[TO_CKZSTD].i;
     o->resume = v[TO_RESUME].s;
+    o->loss_log = v[TO_LOSSLOG].s;
     uint64_t seed = (uint64_t)v[TO_SEED].i;
     o->model.seed = seed;
     o->emb.seed = seed ^ 0x656d62;

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 
 /* ---- bounded queue of work items (queue.c) ------------------------------------------------ */
@@ -143,6 +144,7 @@ struct trainer {
     double wait_s;          /* in steps->begin, summed over workers */
     uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
     tr_stage_times t;       /* summed over all batches */
+    FILE *loss_log;         /* o->loss_log opened (NULL: none) */
     atomic_uint_fast64_t read_examples; /* for max_examples */
     atomic_bool cancelled;
     tr_data data;
