@@ -130,7 +130,7 @@ static void progress_where(const trainer *tr, const progress *pg, uint64_t ex, d
     double frac = (double)ex / pg->total;
     if (frac > 0.99) frac = 0.99; /* an estimate: never claim 100 % before the end */
     if (final) {
-        snprintf(out, cap, "finished");
+        snprintf(out, cap, "%s", tr->stopping ? "stopped" : "finished");
         return;
     }
     double done = (double)(tr->base_examples + ex);
