@@ -168,6 +168,15 @@ bool gr_cli_stop_requested(void *ctx)
 
 int gr_cli_signal_status(int sig) { return 128 + sig; }
 
+const char *gr_cli_signal_name(int sig)
+{
+    static char other[32];
+    if (sig == SIGINT) return "SIGINT";
+    if (sig == SIGTERM) return "SIGTERM";
+    snprintf(other, sizeof other, "signal %d", sig);
+    return other;
+}
+
 /* ---- the command that continues a run ---- */
 
 static void print_quoted(FILE *out, const char *a)

@@ -36,6 +36,8 @@ bool gr_cli_stop_requested(void *ctx);
 /* The exit status of a command a signal stopped: 128 + its number (130 SIGINT, 143 SIGTERM),
  * what a shell reports for a process that signal ended. */
 int gr_cli_signal_status(int sig);
+/* "SIGINT", "SIGTERM", or "signal N". */
+const char *gr_cli_signal_name(int sig);
 
 /* Prints "granary CMD ARGS..." with each argument quoted for a POSIX shell where it needs it,
  * leaving out the option `flag` (given as "--flag VALUE" or "--flag=VALUE") and then adding

@@ -618,8 +618,9 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
            r->test_logloss, r->examples_per_sec, (unsigned long long)r->examples,
            gr_train_mode_name(o->mode));
     if (r->stopped)
-        fprintf(stderr, "train: stopped by signal %d after %llu steps\n", gr_cli_stop_signal(),
-                (unsigned long long)r->steps);
+        fprintf(stderr, "train: stopped by %s after %llu steps (exit status %d)\n",
+                gr_cli_signal_name(gr_cli_stop_signal()), (unsigned long long)r->steps,
+                gr_cli_signal_status(gr_cli_stop_signal()));
     if (c->metrics && write_metrics(c->metrics, o, r, ri)) {
         fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
         return 1;

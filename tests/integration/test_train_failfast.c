@@ -323,7 +323,8 @@ static void test_sigint_stops_sync_and_resumes(void **state)
                                              "--metrics-out", metrics, NULL},
                        SIGINT, &out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 130 || !strstr(out, "stopping at the next step") ||
-        !strstr(out, "resume with:") || !strstr(out, "test: not scored (the run was stopped)"))
+        !strstr(out, "resume with:") || !strstr(out, "test: not scored (the run was stopped)") ||
+        !strstr(out, "train: stopped by SIGINT after "))
         fail_msg("wanted a clean stop with status 130, got %d:\n%s", st, out);
     free(out);
     char *m = slurp(metrics);
