@@ -121,7 +121,7 @@ static void estimate_work(const trainer *tr, progress *pg)
     pg->total = total > 0 ? total : 0;
 }
 
-/* "37% of epoch 1/2, 12 s left": where the run is, from the estimates. */
+/* "37% done, epoch 1/2, ETA 12s": where the run is, from the estimates. */
 static void progress_where(const trainer *tr, const progress *pg, uint64_t ex, double elapsed,
                            bool final, char *out, size_t cap)
 {
