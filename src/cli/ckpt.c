@@ -26,7 +26,8 @@ static void usage(FILE *f)
             "           a named file that is missing fails; follows the delta chain unless\n"
             "           --no-chain; exit 1 on failure\n"
             "  reshard  rewrite a checkpoint (its delta chain flattened) as N shards\n"
-            "  export   weights only (no optimizer state), optionally as f16, for serving\n"
+            "  export   a complete model for serving: embeddings (weights only, f16 on request),\n"
+            "           dense parameters (f32), the model's kind and shapes; DIR may be a root\n"
             "  latest   print the newest complete checkpoint under ROOT\n"
             "  retain   keep the newest N checkpoints under ROOT (and the chains they need)\n");
 }
@@ -265,22 +266,31 @@ static int ckpt_run(const char *sub, const gr_cli_value *v, const char *dir)
             fprintf(stderr, "granary ckpt export: --out DIR2 is required\n");
             return 2;
         }
-        gr_ckpt_manifest *m;
-        int rc = gr_ckpt_manifest_read(dir, &m);
+        gr_ckpt_export_info ei;
+        int rc = gr_ckpt_export_dir(dir, out, f16, (int)zstd, &ei);
         if (rc != GR_OK) return fail("export", rc, json);
-        uint64_t step = m->step;
-        gr_ckpt_manifest_destroy(m);
-        gr_table **t;
-        size_t n;
-        rc = gr_ckpt_load_new(dir, NULL, &t, &n, NULL);
-        if (rc != GR_OK) return fail("export", rc, json);
-        gr_ckpt_file_info fi;
-        rc = gr_ckpt_export(out, t, n, step, f16, (int)zstd, &fi);
-        for (size_t i = 0; i < n; i++) gr_table_destroy(t[i]);
-        free(t);
-        if (rc != GR_OK) return fail("export", rc, json);
-        printf("%s: %" PRIu64 " rows, %" PRIu64 " bytes (%s weights)\n", out, fi.rows, fi.size,
-               f16 ? "f16" : "f32");
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "ok", 1);
+            cJSON_AddStringToObject(o, "dir", out);
+            cJSON_AddNumberToObject(o, "step", (double)ei.step);
+            cJSON_AddNumberToObject(o, "rows", (double)ei.rows);
+            cJSON_AddNumberToObject(o, "bytes", (double)ei.bytes);
+            cJSON_AddNumberToObject(o, "dense", ei.dense);
+            cJSON_AddNumberToObject(o, "dense_floats", (double)ei.dense_floats);
+            cJSON_AddBoolToObject(o, "model", ei.has_meta);
+            cJSON_AddStringToObject(o, "weights", f16 ? "f16" : "f32");
+            char *s = cJSON_PrintUnformatted(o);
+            printf("%s\n", s);
+            free(s);
+            cJSON_Delete(o);
+        } else {
+            printf("%s: %" PRIu64 " rows, %" PRIu64 " bytes (%s weights); %u dense parameter(s), "
+                   "%" PRIu64 " floats (f32); %s\n", out, ei.rows, ei.bytes, f16 ? "f16" : "f32",
+                   ei.dense, ei.dense_floats,
+                   ei.has_meta ? "model settings included" : "no model settings (not written by "
+                                                             "granary train)");
+        }
         return 0;
     }
     if (!strcmp(sub, "latest")) {
