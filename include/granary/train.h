@@ -231,6 +231,9 @@ typedef struct gr_saved_model gr_saved_model;
  * written before models were recorded), a missing dense part, shapes that disagree with the
  * dense parameter's size. */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
+/* What gr_saved_model_open would build, without loading any rows: the checkpoint directory,
+ * its kind and step, and the recorded model (info.rows stays 0). Same errors. */
+GR_API int gr_saved_model_read_info(const char *path, gr_saved_model_info *info);
 /* NULL is a no-op. */
 GR_API void gr_saved_model_close(gr_saved_model *sm);
 GR_API const gr_saved_model_info *gr_saved_model_get_info(const gr_saved_model *sm);

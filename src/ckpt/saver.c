@@ -264,7 +264,7 @@ int gr_ckpt_resolve(const char *path, char *dir_out, size_t cap)
     char mp[4096];
     struct stat st;
     if (stat(path, &st) != 0)
-        return gr_seterr(GR_ENOENT, "%s: no such checkpoint or checkpoint root", path);
+        return gr_seterr(GR_ENOENT, "%s: no such checkpoint directory or checkpoint root", path);
     if (!S_ISDIR(st.st_mode))
         return gr_seterr(GR_EINVAL, "%s is not a directory (want a checkpoint or a root of them)",
                          path);

@@ -76,21 +76,26 @@ static int load_table(const char *dir, gr_saved_model *sm)
     return GR_OK;
 }
 
+int gr_saved_model_read_info(const char *path, gr_saved_model_info *in)
+{
+    memset(in, 0, sizeof *in);
+    gr_ckpt_manifest *man = NULL;
+    int rc = gr_ckpt_resolve(path, in->dir, sizeof in->dir);
+    if (!rc) rc = gr_ckpt_manifest_read(in->dir, &man);
+    if (rc) return rc;
+    in->step = man->step;
+    snprintf(in->kind, sizeof in->kind, "%s", gr_ckpt_kind_name(man->kind));
+    gr_ckpt_manifest_destroy(man);
+    return read_meta(in->dir, in);
+}
+
 int gr_saved_model_open(const char *path, gr_saved_model **out)
 {
     *out = NULL;
     gr_saved_model *sm = calloc(1, sizeof *sm);
     if (!sm) return gr_seterr(GR_ENOMEM, "out of memory");
     gr_saved_model_info *in = &sm->info;
-    gr_ckpt_manifest *man = NULL;
-    int rc = gr_ckpt_resolve(path, in->dir, sizeof in->dir);
-    if (!rc) rc = gr_ckpt_manifest_read(in->dir, &man);
-    if (!rc) {
-        in->step = man->step;
-        snprintf(in->kind, sizeof in->kind, "%s", gr_ckpt_kind_name(man->kind));
-        gr_ckpt_manifest_destroy(man);
-    }
-    if (!rc) rc = read_meta(in->dir, in);
+    int rc = gr_saved_model_read_info(path, in);
     if (!rc) rc = gr_model_create(&in->model, &sm->m);
     if (!rc && gr_model_dense_size(sm->m) != in->dense_size)
         rc = gr_seterr(GR_EDIM, "%s: the recorded shapes make %zu dense floats, the metadata says "

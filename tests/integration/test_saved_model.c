@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "granary/ckpt.h"
 #include "granary/client.h"
@@ -239,6 +241,70 @@ static void test_cli_eval(void **state)
     assert_non_null(strstr(out, "auc 0."));
 }
 
+/* `ckpt list`, `ckpt inspect` (dense parameters, position, settings) and `ckpt latest` on a
+ * root and on one checkpoint, as --resume takes them. */
+static void test_cli_ckpt_tools(void **state)
+{
+    (void)state;
+    char out[65536], dir[512], want[600], broken[512];
+    snprintf(dir, sizeof dir, "%s/%s", root, trained.ckpt_last);
+    snprintf(broken, sizeof broken, "%s/step-999999999999", root);
+    assert_int_equal(mkdir(broken, 0755), 0);
+    const char *ls[] = {"ckpt", "list", root, "--json", NULL};
+    assert_int_equal(ps_test_run_granary(ls, out, sizeof out), 0);
+    snprintf(want, sizeof want, "{\"name\":\"%s\",\"step\":", trained.ckpt_last);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"kind\":\"full\""));
+    assert_non_null(strstr(out, "\"complete\":true"));
+    /* The unfinished save is listed first (newest), as incomplete. */
+    const char *first = strstr(out, "step-999999999999"), *done = strstr(out, trained.ckpt_last);
+    assert_non_null(first);
+    assert_true(first < done);
+    assert_non_null(strstr(first, "\"complete\":false"));
+    const char *lst[] = {"ckpt", "list", root, NULL};
+    assert_int_equal(ps_test_run_granary(lst, out, sizeof out), 0);
+    assert_non_null(strstr(out, "no (no manifest"));
+    /* latest skips it, on the root; a checkpoint is its own latest. */
+    const char *la[] = {"ckpt", "latest", root, NULL};
+    assert_int_equal(ps_test_run_granary(la, out, sizeof out), 0);
+    snprintf(want, sizeof want, "%s\n", dir);
+    assert_string_equal(out, want);
+    const char *lb[] = {"ckpt", "latest", dir, "--json", NULL};
+    assert_int_equal(ps_test_run_granary(lb, out, sizeof out), 0);
+    snprintf(want, sizeof want, "\"name\":\"%s\"", trained.ckpt_last);
+    assert_non_null(strstr(out, want));
+    assert_int_equal(rmdir(broken), 0);
+
+    /* inspect on the root shows its newest checkpoint, with the dense parameter's checksum. */
+    float *vals;
+    uint64_t n;
+    assert_int_equal(gr_ckpt_dense_read(dir, "dlrm.dense", &vals, &n), 0);
+    char ck[17];
+    snprintf(ck, sizeof ck, "%016llx", (unsigned long long)gr_checksum(vals, n * sizeof *vals));
+    free(vals);
+    const char *in[] = {"ckpt", "inspect", root, "--json", NULL};
+    assert_int_equal(ps_test_run_granary(in, out, sizeof out), 0);
+    snprintf(want, sizeof want, "\"name\":\"dlrm.dense\",\"size\":%llu", (unsigned long long)n);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof want, "\"checksum\":\"%s\"", ck);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"worker_steps\":["));
+    assert_non_null(strstr(out, "\"chunks\":{\"count\":128"));
+    assert_non_null(strstr(out, "\"model\":{\"kind\":\"dlrm\",\"n_dense\":13,\"n_sparse\":26,\"dim\":8"));
+    assert_non_null(strstr(out, "\"dense_layout\":\"bottom0.w 16x13 @0"));
+    const char *it[] = {"ckpt", "inspect", dir, NULL};
+    assert_int_equal(ps_test_run_granary(it, out, sizeof out), 0);
+    assert_non_null(strstr(out, "position    40000 examples"));
+    assert_non_null(strstr(out, "mode async, 2 worker(s), batch 256"));
+    assert_non_null(strstr(out, ck));
+    assert_non_null(strstr(out, "model       dlrm: 13 dense + 26 categorical features, embedding dim 8"));
+    char missing[512];
+    snprintf(missing, sizeof missing, "%s/nothing-here", fx.dir);
+    const char *bad[] = {"ckpt", "inspect", missing, NULL};
+    assert_int_equal(ps_test_run_granary(bad, out, sizeof out), 1);
+    assert_non_null(strstr(out, missing));
+}
+
 /* Refusals name what is missing; nothing crashes. */
 static void test_refusals(void **state)
 {
@@ -284,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_export_is_complete),
         cmocka_unit_test(test_export_f16),
         cmocka_unit_test(test_cli_eval),
+        cmocka_unit_test(test_cli_ckpt_tools),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
