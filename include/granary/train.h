@@ -374,9 +374,19 @@ typedef struct gr_ps_backend_opts {
     uint32_t staleness;    /* semisync: drop bound; ssp: the bound */
     uint32_t timeout_ms;   /* how long a step may wait for the others; 0 = 60000 */
     bool reset;            /* replace a different job the shards run (else that is an error) */
+    /* Tables the servers already hold with rows, from an earlier run (table_init):
+     * GR_PS_TABLES_REFUSE (the default) fails with GR_EEXIST naming the table and its row
+     * count; REUSE continues with them (a resume, whose restore replaces them anyway); FRESH
+     * drops and recreates them. */
+    int tables;
+    uint64_t owner;        /* the sync job's owner id (0: a fresh random one; processes of one
+                              job pass the same); a shard running another owner's job refuses
+                              this backend with GR_EBUSY naming that job */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
 } gr_ps_backend_opts;
+
+enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };
 
 /* Fills o with defaults: async, Adam lr 1e-3 (0.9, 0.999, 1e-8) for dense parameters. */
 GR_API void gr_ps_backend_opts_default(gr_ps_backend_opts *o);
