@@ -111,6 +111,8 @@ static char *ck_meta(const trainer *tr, uint64_t step)
          * order, and its items are pushed in order). */
         cJSON *ch = cJSON_AddObjectToObject(j, "chunks");
         cJSON_AddNumberToObject(ch, "count", tr->data.nchunks);
+        /* Chunks of whole batches (absent: cut at byte offsets, as before this field). */
+        if (tr->data.by_batch) cJSON_AddStringToObject(ch, "cut", "batch");
         cJSON *pr = cJSON_AddArrayToObject(ch, "progress");
         uint64_t last = 0;
         for (uint64_t c = 0; c < tr->data.nchunk_total; c++)
@@ -271,6 +273,9 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
             rc = gr_seterr(GR_ECORRUPT, "%s: bad chunk count in the training position", ld.name);
         else
             tr->data.nchunks = (unsigned)n;
+        /* A checkpoint from before chunks held whole batches resumes with its byte chunks. */
+        const cJSON *cut = cJSON_GetObjectItemCaseSensitive(ch, "cut");
+        tr->data.by_batch = cJSON_IsString(cut) && !strcmp(cut->valuestring, "batch");
     }
     if (rc) {
         cJSON_Delete(j);

@@ -97,6 +97,10 @@ enum { TR_GATE_RUN = 0, TR_GATE_PARKED = 1, TR_GATE_ACQUIRING = 2, TR_GATE_HELD 
 /* How the training file is cut among workers (datasplit.c). */
 typedef struct tr_data {
     bool shared;                      /* workers take chunks in turn */
+    /* Shared chunks hold whole batches (they start at every k-th batch's first example), so
+     * --batch is honoured: an epoch is ceil(examples / batch) batches. false only to resume a
+     * checkpoint written when chunks were cut at byte offsets. */
+    bool by_batch;
     uint64_t *chunk_off, *chunk_line; /* nchunks + 1 entries */
     unsigned nchunks;
     atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
@@ -167,8 +171,10 @@ void *tr_sequential_main(void *arg);
 /* Called once per batch read (sequential workers): the rest of the step. */
 typedef int (*tr_batch_fn)(tr_worker *w, tr_item *it);
 
-/* Cuts the training file: W contiguous ranges (static) or 64 W chunks taken in turn (shared).
- * tr->data.shared and nchunks are set before (a resume may change nchunks). */
+/* Cuts the training file: W contiguous ranges (static) or up to 64 W chunks taken in turn
+ * (shared; by_batch: each a whole number of batches, and nchunks becomes how many there are).
+ * tr->data.shared, by_batch and nchunks (the most) are set before (a resume sets them from
+ * the checkpoint). */
 int tr_data_setup(trainer *tr);
 /* With checkpoints or a resume, shared data tracks who read which chunk. */
 int tr_data_track(trainer *tr);
