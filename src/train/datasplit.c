@@ -39,7 +39,9 @@ static void unit_add(unit_list *u, uint64_t off, uint64_t line)
 static int scan_units(const char *path, unit_list *u)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return gr_seterr(GR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0)
+        return gr_seterr(errno == ENOENT ? GR_ENOENT : GR_EIO, "%s: cannot open: %s", path,
+                         strerror(errno));
     enum { BLOCK = 1 << 20 };
     char *buf = malloc(BLOCK);
     if (!buf) {
@@ -154,7 +156,8 @@ int tr_data_setup(trainer *tr)
     if (d->by_batch) {
         struct stat st;
         if (stat(o->train_path, &st) != 0)
-            return gr_seterr(GR_EIO, "%s: %s", o->train_path, strerror(errno));
+            return gr_seterr(errno == ENOENT ? GR_ENOENT : GR_EIO, "%s: %s", o->train_path,
+                             strerror(errno));
         return split_batches(tr, (uint64_t)st.st_size);
     }
     d->chunk_off = calloc(d->nchunks + 1, sizeof *d->chunk_off);
