@@ -231,6 +231,12 @@ typedef struct gr_saved_model gr_saved_model;
  * written before models were recorded), a missing dense part, shapes that disagree with the
  * dense parameter's size. */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
+/* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
+ * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,
+ * batch, workers); messages start with `where`. Every field is checked (kinds, layer counts
+ * and sizes, the table spec); GR_ENOENT when there is no "model" member. */
+GR_API int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                                     gr_saved_model_info *info);
 /* What gr_saved_model_open would build, without loading any rows: the checkpoint directory,
  * its kind and step, and the recorded model (info.rows stays 0). Same errors. */
 GR_API int gr_saved_model_read_info(const char *path, gr_saved_model_info *info);
