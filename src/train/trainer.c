@@ -260,6 +260,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
      * straggler does not leave a tail of its own range for the end of the run. A resumed run
      * keeps the chunking it was checkpointed with. */
     tr.data.nchunks = tr.data.shared ? o->workers * 64 : 0;
+    /* Chunks of whole batches, so that every batch but the file's last is full. */
+    tr.data.by_batch = tr.data.shared;
     /* Resume after the tables and dense parameters are declared (the restore replaces their
      * contents, optimizer state included) and before any worker runs. */
     if (o->resume && (rc = tr_ck_restore(&tr, &resumed))) goto out;
