@@ -169,6 +169,8 @@ int gr_coord_unregister(gr_coord *c)
     c->self.id[0] = '\0';
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->reg_mu);
+    /* Only now does a listing leave us out (the static backend lists from these fields). */
+    coord_mark(c, COORD_DIRTY_MEMBERS);
     return rc;
 }
 

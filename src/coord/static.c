@@ -104,7 +104,7 @@ static int st_update(gr_coord *c)
 
 static int st_unregister(gr_coord *c)
 {
-    coord_mark(c, COORD_DIRTY_MEMBERS);
+    (void)c; /* gr_coord_unregister clears the fields the listing reads, then wakes it */
     return 0;
 }
 

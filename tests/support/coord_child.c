@@ -34,7 +34,8 @@ static void report(const char *fmt, ...)
 static void on_session(void *arg, gr_coord_session s)
 {
     gr_coord *c = arg;
-    report("session %s", gr_coord_session_name((int)s));
+    /* Whether a shard would accept writes right now rides along. */
+    report("session %s %d", gr_coord_session_name((int)s), gr_coord_registered(c) ? 1 : 0);
     if (s == GR_COORD_CONNECTED) {
         gr_coord_member self;
         gr_coord_self(c, &self);
