@@ -56,7 +56,8 @@ static const gr_cli_spec up_spec = {
     .opts = up_opts,
     .n_opts = CU_COUNT,
     .config_section = "cluster",
-    .epilog = "Runs until SIGTERM or SIGINT, then stops every process it started and exits 0.\n"
+    .epilog = "Runs until SIGTERM or SIGINT, then stops every process it started and exits 0\n"
+              "(1 when a server refused its options: exit status 2 is not restarted).\n"
               "The servers' own output goes to stderr; stdout has one line per event.\n",
 };
 
@@ -168,17 +169,28 @@ static void describe_exit(int st, char *out, size_t cap)
     else snprintf(out, cap, "ended (status %d)", st);
 }
 
-/* A child died: its replacement is a standby, started now or, after a quick death, later. */
-static void reap(supervisor *s)
+/* A child died: its replacement is a standby, started now or, after a quick death, later.
+ * Exit status 2 is a server that refused its command line: starting it again cannot help,
+ * so that stops the supervisor (returns false). */
+static bool reap(supervisor *s)
 {
     int st;
     pid_t pid;
+    bool go_on = true;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
         for (unsigned i = 0; i < s->n; i++) {
             proc *p = &s->procs[i];
             if (p->pid != pid) continue;
             char how[96];
             describe_exit(st, how, sizeof how);
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+                say("%s process pid %d %s: it refused its options (see its message above); "
+                    "stopping", p->standby ? "standby" : "shard", (int)pid, how);
+                p->pid = 0;
+                p->start_at_ms = UINT64_MAX;
+                go_on = false;
+                continue;
+            }
             uint64_t t = now_ms();
             bool quick = t - p->started_ms < QUICK_DEATH_MS;
             uint32_t delay = quick ? p->delay_ms : 0;
@@ -192,6 +204,7 @@ static void reap(supervisor *s)
             p->start_at_ms = t + delay;
         }
     }
+    return go_on;
 }
 
 static void stop_all(supervisor *s)
@@ -225,8 +238,9 @@ static void stop_all(supervisor *s)
     }
 }
 
-/* Until a stop signal: reap, restart what is due, report readiness once. */
-static void supervise(supervisor *s, gr_coord *c)
+/* Until a stop signal: reap, restart what is due, report readiness once. Returns 0 after a
+ * stop signal, 1 when a server refused its options. */
+static int supervise(supervisor *s, gr_coord *c)
 {
     sigset_t wait_set;
     sigemptyset(&wait_set);
@@ -240,9 +254,9 @@ static void supervise(supervisor *s, gr_coord *c)
         int sig = sigtimedwait(&wait_set, NULL, &ts);
         if (sig == SIGTERM || sig == SIGINT) {
             say("got signal %d", sig);
-            return;
+            return 0;
         }
-        reap(s);
+        if (!reap(s)) return 1;
         uint64_t t = now_ms();
         for (unsigned i = 0; i < s->n; i++) {
             proc *p = &s->procs[i];
@@ -311,11 +325,10 @@ int gr_cli_cluster_up(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &block, &s.old_mask);
     say("cluster up: %lld shards and %lld standbys under %s", (long long)v[CU_SHARDS].i,
         (long long)v[CU_STANDBY].i, v[CU_COORD].s);
-    supervise(&s, c);
+    status = supervise(&s, c);
     stop_all(&s);
     sigprocmask(SIG_SETMASK, &s.old_mask, NULL);
     say("stopped");
-    status = 0;
 out:
     gr_coord_close(c);
     free(s.procs);
