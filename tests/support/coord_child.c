@@ -4,6 +4,7 @@
 #include "granary/coord.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -55,6 +56,21 @@ static void on_members(void *arg, const gr_coord_members_event *ev)
     report("members %zu", ev->n);
 }
 
+/* Reports every change of gr_coord_registered (would a shard accept writes?) as it happens,
+ * polling every 2 ms: after a SIGSTOP this thread runs again as soon as the library's. */
+static void *fence_watch(void *arg)
+{
+    gr_coord *c = arg;
+    int last = -1;
+    for (;;) {
+        int now = gr_coord_registered(c) ? 1 : 0;
+        if (now != last) report("writable %d", now);
+        last = now;
+        usleep(2000);
+    }
+    return NULL;
+}
+
 static void child_main(const coord_child_opts *o)
 {
     gr_coord_options opts;
@@ -76,6 +92,8 @@ static void child_main(const coord_child_opts *o)
         _exit(1);
     }
     report("registered %s", id);
+    pthread_t fence;
+    pthread_create(&fence, NULL, fence_watch, c);
     gr_coord_watch_members(c, on_members, NULL);
     if (o->elect && gr_coord_elect(c, on_leader, NULL)) {
         report("error elect: %s", gr_errmsg());
