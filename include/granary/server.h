@@ -91,4 +91,45 @@ GR_API uint32_t gr_server_shard(const gr_server *s);
 GR_API uint32_t gr_server_shards(const gr_server *s);
 GR_API bool gr_server_owns_slot(const gr_server *s, uint32_t slot);
 
+/* ---- Coordination (docs/server.md, "Coordination"): the layout epoch and the fence ----
+ * A shard run under a coordinator serves one layout epoch: requests stamped with another
+ * (nonzero) epoch are refused with GR_ESTALE before anything runs, so a worker that routes by
+ * an old layout learns of the change at once. A fence stops requests while the shard is not
+ * sure it still owns its index: a shard that lost its coordinator session fences writes (all
+ * requests but the handshake, stats and shutdown in sync modes, where a read of a stale row
+ * would also be wrong) until it has re-registered, so a paused or partitioned shard that was
+ * replaced meanwhile never accepts a write beside its replacement. Fenced requests get
+ * GR_ESTALE naming why. A new server serves epoch 0 unfenced: exactly as before. All of
+ * these are thread-safe and take effect for the next request that arrives. */
+typedef enum gr_server_fence {
+    GR_SERVER_OPEN = 0,         /* serve everything */
+    GR_SERVER_FENCE_WRITES = 1, /* refuse what changes tables, the sync job or checkpoints */
+    GR_SERVER_FENCE_ALL = 2,    /* refuse reads too */
+} gr_server_fence;
+GR_API void gr_server_set_fence(gr_server *s, gr_server_fence fence);
+GR_API gr_server_fence gr_server_get_fence(const gr_server *s);
+/* epoch <= GR_PROTO_EPOCH_MAX, else GR_EINVAL. */
+GR_API int gr_server_set_epoch(gr_server *s, uint32_t epoch);
+GR_API uint32_t gr_server_epoch(const gr_server *s);
+/* Gives the server another shard index (a standby that claimed a lost shard's index). Only
+ * while it is fenced with GR_SERVER_FENCE_ALL and before any client may know its address
+ * (the caller publishes the address after this returns): GR_EBUSY otherwise; GR_EINVAL for
+ * an index out of range. */
+GR_API int gr_server_assign(gr_server *s, uint32_t shard, uint32_t shards);
+
+/* What gr_server_ckpt_load restored. */
+typedef struct gr_server_ckpt_loaded {
+    char name[64];        /* the checkpoint's directory name */
+    uint64_t step;
+    uint64_t rows_loaded; /* rows this shard owns, dense chunks included */
+    uint64_t rows_read;   /* rows read from the checkpoint's files */
+    uint64_t usec;
+} gr_server_ckpt_loaded;
+/* Restores this shard's rows from a checkpoint, in this process, as CKPT_LOAD does (root and
+ * name as there: name NULL or "" = the newest complete checkpoint under root, or root itself
+ * when it is one); GR_ENOENT when root holds none. Runs on the caller's thread: call it while
+ * the shard is fenced, before it serves (a standby restoring a lost shard). out may be NULL. */
+GR_API int gr_server_ckpt_load(gr_server *s, const char *root, const char *name,
+                               gr_server_ckpt_loaded *out);
+
 #endif

@@ -79,9 +79,16 @@ typedef enum srv_where {
     SRV_RUN_CKPT,
 } srv_where;
 
+/* What a coordination fence (fence.c) stops: NEVER for the handshake, stats and shutdown,
+ * which a fenced shard must still answer; WRITE for everything that changes tables, the sync
+ * job or checkpoint files; READ for pulls, which only a full fence stops. Every fenced row is
+ * also checked against the shard's layout epoch. */
+typedef enum srv_fence_class { SRV_FENCE_NEVER, SRV_FENCE_WRITE, SRV_FENCE_READ } srv_fence_class;
+
 /* ops.c: the table of operations, one row per opcode. */
 typedef struct srv_op_row {
     srv_where where;
+    srv_fence_class fence;
     uint16_t flags;       /* header flag bits this opcode accepts; the others must be 0 */
     bool preauth;         /* allowed before authentication */
     uint32_t inline_body; /* POOL rows: a body of at most this many bytes runs on the loop
@@ -136,7 +143,14 @@ struct gr_server {
     uint64_t start_ns;
     srv_sync *sync;
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
+    atomic_uint epoch;     /* fence.c: the layout epoch this shard serves (0: not coordinated) */
+    atomic_int fence;      /* fence.c: a gr_server_fence */
 };
+
+/* fence.c: the epoch and fence checks of a request with a usable row, on the loop before it
+ * runs. 0, or GR_ESTALE with msg (cap bytes) saying why; nothing has run. */
+int srv_fence_check(gr_server *s, const srv_op_row *row, const gr_proto_header *h, char *msg,
+                    size_t cap);
 
 /* checks.c: what every handler checks before it changes anything. Keys of sec owned by this
  * shard (GR_ESTALE names the first stray key); a dense parameter looked up with a reference
