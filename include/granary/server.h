@@ -108,6 +108,16 @@ typedef enum gr_server_fence {
 } gr_server_fence;
 GR_API void gr_server_set_fence(gr_server *s, gr_server_fence fence);
 GR_API gr_server_fence gr_server_get_fence(const gr_server *s);
+/* The fence for a shard that lost its coordinator session: GR_SERVER_FENCE_ALL while a sync or
+ * semisync job is installed (hybrid's dense job included), else GR_SERVER_FENCE_WRITES. */
+GR_API gr_server_fence gr_server_session_fence(gr_server *s);
+/* A lease: past until_ns (gr_now_ns's clock) the shard behaves as fenced with
+ * gr_server_session_fence until the lease is renewed; 0 = no lease. The coordination thread
+ * renews it after every round trip to the coordinator, to that round trip's start plus most of
+ * the session timeout: a coordinator cannot expire the session before then, so a shard that
+ * was paused (SIGSTOP, a long stall) refuses writes the moment it runs again, before any of
+ * its threads has learnt that its session expired and a standby took its index. */
+GR_API void gr_server_set_lease(gr_server *s, uint64_t until_ns);
 /* epoch <= GR_PROTO_EPOCH_MAX, else GR_EINVAL. */
 GR_API int gr_server_set_epoch(gr_server *s, uint32_t epoch);
 GR_API uint32_t gr_server_epoch(const gr_server *s);
@@ -116,6 +126,50 @@ GR_API uint32_t gr_server_epoch(const gr_server *s);
  * (the caller publishes the address after this returns): GR_EBUSY otherwise; GR_EINVAL for
  * an index out of range. */
 GR_API int gr_server_assign(gr_server *s, uint32_t shard, uint32_t shards);
+
+/* ---- Joining a coordinated job (`granary server --coord`, docs/operations.md) ----
+ * The shard registers with the coordinator, and a thread of its own keeps it in step with
+ * the job's layout: it takes a vacant index (unless standby) or, as a standby, the index of a
+ * shard whose member vanished, by compare-and-set with epoch + 1; after a takeover it restores
+ * that index's rows from the newest checkpoint under ckpt_dir before it opens; it follows the
+ * layout's epoch while it holds its index; it fences itself while its session is lost
+ * (gr_server_session_fence) and takes its index back when nobody replaced it; when it was
+ * replaced meanwhile it stays fenced and asks the server to stop. The server must be started
+ * (its address is published) and stays fenced until it holds an index. */
+struct gr_coord;
+typedef struct gr_server_join gr_server_join;
+typedef struct gr_server_join_opts {
+    const char *address; /* "host:port" workers reach this shard at (published in the layout) */
+    uint32_t shards;     /* creates the layout with this many shards when the job has none;
+                            0 = wait for one */
+    bool standby;        /* only take over lost indexes, never a vacant one */
+    const char *ckpt_dir; /* the job's checkpoint root, as CKPT_LOAD names it; NULL = no
+                             restore (a takeover serves empty tables) */
+    uint32_t session_timeout_ms; /* the coordinator's session timeout (the lease, see
+                                    gr_server_set_lease); 0 = 4000 */
+} gr_server_join_opts;
+/* Registers and starts the thread; the coordinator's callbacks (session, members, layout) are
+ * the join's until gr_server_join_stop. GR_EAGAIN when not connected. */
+GR_API int gr_server_join_start(gr_server *s, struct gr_coord *coord,
+                                const gr_server_join_opts *o, gr_server_join **out);
+/* Stops the thread and removes the callbacks (does not unregister: close the coordinator for
+ * that). NULL is a no-op. */
+GR_API void gr_server_join_stop(gr_server_join *j);
+/* What the join did, for stats and the recovery benchmark. Times are Unix milliseconds. */
+typedef struct gr_server_join_stats {
+    int32_t index;          /* -1 while standby */
+    uint64_t epoch;         /* the layout epoch served */
+    uint32_t takeovers;     /* indexes taken over from a lost shard */
+    uint64_t lost_seen_ms;  /* last takeover: when the loss was first seen */
+    uint64_t claimed_ms;    /* ... when the compare-and-set won */
+    uint64_t serving_ms;    /* ... when the rows were restored and the fence opened */
+    uint64_t restore_ms;    /* ... the restore's duration */
+    uint64_t rows_restored; /* ... rows loaded (this shard's, dense chunks included) */
+    char restored_from[64]; /* ... the checkpoint's name ("" when none) */
+    bool replaced;          /* another member serves our index: the shard stopped */
+} gr_server_join_stats;
+GR_API void gr_server_join_get(gr_server_join *j, gr_server_join_stats *out);
+GR_API bool gr_server_join_replaced(gr_server_join *j);
 
 /* What gr_server_ckpt_load restored. */
 typedef struct gr_server_ckpt_loaded {

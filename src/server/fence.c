@@ -4,6 +4,7 @@
  * refused request has done nothing; they read two atomics and cost nothing when unused. */
 #include "server/server_int.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 
 void gr_server_set_fence(gr_server *s, gr_server_fence fence)
@@ -15,6 +16,16 @@ gr_server_fence gr_server_get_fence(const gr_server *s)
 {
     return (gr_server_fence)atomic_load(&((gr_server *)s)->fence);
 }
+
+gr_server_fence gr_server_session_fence(gr_server *s)
+{
+    uint32_t mode;
+    if (srv_sync_mode(s, &mode) && (mode == GR_SYNC_SYNC || mode == GR_SYNC_SEMISYNC))
+        return GR_SERVER_FENCE_ALL;
+    return GR_SERVER_FENCE_WRITES;
+}
+
+void gr_server_set_lease(gr_server *s, uint64_t until_ns) { atomic_store(&s->lease_ns, until_ns); }
 
 int gr_server_set_epoch(gr_server *s, uint32_t epoch)
 {
@@ -47,6 +58,9 @@ int srv_fence_check(gr_server *s, const srv_op_row *row, const gr_proto_header *
 {
     if (row->fence == SRV_FENCE_NEVER) return GR_OK;
     int fence = atomic_load(&s->fence);
+    uint64_t lease = atomic_load(&s->lease_ns);
+    if (lease && fence == GR_SERVER_OPEN && gr_now_ns() > lease)
+        fence = (int)gr_server_session_fence(s); /* not heard from the coordinator lately */
     if (fence == GR_SERVER_FENCE_ALL || (fence == GR_SERVER_FENCE_WRITES && row->fence == SRV_FENCE_WRITE)) {
         snprintf(msg, cap, "shard %u is fenced (it lost its coordinator session or has not "
                  "finished taking over its index): %s refused, retry after the layout changes",
@@ -60,4 +74,15 @@ int srv_fence_check(gr_server *s, const srv_op_row *row, const gr_proto_header *
         return GR_ESTALE;
     }
     return GR_OK;
+}
+
+void srv_fence_stats_json(gr_server *s, void *rootp)
+{
+    static const char *const names[] = {"open", "writes", "all"};
+    cJSON *root = rootp;
+    int f = atomic_load(&s->fence);
+    cJSON_AddNumberToObject(root, "epoch", atomic_load(&s->epoch));
+    cJSON_AddStringToObject(root, "fence", f >= 0 && f <= 2 ? names[f] : "unknown");
+    struct gr_server_join *j = atomic_load(&s->join);
+    if (j) srv_join_stats_json(j, cJSON_AddObjectToObject(root, "coord"));
 }

@@ -145,7 +145,15 @@ struct gr_server {
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
     atomic_uint epoch;     /* fence.c: the layout epoch this shard serves (0: not coordinated) */
     atomic_int fence;      /* fence.c: a gr_server_fence */
+    atomic_uint_fast64_t lease_ns; /* fence.c: past this monotonic time, fenced (0: no lease) */
+    _Atomic(struct gr_server_join *) join; /* join.c: set while the shard is in a coordinated job */
 };
+
+/* fence.c: "epoch", "fence" and, in a coordinated job, the join's "coord" object, into the
+ * STATS JSON root (a cJSON *). */
+void srv_fence_stats_json(gr_server *s, void *root);
+/* join.c: the join's object. */
+void srv_join_stats_json(struct gr_server_join *j, void *obj);
 
 /* fence.c: the epoch and fence checks of a request with a usable row, on the loop before it
  * runs. 0, or GR_ESTALE with msg (cap bytes) saying why; nothing has run. */
@@ -201,6 +209,8 @@ int srv_op_sync_leave(srv_req *r);
 int srv_op_dense_set(srv_req *r);
 /* The installed sync job's step G (checkpoints report it); false when no job is installed. */
 bool srv_sync_step(gr_server *s, uint64_t *step);
+/* The installed sync job's mode (a gr_sync_mode); false when no job is installed. */
+bool srv_sync_mode(gr_server *s, uint32_t *mode);
 
 /* registry.c: installs table t (ownership passes on success) under spec->name, replacing the
  * entry of that name and kind (users of the old one keep it until they release it) or adding

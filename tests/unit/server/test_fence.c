@@ -141,6 +141,22 @@ static void test_full_fence_refuses_reads_but_answers_stats(void **state)
     assert_true(row0(f->c) == 0.0f);
 }
 
+/* A lease that ran out fences as a lost session does (writes; reads go on without a sync
+ * job); a renewed one opens again. */
+static void test_expired_lease_fences_writes(void **state)
+{
+    fixture *f = *state;
+    gr_server_set_lease(f->s, gr_now_ns() + 60ull * 1000000000u);
+    assert_int_equal(push_one(f->c), 0);
+    gr_server_set_lease(f->s, gr_now_ns() - 1);
+    assert_int_equal(push_one(f->c), GR_ESTALE);
+    assert_non_null(strstr(gr_errmsg(), "fenced"));
+    assert_true(row0(f->c) == 1.0f);
+    gr_server_set_lease(f->s, 0);
+    assert_int_equal(push_one(f->c), 0);
+    assert_true(row0(f->c) == 2.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -150,6 +166,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_fence_serves_reads_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_fence_refuses_reads_but_answers_stats, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_expired_lease_fences_writes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
