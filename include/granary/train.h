@@ -288,6 +288,10 @@ typedef struct gr_ps_backend_opts {
     bool reset;            /* replace a different job the shards run (else that is an error) */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
+    /* ckpt_load reads only the checkpoint's name, step and training position and loads no rows:
+     * the "partial" recovery after a lost shard, whose replacement restored its own rows while
+     * the other shards keep their newer ones (docs/operations.md, "Recovery"). */
+    bool resume_position_only;
 } gr_ps_backend_opts;
 
 /* Fills o with defaults: async, Adam lr 1e-3 (0.9, 0.999, 1e-8) for dense parameters. */

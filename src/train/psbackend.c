@@ -303,7 +303,7 @@ static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_
 {
     ps_ctx *p = ctx;
     gr_client_ckpt_loaded ld;
-    int rc = gr_client_ckpt_load(p->c, root, name, false, &ld);
+    int rc = gr_client_ckpt_load(p->c, root, name, p->o.resume_position_only, &ld);
     if (rc) return rc;
     snprintf(out->name, sizeof out->name, "%s", ld.name);
     out->step = ld.step;
