@@ -481,6 +481,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     gr_client_config_default(&cc);
     cc.servers = c->servers;
     cc.auth_file = c->auth_file;
+    /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
+     * on it soon and let the layout say where its index went. */
+    if (c->coord) cc.connect_timeout_ms = 1000;
     int rc = gr_client_create(&cc, client);
     if (rc) return rc;
     ri->shards = gr_client_shards(*client);

@@ -137,8 +137,10 @@ static int ps_dense_init(void *ctx, const char *name, const float *init, size_t 
     int rc = dense_spec(p, name, n, spec, sizeof spec);
     if (!rc) rc = gr_client_dense_create(p->c, spec);
     /* The run starts from the model's initialisation (Xavier weights the shard's initializers
-     * cannot express): set it, which also resets the optimizer state. */
-    if (!rc && init) rc = gr_client_dense_set(p->c, name, init, n);
+     * cannot express): set it, which also resets the optimizer state. Not in a partial
+     * recovery: the shards hold the trained values (the lost shard's restored ones) and no
+     * checkpoint load follows to put them back. */
+    if (!rc && init && !p->o.resume_position_only) rc = gr_client_dense_set(p->c, name, init, n);
     return rc;
 }
 
