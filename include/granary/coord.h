@@ -147,8 +147,11 @@ GR_API int gr_coord_update(gr_coord *c, const gr_coord_member *self);
 GR_API int gr_coord_unregister(gr_coord *c);
 /* Our current record (id "" when not registered). */
 GR_API void gr_coord_self(gr_coord *c, gr_coord_member *out);
-/* True while the session is connected and our member znode exists: a shard accepts writes
- * only while this holds (no split brain after a pause or a partition). Static: registered. */
+/* True while the session is connected, our member znode exists and the session lease is
+ * current (the server answered us within the last two thirds of a session timeout, so it
+ * cannot have expired us yet; docs/coord.md): a shard accepts writes only while this holds
+ * (no split brain after a pause or a partition, even in the moment after a SIGCONT).
+ * Static: registered. */
 GR_API bool gr_coord_registered(gr_coord *c);
 
 /* Every member now, sorted by id (sequence order): *out is an array the caller frees with
@@ -163,9 +166,9 @@ typedef struct gr_coord_members_event {
     const gr_coord_member *lost;    /* members of the previous call's list now gone */
     size_t n_lost;
 } gr_coord_members_event;
-/* Called once at once (everyone as joined) and then after every change of the member list
- * (a join, a loss, an updated record shows as lost + joined). The arrays are valid during the
- * call only. Only ids are compared. */
+/* Called once at once (everyone as joined) and then after every join or loss. Only ids are
+ * compared: a record changed in place (gr_coord_update) is not an event of its own (it shows
+ * in the next call's `members`). The arrays are valid during the call only. */
 typedef void (*gr_coord_members_fn)(void *arg, const gr_coord_members_event *ev);
 /* Sets (fn NULL: removes) the handle's one members callback. */
 GR_API int gr_coord_watch_members(gr_coord *c, gr_coord_members_fn fn, void *arg);

@@ -19,7 +19,8 @@ typedef struct gr_cli_command {
     X("datagen", gr_cli_datagen, "generate synthetic Criteo-layout data with a known teacher")           \
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
     X("ckpt", gr_cli_ckpt, "inspect, verify or reshard a checkpoint: granary ckpt inspect|verify|reshard") \
-    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt [--json] [--full]")
+    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt [--json] [--full]") \
+    X("cluster", gr_cli_cluster, "start and supervise local shards, or show a job: granary cluster up|status")
 
 #define GR_CLI_DECLARE(name, fn, summary) int fn(int argc, char **argv);
 GR_CLI_COMMANDS(GR_CLI_DECLARE)

@@ -40,6 +40,8 @@ int gr_coord_open(const char *spec, const gr_coord_options *opts, gr_coord **out
     c->kind = zk ? GR_COORD_ZOOKEEPER : GR_COORD_STATIC;
     c->be = zk ? &coord_zk_backend : &coord_static_backend;
     c->session = zk ? GR_COORD_SUSPENDED : GR_COORD_CONNECTED;
+    c->link_up = !zk; /* zookeeper: its watcher says when */
+    c->lease_until_ns = zk ? 0 : UINT64_MAX;
     int rc = c->be->start(c);
     if (rc) {
         c->be = NULL; /* start cleaned up after itself */
@@ -138,6 +140,11 @@ int gr_coord_update(gr_coord *c, const gr_coord_member *self)
     rc = registered ? c->be->update_self(c)
                     : gr_seterr(GR_EAGAIN, "coord: not registered right now; the record is "
                                 "written when the session is back");
+    pthread_mutex_lock(&c->mu);
+    /* Not registered: registering again writes the new record. Registered but the write
+     * was lost with the connection: the reconnect rewrites it. */
+    c->self_dirty = rc == GR_EAGAIN && registered;
+    pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->reg_mu);
     return rc;
 }
@@ -169,6 +176,8 @@ int gr_coord_unregister(gr_coord *c)
     c->self.id[0] = '\0';
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->reg_mu);
+    /* Only now does a listing leave us out (the static backend lists from these fields). */
+    coord_mark(c, COORD_DIRTY_MEMBERS);
     return rc;
 }
 
@@ -183,7 +192,8 @@ void gr_coord_self(gr_coord *c, gr_coord_member *out)
 bool gr_coord_registered(gr_coord *c)
 {
     pthread_mutex_lock(&c->mu);
-    bool r = c->registered && c->session == GR_COORD_CONNECTED;
+    bool r = c->registered && c->session == GR_COORD_CONNECTED && c->link_up &&
+             gr_now_ns() < c->lease_until_ns;
     pthread_mutex_unlock(&c->mu);
     return r;
 }

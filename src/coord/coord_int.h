@@ -32,6 +32,8 @@ struct coord_backend {
     /* Re-checks the election (arming the predecessor's watch): *leading out. */
     int (*election_check)(gr_coord *c, bool *leading);
     int (*leader)(gr_coord *c, gr_coord_member *out);
+    /* Runs on the event thread every c->tick_ns (zookeeper: renews the lease). */
+    void (*tick)(gr_coord *c);
     /* Runs on the event thread when a session event is pending (zookeeper only; static
      * never raises one): reconnects, re-registers, reports through coord_session_report. */
     void (*session_step)(gr_coord *c);
@@ -72,10 +74,21 @@ struct gr_coord {
     /* Our registration (under mu). */
     bool want_registered;       /* register was called and unregister was not */
     bool registered;            /* our member node exists now */
+    bool self_dirty;            /* an update did not reach the node: rewrite on reconnect */
     gr_coord_member self;
     bool in_election;
     bool leading;
     gr_coord_session session;
+    /* Set by the ZooKeeper watcher itself, at once (the session state above waits for the
+     * event thread): fencing must not lag behind a callback that runs long. */
+    bool link_up;
+    /* Until then the server has certainly not expired our session (its last answer to us
+     * was sent after lease_start, and it waits a session timeout from our last message):
+     * registered is true only before it. A SIGSTOPped process finds it passed the moment it
+     * runs again, before the library even notices. */
+    uint64_t lease_until_ns;
+    uint64_t tick_ns;           /* period of be->tick; 0: none */
+    uint64_t next_tick_ns;
 
     /* Callbacks (under mu; called without it, on the event thread). */
     gr_coord_members_fn members_fn;

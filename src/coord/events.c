@@ -156,8 +156,16 @@ static void *event_thread(void *arg)
             c->retry_flags = 0;
         }
         if (c->stopping) break;
+        if (c->tick_ns && now >= c->next_tick_ns) {
+            c->next_tick_ns = now + c->tick_ns;
+            pthread_mutex_unlock(&c->mu);
+            c->be->tick(c);
+            pthread_mutex_lock(&c->mu);
+            continue;
+        }
         if (!c->dirty) {
             uint64_t until = c->retry_flags ? c->retry_at_ns : now + 1000000000ull;
+            if (c->tick_ns && c->next_tick_ns < until) until = c->next_tick_ns;
             struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
             continue;

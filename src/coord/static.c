@@ -104,7 +104,7 @@ static int st_update(gr_coord *c)
 
 static int st_unregister(gr_coord *c)
 {
-    coord_mark(c, COORD_DIRTY_MEMBERS);
+    (void)c; /* gr_coord_unregister clears the fields the listing reads, then wakes it */
     return 0;
 }
 
@@ -184,6 +184,7 @@ static int st_leader(gr_coord *c, gr_coord_member *out)
 }
 
 static void st_session_step(gr_coord *c) { (void)c; }
+static void st_tick(gr_coord *c) { (void)c; }
 
 const coord_backend coord_static_backend = {
     .start = st_start,
@@ -198,5 +199,6 @@ const coord_backend coord_static_backend = {
     .resign = st_resign,
     .election_check = st_election_check,
     .leader = st_leader,
+    .tick = st_tick,
     .session_step = st_session_step,
 };

@@ -70,6 +70,7 @@ static void zk_watcher(zhandle_t *zh, int type, int state, const char *path, voi
         pthread_mutex_lock(&c->mu);
         if (ctx->gen == z->gen) {
             z->state = state;
+            c->link_up = state == ZOO_CONNECTED_STATE;
             if (state == ZOO_EXPIRED_SESSION_STATE) z->expired = true;
             c->dirty |= COORD_DIRTY_SESSION;
             pthread_cond_broadcast(&c->cv);
@@ -83,6 +84,57 @@ static void zk_watcher(zhandle_t *zh, int type, int state, const char *path, voi
     else if (!strncmp(path, z->election_dir, strlen(z->election_dir))) flag = COORD_DIRTY_ELECTION;
     else if (!strcmp(path, z->layout_path)) flag = COORD_DIRTY_LAYOUT;
     if (flag) coord_mark(c, flag);
+}
+
+/* The lease from a server answer to a request sent at sent_ns (caller holds c->mu). Two
+ * thirds of the session timeout, as the library's own connection timeout. */
+static void extend_lease_locked(gr_coord *c, uint64_t sent_ns)
+{
+    uint64_t until = sent_ns + (uint64_t)c->opts.session_timeout_ms * 2000000u / 3u;
+    if (until > c->lease_until_ns) c->lease_until_ns = until;
+}
+
+static void extend_lease(gr_coord *c, uint64_t sent_ns)
+{
+    pthread_mutex_lock(&c->mu);
+    extend_lease_locked(c, sent_ns);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The answer to a lease ping, on the library's completion thread: flags only. */
+static void ping_done(int zrc, const struct Stat *st, const void *data)
+{
+    (void)st;
+    const zk_watch_ctx *ctx = data;
+    gr_coord *c = ctx->c;
+    pthread_mutex_lock(&c->mu);
+    if (ctx->gen == c->zk->gen) {
+        c->zk->ping_inflight = false;
+        if (zrc == ZOK || zrc == ZNONODE) extend_lease_locked(c, c->zk->ping_sent_ns);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Every quarter session: one asynchronous read, whose answer renews the lease. */
+static void zk_tick(gr_coord *c)
+{
+    coord_zk *z = c->zk;
+    pthread_mutex_lock(&c->mu);
+    bool go = c->link_up && !z->ping_inflight;
+    if (go) {
+        z->ping_inflight = true;
+        z->ping_sent_ns = gr_now_ns();
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!go) return;
+    pthread_rwlock_rdlock(&z->lock);
+    int zrc = zoo_aexists(z->zh, z->root, 0, ping_done, z->ctx);
+    pthread_rwlock_unlock(&z->lock);
+    if (zrc != ZOK) {
+        pthread_mutex_lock(&c->mu);
+        z->ping_inflight = false;
+        pthread_mutex_unlock(&c->mu);
+    }
 }
 
 static int parse_spec(const char *spec, coord_zk *z)
@@ -128,6 +180,7 @@ static int new_handle(gr_coord *c)
     ctx->gen = ++z->gen;
     z->state = 0;
     z->expired = false;
+    z->ping_inflight = false;
     pthread_mutex_unlock(&c->mu);
     zhandle_t *zh = zookeeper_init(z->hosts, zk_watcher, (int)c->opts.session_timeout_ms, NULL,
                                    ctx, 0);
@@ -193,7 +246,12 @@ static int zk_start(gr_coord *c)
             rc = gr_seterr(GR_ETIMEDOUT, "coord: no ZooKeeper server answered at %s within %u ms",
                            z->hosts, c->opts.connect_timeout_ms);
     }
+    uint64_t t0 = gr_now_ns();
     if (!rc) rc = ensure_root(z);
+    if (!rc) {
+        extend_lease(c, t0);
+        c->tick_ns = (uint64_t)c->opts.session_timeout_ms * 250000u; /* a quarter session */
+    }
     if (rc) {
         close_handle(z);
         pthread_rwlock_destroy(&z->lock);
@@ -247,6 +305,7 @@ static int zk_register(gr_coord *c)
     pthread_mutex_lock(&c->mu);
     snprintf(c->self.id, sizeof c->self.id, "%s", name);
     c->registered = true;
+    c->self_dirty = false;
     pthread_mutex_unlock(&c->mu);
     GR_LOGI("coord %s: registered as %s (%s %d)", c->spec, name,
             gr_coord_role_name((int)self.role), self.index);
@@ -320,14 +379,22 @@ static void on_expired(gr_coord *c)
 static void on_connected(gr_coord *c)
 {
     coord_zk *z = c->zk;
+    uint64_t t0 = gr_now_ns();
     pthread_rwlock_rdlock(&z->lock);
     int rc = ensure_root(z);
     pthread_rwlock_unlock(&z->lock);
+    if (!rc) extend_lease(c, t0);
     pthread_mutex_lock(&c->reg_mu);
     pthread_mutex_lock(&c->mu);
     bool want = c->want_registered, have = c->registered, elect = c->in_election;
+    bool rewrite = c->self_dirty;
     pthread_mutex_unlock(&c->mu);
     if (!rc && want && !have) rc = zk_register(c);
+    else if (!rc && have && rewrite && !(rc = zk_update(c))) {
+        pthread_mutex_lock(&c->mu);
+        c->self_dirty = false;
+        pthread_mutex_unlock(&c->mu);
+    }
     if (!rc && elect && !z->cand_path[0]) rc = zk_elect(c);
     pthread_mutex_unlock(&c->reg_mu);
     if (rc) {
@@ -367,5 +434,6 @@ const coord_backend coord_zk_backend = {
     .resign = zk_resign,
     .election_check = zk_election_check,
     .leader = zk_leader,
+    .tick = zk_tick,
     .session_step = zk_session_step,
 };

@@ -40,6 +40,8 @@ struct coord_zk {
     unsigned gen;                /* under c->mu */
     int state;                   /* the last ZOO_*_STATE its watcher saw (under c->mu) */
     bool expired;                /* an expiry waits for session_step (under c->mu) */
+    bool ping_inflight;          /* a lease ping awaits its answer (under c->mu) */
+    uint64_t ping_sent_ns;
     /* Our nodes (under c->reg_mu; "" when none). */
     char member_path[ZK_PATH_MAX];
     char cand_path[ZK_PATH_MAX];

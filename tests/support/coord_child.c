@@ -4,6 +4,7 @@
 #include "granary/coord.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -34,7 +35,8 @@ static void report(const char *fmt, ...)
 static void on_session(void *arg, gr_coord_session s)
 {
     gr_coord *c = arg;
-    report("session %s", gr_coord_session_name((int)s));
+    /* Whether a shard would accept writes right now rides along. */
+    report("session %s %d", gr_coord_session_name((int)s), gr_coord_registered(c) ? 1 : 0);
     if (s == GR_COORD_CONNECTED) {
         gr_coord_member self;
         gr_coord_self(c, &self);
@@ -52,6 +54,21 @@ static void on_members(void *arg, const gr_coord_members_event *ev)
 {
     (void)arg;
     report("members %zu", ev->n);
+}
+
+/* Reports every change of gr_coord_registered (would a shard accept writes?) as it happens,
+ * polling every 2 ms: after a SIGSTOP this thread runs again as soon as the library's. */
+static void *fence_watch(void *arg)
+{
+    gr_coord *c = arg;
+    int last = -1;
+    for (;;) {
+        int now = gr_coord_registered(c) ? 1 : 0;
+        if (now != last) report("writable %d", now);
+        last = now;
+        usleep(2000);
+    }
+    return NULL;
 }
 
 static void child_main(const coord_child_opts *o)
@@ -75,6 +92,8 @@ static void child_main(const coord_child_opts *o)
         _exit(1);
     }
     report("registered %s", id);
+    pthread_t fence;
+    pthread_create(&fence, NULL, fence_watch, c);
     gr_coord_watch_members(c, on_members, NULL);
     if (o->elect && gr_coord_elect(c, on_leader, NULL)) {
         report("error elect: %s", gr_errmsg());

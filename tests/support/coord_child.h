@@ -2,7 +2,8 @@
  * SIGSTOP it like a real shard or worker. The child opens the coordinator, registers with a
  * role and index, joins the election when asked, and reports every event as a line on a
  * pipe the test reads:
- *   "registered ID"  "session connected|suspended|expired"  "leader 1|0"  "members N"
+ *   "registered ID"  "session connected|suspended|expired R" (R: gr_coord_registered then)
+ *   "leader 1|0"  "members N"  "writable 1|0" (every change of gr_coord_registered)
  *   "error MESSAGE"
  * Fork children before the test opens a coordinator itself (a forked child of a process
  * with threads could inherit a held lock). The child dies with the test (PR_SET_PDEATHSIG). */
