@@ -7,8 +7,9 @@
  *    uninterrupted coordinated run: the same test AUC and logloss to the last digit;
  *  - async with --recovery partial (the default for async) ends with a test AUC within 0.003
  *    of an uninterrupted run's.
- * Both record one recovery in their metrics. Shards and trainer share this host's loopback
- * (no network namespaces here). */
+ * Both record one recovery in their metrics. And the chief dies: a second train process that
+ * waited takes the job over from the newest checkpoint. Shards and trainers share this host's
+ * loopback (no network namespaces here). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -232,11 +233,61 @@ static void test_async_partial_keeps_auc(void **state)
     assert_true(fabs(atof(aucA) - atof(aucB)) <= 0.003);
 }
 
+/* The chief dies: a second train process of the same job waits while the first leads, takes
+ * over when it is killed (after its session expires), resumes from the newest checkpoint and
+ * finishes the job; in sync mode it ends bitwise equal to an uninterrupted run. */
+static void test_second_trainer_takes_over_from_a_dead_chief(void **state)
+{
+    (void)state;
+    if (!zk.pid) skip();
+    job a, b;
+    start_job(&a, "chiefA", false);
+    run(&a, "sync", false);
+    stop_job(&a);
+    start_job(&b, "chiefB", false);
+    double until = gr_now_s() + RUN_BUDGET_S;
+    pid_t first = spawn_train(&b, "sync");
+    char log1[400];
+    snprintf(log1, sizeof log1, "%s", b.log);
+    char name[GR_CKPT_NAME_MAX];
+    uint64_t step = 0;
+    while (gr_ckpt_latest(b.ckpath, name, &step) != GR_OK) {
+        int st;
+        assert_int_equal(waitpid(first, &st, WNOHANG), 0);
+        assert_true(gr_now_s() < until);
+        usleep(2000);
+    }
+    snprintf(b.log, sizeof b.log, "%s/train-chiefB-2.log", tmp);
+    pid_t second = spawn_train(&b, "sync"); /* waits: the first one leads */
+    usleep(300000);
+    int st;
+    assert_int_equal(waitpid(first, &st, WNOHANG), 0);
+    assert_int_equal(kill(first, SIGKILL), 0);
+    waitpid(first, &st, 0);
+    fprintf(stderr, "coord train: killed the chief after checkpoint %s\n", name);
+    int rc = wait_exit(second, until, "the second trainer");
+    char *txt = NULL;
+    assert_int_equal(gr_read_file(b.log, &txt, NULL), 0);
+    if (rc) fprintf(stderr, "%s\n", txt);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(txt, "waiting to take over as its chief"));
+    free(txt);
+    stop_job(&b);
+    char aucA[64], llA[64], aucB[64], llB[64];
+    double recA, recB;
+    read_metrics(&a, aucA, llA, &recA);
+    read_metrics(&b, aucB, llB, &recB);
+    fprintf(stderr, "coord train chief: clean auc %s; taken over auc %s\n", aucA, aucB);
+    assert_string_equal(aucA, aucB);
+    assert_string_equal(llA, llB);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_rollback_is_bitwise_equal),
         cmocka_unit_test(test_async_partial_keeps_auc),
+        cmocka_unit_test(test_second_trainer_takes_over_from_a_dead_chief),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
