@@ -242,6 +242,29 @@ static void follow_layout(worker *w)
     gr_coord_layout_fini(&l);
 }
 
+/* What a coordinated worker does on GR_ESTALE: a shard behind the layout (or restoring) is
+ * retried shortly at the layout's epoch; a moved one fails the push, and the worker follows. */
+static int on_stale(void *ctx, gr_client *c, uint32_t shard, uint32_t epoch, const char *msg)
+{
+    (void)shard;
+    (void)epoch;
+    (void)msg;
+    bench *b = ctx;
+    gr_coord_layout l;
+    memset(&l, 0, sizeof l);
+    if (gr_coord_layout_get(b->coord, &l)) return GR_EAGAIN;
+    int rc = GR_OK;
+    for (uint32_t i = 0; i < l.n_shards && i < gr_client_shards(c); i++)
+        if (strcmp(l.shards[i].address, gr_client_shard_addr(c, i))) rc = GR_ESTALE;
+    if (!rc) {
+        gr_client_set_epoch(c, (uint32_t)l.epoch);
+        gr_client_set_stale_hook(c, on_stale, &b);
+    }
+    gr_coord_layout_fini(&l);
+    if (!rc) gr_sleep_ms(10);
+    return rc;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -334,7 +357,10 @@ int gr_bench_recovery(int argc, char **argv)
         cc.request_timeout_ms = 120000;
         rc = gr_client_create(&cc, &c);
     }
-    if (!rc) gr_client_set_epoch(c, (uint32_t)l.epoch);
+    if (!rc) {
+        gr_client_set_epoch(c, (uint32_t)l.epoch);
+        gr_client_set_stale_hook(c, on_stale, &b);
+    }
     char spec[256];
     snprintf(spec, sizeof spec, "{\"name\":\"bench\",\"id\":1,\"dim\":%d,\"seed\":1,"
              "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05}}", DIM);
