@@ -256,10 +256,7 @@ static int on_stale(void *ctx, gr_client *c, uint32_t shard, uint32_t epoch, con
     int rc = GR_OK;
     for (uint32_t i = 0; i < l.n_shards && i < gr_client_shards(c); i++)
         if (strcmp(l.shards[i].address, gr_client_shard_addr(c, i))) rc = GR_ESTALE;
-    if (!rc) {
-        gr_client_set_epoch(c, (uint32_t)l.epoch);
-        gr_client_set_stale_hook(c, on_stale, &b);
-    }
+    if (!rc) gr_client_set_epoch(c, (uint32_t)l.epoch);
     gr_coord_layout_fini(&l);
     if (!rc) gr_sleep_ms(10);
     return rc;
