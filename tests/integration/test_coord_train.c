@@ -178,17 +178,11 @@ static void run(job *j, const char *mode, bool kill_after_ckpt)
 
 static void read_metrics(const job *j, char *auc, char *logloss, double *recoveries)
 {
-    char *txt = NULL;
-    assert_int_equal(gr_read_file(j->metrics, &txt, NULL), 0);
-    const char *a = strstr(txt, "\"auc\":"), *l = strstr(txt, "\"logloss\":");
-    const char *r = strstr(txt, "\"recoveries\":");
-    assert_non_null(a);
-    assert_non_null(l);
-    assert_non_null(r);
-    sscanf(a + 6, " %63[^,\n]", auc);
-    sscanf(l + 10, " %63[^,\n]", logloss);
-    *recoveries = atof(r + 13);
-    free(txt);
+    char rec[64];
+    assert_int_equal(tr_metrics_text(j->metrics, "auc", auc, 64), 0);
+    assert_int_equal(tr_metrics_text(j->metrics, "logloss", logloss, 64), 0);
+    assert_int_equal(tr_metrics_text(j->metrics, "recoveries", rec, sizeof rec), 0);
+    *recoveries = atof(rec);
 }
 
 static void test_sync_rollback_is_bitwise_equal(void **state)
