@@ -471,7 +471,9 @@ typedef struct gr_train_opts {
     /* Resume: restore the newest complete checkpoint under this root (or this checkpoint
      * directory) before training: tables, dense parameters and their optimizer state, and
      * where every worker was in the data; training continues from there. A root without any
-     * checkpoint starts from scratch. NULL = no resume. */
+     * checkpoint starts from scratch; a root that does not exist is refused (GR_ENOENT: a
+     * mistyped path must not silently train from scratch) unless it is ckpt_dir too, so one
+     * command both starts a job and restarts it. NULL = no resume. */
     const char *resume;
     /* Stop once every worker has done this many steps (batches), counting those done before
      * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
@@ -481,6 +483,19 @@ typedef struct gr_train_opts {
      * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
      * before its own previous push lands are what costs accuracy (docs/train.md). */
     uint32_t emb_staleness;
+    /* Every step's training loss written to this file as it is pushed, one line "WORKER
+     * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
+     * %.9g): to compare runs step by step (the PyTorch path's consistency test,
+     * docs/python.md). NULL = none. */
+    const char *loss_log;
+    /* Asked before each batch is handed on (from reader threads; it must be thread-safe and
+     * cheap): once it returns true, training stops at the next step boundary. In sync and
+     * hybrid mode every worker then stops after the same step (the most any worker had begun),
+     * so the shards stay at one step; in the other modes each worker stops after its batches in
+     * flight. The last checkpoint is written as at the end of the data; the test file is not
+     * scored. NULL: never (`granary train` asks whether SIGINT or SIGTERM came). */
+    bool (*should_stop)(void *ctx);
+    void *stop_ctx;
 } gr_train_opts;
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u
@@ -523,6 +538,11 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
+    /* The checkpoint of the final state failed: the trained model is not saved (ckpt_last,
+     * if any, is older), and ckpt_final_error says why. */
+    bool ckpt_final_failed;
+    char ckpt_final_error[256];
+    bool stopped;             /* should_stop ended the run early (the test file was not scored) */
     /* Seconds per pipeline stage, summed over all batches of all workers: read (parse), pull
      * (the fetch stage: rows; sync/semisync/ssp: with the dense parameters), compute (the
      * compute stage: the model; async/hybrid: with the dense round trips), push (the push

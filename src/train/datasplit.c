@@ -227,12 +227,46 @@ static bool next_range(tr_worker *w, unsigned *epoch, uint64_t *start, uint64_t 
     }
 }
 
+/* The most batches any worker has handed on, resumed ones included. Under mu. */
+static uint64_t most_claimed(const trainer *tr)
+{
+    uint64_t m = 0;
+    for (unsigned i = 0; i < tr->o->workers; i++) {
+        const tr_worker *x = &tr->workers[i];
+        if (x->base + x->read > m) m = x->base + x->read;
+    }
+    return m;
+}
+
+/* Whether the worker may hand on the batch it has just read (and counts it), or stops here
+ * because a stop was asked for. Counted under mu so that the stop step, computed once from
+ * every worker's count, is final: no worker can count past it afterwards. */
+static bool claim_batch(tr_worker *w)
+{
+    trainer *tr = w->tr;
+    const gr_train_opts *o = tr->o;
+    pthread_mutex_lock(&tr->mu);
+    if (!tr->stopping && o->should_stop && o->should_stop(o->stop_ctx)) {
+        tr->stopping = true;
+        /* Sync and hybrid steps take one batch of every worker: all stop after the same one.
+         * The other modes stop each worker where it is (stop_at 0). */
+        bool rounds = tr->stepped && (o->mode == GR_MODE_SYNC || o->mode == GR_MODE_HYBRID);
+        tr->stop_at = rounds ? most_claimed(tr) : 0;
+        pthread_cond_broadcast(&tr->cv);
+    }
+    bool ok = !tr->stopping || w->base + w->read < tr->stop_at;
+    if (ok) w->read++;
+    pthread_mutex_unlock(&tr->mu);
+    return ok;
+}
+
 int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each)
 {
     trainer *tr = w->tr;
     const gr_train_opts *o = tr->o;
     unsigned epoch = 0;
     uint64_t start, end, line, chunk, range_skip;
+    bool stopped = false;
     while (next_range(w, &epoch, &start, &end, &line, &chunk, &range_skip)) {
         /* Batches a resumed run already trained are read again and dropped: static data skips
          * the worker's count across epochs, shared data each chunk's own count. */
@@ -262,13 +296,13 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
             memset(&it->t, 0, sizeof it->t);
             it->t.read = gr_now_s() - t0;
             it->dropped = false;
-            if (rc || it->batch.n == 0) {
+            if (rc || it->batch.n == 0 || !claim_batch(w)) {
                 if (!single) tr_queue_push(pool, it);
+                if (!rc && it->batch.n > 0) stopped = true;
                 break;
             }
             it->chunk = chunk;
             it->seq = w->next_seq++;
-            w->read++;
             atomic_fetch_add(&tr->read_examples, it->batch.n);
             if (single) {
                 rc = each(w, it);
@@ -285,7 +319,7 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
         tr->bad_lines += st.bad_lines;
         pthread_mutex_unlock(&tr->mu);
         if (rc) return rc;
-        if (tr_aborted(w) ||
+        if (stopped || tr_aborted(w) ||
             (o->max_examples && atomic_load(&tr->read_examples) >= o->max_examples) ||
             (o->max_steps && w->base + w->read >= o->max_steps))
             break;
