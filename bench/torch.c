@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #define TORCH_BENCH_OPTIONS(X)                                                                 \
-    X(TB_ROWS, "rows", GR_CLI_INT, NULL, 1024, 1e9, NULL, "N", "200000",                       \
+    X(TB_ROWS, "rows", GR_CLI_INT, NULL, 1, 1e9, NULL, "N", "200000",                          \
       "training rows to generate")                                                             \
     X(TB_TEST, "test-rows", GR_CLI_INT, NULL, 1, 1e9, NULL, "M", "20000", "test rows")         \
     X(TB_DATA, "data", GR_CLI_STR, NULL, 0, 0, NULL, "DIR",                                    \
