@@ -157,7 +157,8 @@ GR_API int gr_server_join_start(gr_server *s, struct gr_coord *coord,
  * closed, so: gr_server_join_stop, gr_coord_close, then gr_server_join_destroy. NULL is a
  * no-op. */
 GR_API void gr_server_join_stop(gr_server_join *j);
-/* Frees the join (stopping it first if needed); after gr_coord_close. NULL is a no-op. */
+/* Frees the join, after gr_coord_close. Stops it first if gr_server_join_stop was not called
+ * (then the coordinator must still be open). NULL is a no-op. */
 GR_API void gr_server_join_destroy(gr_server_join *j);
 /* What the join did, for stats and the recovery benchmark. Times are Unix milliseconds. */
 typedef struct gr_server_join_stats {

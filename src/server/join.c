@@ -28,6 +28,7 @@ struct gr_server_join {
     char *ckpt_dir;
     pthread_t thread;
     bool thread_live;
+    bool stopped; /* gr_server_join_stop ran (the caller's thread only) */
     pthread_mutex_t mu; /* guards stop, kick and st */
     pthread_cond_t cv;
     /* The reconciling thread's own state. */
@@ -355,7 +356,8 @@ int gr_server_join_start(gr_server *s, gr_coord *c, const gr_server_join_opts *o
 
 void gr_server_join_stop(gr_server_join *j)
 {
-    if (!j) return;
+    if (!j || j->stopped) return; /* once: destroy comes after the coordinator is closed */
+    j->stopped = true;
     pthread_mutex_lock(&j->mu);
     j->stop = true;
     pthread_cond_signal(&j->cv);
