@@ -291,12 +291,17 @@ static int zk_register(gr_coord *c)
         free(json);
         return GR_ETOOBIG;
     }
-    int zrc = zoo_create(z->zh, path, json, (int)strlen(json), &ZOO_OPEN_ACL_UNSAFE,
-                         ZOO_EPHEMERAL_SEQUENTIAL, made, sizeof made);
-    int rc = zrc == ZOK ? 0 : zk_err(zrc, "register at", path);
-    /* The reply was lost, not necessarily the create: look for the node before retrying. */
-    if (zrc == ZCONNECTIONLOSS && zk_find_child(z, z->members_dir, prefix, made, sizeof made) == 0)
-        rc = 0;
+    /* A create whose reply was lost with the connection may have happened: a node of this
+     * session is ours (one registration per handle), so look before making another. */
+    int rc = zk_find_child(z, z->members_dir, prefix, made, sizeof made);
+    if (rc == 0) {
+        int zrc = zoo_set(z->zh, made, json, (int)strlen(json), -1);
+        if (zrc != ZOK) rc = zk_err(zrc, "register at", made);
+    } else if (rc == GR_ENOENT) {
+        int zrc = zoo_create(z->zh, path, json, (int)strlen(json), &ZOO_OPEN_ACL_UNSAFE,
+                             ZOO_EPHEMERAL_SEQUENTIAL, made, sizeof made);
+        rc = zrc == ZOK ? 0 : zk_err(zrc, "register at", path);
+    }
     pthread_rwlock_unlock(&z->lock);
     free(json);
     if (rc) return rc;

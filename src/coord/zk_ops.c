@@ -154,12 +154,14 @@ int zk_elect(gr_coord *c)
         free(json);
         return GR_ETOOBIG;
     }
-    int zrc = zoo_create(z->zh, path, json, (int)strlen(json), &ZOO_OPEN_ACL_UNSAFE,
-                         ZOO_EPHEMERAL_SEQUENTIAL, made, sizeof made);
-    int rc = zrc == ZOK ? 0 : zk_err(zrc, "join the election at", path);
-    if (zrc == ZCONNECTIONLOSS &&
-        zk_find_child(z, z->election_dir, prefix, made, sizeof made) == 0)
-        rc = 0;
+    /* As registering: a candidate of this session is ours (its create may have lost only
+     * its reply), so look before making another (which would stand behind it). */
+    int rc = zk_find_child(z, z->election_dir, prefix, made, sizeof made);
+    if (rc == GR_ENOENT) {
+        int zrc = zoo_create(z->zh, path, json, (int)strlen(json), &ZOO_OPEN_ACL_UNSAFE,
+                             ZOO_EPHEMERAL_SEQUENTIAL, made, sizeof made);
+        rc = zrc == ZOK ? 0 : zk_err(zrc, "join the election at", path);
+    }
     pthread_rwlock_unlock(&z->lock);
     free(json);
     if (!rc) snprintf(z->cand_path, sizeof z->cand_path, "%s", made);

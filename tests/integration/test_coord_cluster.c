@@ -165,6 +165,19 @@ static void test_status_errors(void **state)
                           "300", NULL};
     assert_int_equal(ps_test_run_granary(down, out, sizeof out), 1);
     assert_non_null(strstr(out, "no ZooKeeper server answered at 127.0.0.1:1 within 300 ms"));
+    /* A static spec: the layout it names, nobody registered. */
+    const char *st[] = {"cluster", "status", "--coord", "127.0.0.1:7000,127.0.0.1:7001",
+                        "--json", NULL};
+    assert_int_equal(ps_test_run_granary(st, out, sizeof out), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(num(j, "epoch"), 1);
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    assert_int_equal(cJSON_GetArraySize(shards), 2);
+    assert_string_equal(str(cJSON_GetArrayItem(shards, 1), "address"), "127.0.0.1:7001");
+    assert_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(shards, 1), "pid"));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "chief")));
+    cJSON_Delete(j);
     const char *bad[] = {"cluster", "nope", NULL};
     assert_int_equal(ps_test_run_granary(bad, out, sizeof out), 2);
     const char *up[] = {"cluster", "up", "--coord", "127.0.0.1:1", "--shards", "2", NULL};

@@ -289,12 +289,33 @@ static void test_bad_specs(void **state)
     assert_non_null(strstr(gr_errmsg(), "no ZooKeeper server answered at 127.0.0.1:1"));
 }
 
+/* Several servers in the spec: a dead one first does not stop the handle from reaching the
+ * live one (the library tries them in turn). */
+static void test_host_list_with_a_dead_server(void **state)
+{
+    (void)state;
+    if (!zk.pid) skip();
+    char url[256];
+    snprintf(url, sizeof url, "zk://127.0.0.1:1,%s/granary/t-hosts", zk.hosts);
+    gr_coord_options o;
+    gr_coord_options_default(&o);
+    gr_coord *c;
+    int rc = gr_coord_open(url, &o, &c);
+    if (rc) fail_msg("open %s: %s", url, gr_errmsg());
+    gr_coord_member m;
+    gr_coord_member_init(&m, GR_COORD_WORKER);
+    assert_int_equal(gr_coord_register(c, &m, NULL), 0);
+    assert_int_equal(gr_coord_barrier(c, 0, 1, 5000), 0);
+    gr_coord_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_cas_race_one_winner),
         cmocka_unit_test(test_members_and_barrier),
         cmocka_unit_test(test_bad_specs),
+        cmocka_unit_test(test_host_list_with_a_dead_server),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
