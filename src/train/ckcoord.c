@@ -234,6 +234,9 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
                 o->resume, gr_errmsg());
         return GR_OK;
     }
+    if (rc == GR_EDIM)
+        return gr_seterr(rc, "%s (was it trained with another --schema or model shape?)",
+                         gr_errmsg());
     if (rc) return rc;
     cJSON *j = ld.meta ? cJSON_Parse(ld.meta) : NULL;
     free(ld.meta);
