@@ -189,10 +189,7 @@ void gr_model_destroy(gr_model *m)
 const gr_model_config *gr_model_get_config(const gr_model *m) { return &m->c; }
 uint32_t gr_model_n_dense(const gr_model *m) { return m->nd; }
 uint32_t gr_model_n_sparse(const gr_model *m) { return m->ns; }
-const gr_schema *gr_model_schema(const gr_model *m)
-{
-    return m->schema ? m->schema : gr_schema_criteo();
-}
+const gr_schema *gr_model_schema(const gr_model *m) { return m->schema; }
 size_t gr_model_dense_size(const gr_model *m) { return m->dense_size; }
 uint32_t gr_model_emb_dim(const gr_model *m) { return m->c.dim; }
 

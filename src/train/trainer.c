@@ -176,6 +176,12 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr_badlog_init(&tr.badlog, o->train_path, "train");
     if ((rc = gr_model_create(&o->model, &tr.m))) goto out;
     tr.schema = gr_model_schema(tr.m);
+    if (!tr.schema) {
+        rc = gr_seterr(GR_EINVAL, "train: the model has %u dense and %u sparse inputs but no "
+                       "schema: give model.schema to say how the files are read",
+                       gr_model_n_dense(tr.m), gr_model_n_sparse(tr.m));
+        goto out;
+    }
     tr.max_ids = gr_schema_max_ids(tr.schema);
     if ((rc = tr_bags_init(&tr.bags, tr.schema))) goto out;
     /* A file in the wrong format fails here, before any table exists or any step runs. */
