@@ -304,6 +304,23 @@ static void test_schema_in_checkpoint(void **state)
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "resumed from"));
+    /* `granary eval` reads the test file with the model's schema (from the checkpoint); a
+     * --schema that is not the model's is refused, its own is fine. */
+    char test[320], schema[320], other_path[320];
+    snprintf(test, sizeof test, "%s", path_of("own/test.csv"));
+    snprintf(schema, sizeof schema, "%s", path_of("schema.json"));
+    snprintf(other_path, sizeof other_path, "%s", path_of("other.json"));
+    const char *ev[] = {"eval", "--model", root, "--test", test, "--json", NULL, NULL, NULL};
+    rc = ps_test_run_granary(ev, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "\"examples\":10000"));
+    ev[6] = "--schema";
+    ev[7] = schema;
+    assert_int_equal(ps_test_run_granary(ev, out, sizeof out), 0);
+    ev[7] = other_path;
+    assert_int_equal(ps_test_run_granary(ev, out, sizeof out), 1);
+    assert_non_null(strstr(out, "is not the schema the model was trained with"));
 }
 
 int main(void)
