@@ -479,6 +479,21 @@ static void test_model_shapes(void **state)
     gr_schema_destroy(s);
 }
 
+/* The example schema docs/data.md shows parses (tests run from the repository's root). */
+static void test_example_schema(void **state)
+{
+    (void)state;
+    gr_schema *s = NULL;
+    int rc = gr_schema_load("examples/schema.json", &s);
+    if (rc) fprintf(stderr, "%s\n", gr_errmsg());
+    assert_int_equal(rc, GR_OK);
+    assert_int_equal(gr_schema_n_dense(s), 4);
+    assert_int_equal(gr_schema_n_sparse(s), 4);
+    assert_true(gr_schema_has_lists(s));
+    assert_true(gr_schema_header(s));
+    gr_schema_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -489,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_reader_with_lists_and_header),
         cmocka_unit_test(test_on_bad_callback),
         cmocka_unit_test(test_model_shapes),
+        cmocka_unit_test(test_example_schema),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
