@@ -17,8 +17,40 @@ struct gr_saved_model {
     gr_table *table;
 };
 
-/* Reads the checkpoint's metadata: the model (and its schema into *schema when not NULL), and
- * the training batch and worker count. */
+/* The metadata's model (and its schema into *schema when not NULL), and the training batch and
+ * worker count. */
+static int parse_meta(const char *json, size_t len, const char *where, gr_saved_model_info *info,
+                      gr_schema **schema)
+{
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return gr_seterr(GR_ECORRUPT, "%s/user.json: not a JSON object", where);
+    }
+    int rc;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!model)
+        rc = gr_seterr(GR_ENOENT, "%s/user.json: no \"model\": the checkpoint was written by a "
+                       "granary that did not record the model's shapes; it can be resumed but "
+                       "not opened as a model", where);
+    else rc = tr_model_meta_parse(model, where, info, schema);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "workers");
+    if (cJSON_IsNumber(b) && b->valuedouble >= 1 && b->valuedouble <= (1u << 20))
+        info->batch = (uint64_t)b->valuedouble;
+    if (cJSON_IsNumber(w) && w->valuedouble >= 1 && w->valuedouble <= 256)
+        info->workers = (uint32_t)w->valuedouble;
+    cJSON_Delete(j);
+    return rc;
+}
+
+int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                              gr_saved_model_info *info)
+{
+    return parse_meta(json, len, where, info, NULL);
+}
+
+/* Reads the checkpoint's metadata: the model, and the training batch and worker count. */
 static int read_meta(const char *dir, gr_saved_model_info *info, gr_schema **schema)
 {
     char *txt = NULL;
@@ -27,25 +59,8 @@ static int read_meta(const char *dir, gr_saved_model_info *info, gr_schema **sch
     if (!txt)
         return gr_seterr(GR_ENOENT, "%s: no model metadata (no user.json): not written by "
                          "`granary train` or `granary ckpt export`", dir);
-    cJSON *j = cJSON_Parse(txt);
+    rc = parse_meta(txt, strlen(txt), dir, info, schema);
     free(txt);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return gr_seterr(GR_ECORRUPT, "%s/user.json: not a JSON object", dir);
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
-    if (!model)
-        rc = gr_seterr(GR_ENOENT, "%s/user.json: no \"model\": the checkpoint was written by a "
-                       "granary that did not record the model's shapes; it can be resumed but "
-                       "not opened as a model", dir);
-    else rc = tr_model_meta_parse(model, dir, info, schema);
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
-    const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "workers");
-    if (cJSON_IsNumber(b) && b->valuedouble >= 1 && b->valuedouble <= (1u << 20))
-        info->batch = (uint64_t)b->valuedouble;
-    if (cJSON_IsNumber(w) && w->valuedouble >= 1 && w->valuedouble <= 256)
-        info->workers = (uint32_t)w->valuedouble;
-    cJSON_Delete(j);
     return rc;
 }
 
