@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "granary/train.h"
+#include "train/trainer_int.h" /* tr_bags: the pooling under test */
 
 static char tmpdir[64];
 
@@ -494,6 +495,136 @@ static void test_example_schema(void **state)
     gr_schema_destroy(s);
 }
 
+/* The gradient that tr_bags_scatter gives each id's row matches a finite difference of the
+ * model's loss through tr_bags_gather: sum and mean bags, a repeated id, a categorical id. */
+static void test_bag_gradients(void **state)
+{
+    (void)state;
+    gr_schema *s = must_parse("{\"columns\": [{\"name\": \"y\", \"type\": \"label\"}, "
+                              "{\"name\": \"x\", \"type\": \"dense\"}, {\"name\": \"c\", \"type\": "
+                              "\"categorical\"}, {\"name\": \"s\", \"type\": \"list\", \"separator\": "
+                              "\"|\"}, {\"name\": \"m\", \"type\": \"list\", \"separator\": \"|\", "
+                              "\"pooling\": \"mean\"}]}");
+    const char *lines[] = {"1\t0.5\ta\tp|q|p\tu|v", "0\t-1\tb\tq\tu|u|w", "1\t2\ta\t\tv"};
+    gr_batch b;
+    assert_int_equal(gr_batch_init_schema(&b, 3, s), GR_OK);
+    b.n = 0;
+    b.n_ids = 0;
+    b.bag_off[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        uint32_t bags[3];
+        size_t n;
+        assert_int_equal(gr_schema_parse_line(s, lines[i], strlen(lines[i]), &b.labels[i],
+                                              &b.dense[i], b.ids + b.n_ids, bags, &n), GR_OK);
+        for (int k = 0; k < 3; k++) b.bag_off[i * 3 + k + 1] = b.bag_off[i * 3 + k] + bags[k];
+        b.n_ids += n;
+        b.n++;
+    }
+    assert_int_equal(b.n_ids, 6 + 5 + 3); /* an empty list is its missing id */
+    tr_bags g;
+    assert_int_equal(tr_bags_init(&g, s), GR_OK);
+    assert_true(g.on);
+    gr_model_config c;
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    c.dim = 4;
+    c.schema = s;
+    gr_model *m;
+    assert_int_equal(gr_model_create(&c, &m), GR_OK);
+    gr_model_ws *ws;
+    assert_int_equal(gr_model_ws_create(m, &ws), GR_OK);
+    size_t np = gr_model_dense_size(m);
+    float *p = malloc(np * sizeof *p), *gd = malloc(np * sizeof *gd);
+    gr_model_init_dense(m, p);
+    uint64_t uniq[16];
+    uint32_t inv[16];
+    gr_dedup_scratch ds = {0};
+    long nu = gr_dedup(b.ids, b.n_ids, uniq, inv, &ds);
+    assert_true(nu > 0 && nu <= 16);
+    double rows[16 * 4];
+    float rowsf[16 * 4], emb[3 * 3 * 4], gemb[3 * 3 * 4], grad[16 * 4];
+    for (int i = 0; i < nu * 4; i++) rows[i] = 0.3 * sin(1.7 * i + 0.4);
+    double loss;
+    /* The loss at the rows, and the analytic gradient per unique row. */
+    for (int i = 0; i < nu * 4; i++) rowsf[i] = (float)rows[i];
+    tr_bags_gather(&g, &b, rowsf, inv, 4, emb);
+    assert_int_equal(gr_model_train_step(m, ws, p, 3, b.dense, emb, b.labels, &loss, NULL, gd, gemb),
+                     GR_OK);
+    tr_bags_scatter(&g, &b, gemb, inv, (size_t)nu, 4, grad);
+    const double eps = 1e-2;
+    for (int i = 0; i < nu * 4; i++) {
+        double lp, lm;
+        for (int sign = 0; sign < 2; sign++) {
+            for (int k = 0; k < nu * 4; k++) rowsf[k] = (float)(rows[k] + (k == i ? (sign ? -eps : eps) : 0));
+            tr_bags_gather(&g, &b, rowsf, inv, 4, emb);
+            assert_int_equal(gr_model_train_step(m, ws, p, 3, b.dense, emb, b.labels,
+                                                 sign ? &lm : &lp, NULL, gd, gemb), GR_OK);
+        }
+        double fd = (lp - lm) / (2 * eps);
+        if (fabs(fd - grad[i]) > 2e-3 + 0.05 * fabs(fd))
+            fprintf(stderr, "row %d k %d: finite difference %.6f, scattered %.6f\n", i / 4, i % 4, fd,
+                    grad[i]);
+        assert_true(fabs(fd - grad[i]) <= 2e-3 + 0.05 * fabs(fd));
+    }
+    gr_dedup_scratch_fini(&ds);
+    free(p);
+    free(gd);
+    gr_model_ws_destroy(ws);
+    gr_model_destroy(m);
+    tr_bags_fini(&g);
+    gr_batch_fini(&b);
+    gr_schema_destroy(s);
+}
+
+/* Generated files for a schema: a header, the schema's delimiter, bytes that depend on the seed
+ * and not on the thread count, every line valid. */
+static void test_datagen_schema(void **state)
+{
+    (void)state;
+    gr_schema *s = must_parse(FULL);
+    char d1[160], d2[160], d3[160];
+    snprintf(d1, sizeof d1, "%s/g1", tmpdir);
+    snprintf(d2, sizeof d2, "%s/g2", tmpdir);
+    snprintf(d3, sizeof d3, "%s/g3", tmpdir);
+    gr_datagen_opts o = {.train_rows = 20000, .test_rows = 3000, .seed = 9, .threads = 1, .schema = s};
+    gr_datagen_result r;
+    assert_int_equal(gr_datagen_run(d1, &o, &r), GR_OK);
+    assert_string_equal(r.train_file, "train.csv");
+    assert_true(r.teacher_auc > 0.6);
+    o.threads = 3;
+    assert_int_equal(gr_datagen_run(d2, &o, &r), GR_OK);
+    o.seed = 10;
+    assert_int_equal(gr_datagen_run(d3, &o, &r), GR_OK);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/train.csv %s/train.csv && cmp -s %s/test.csv %s/test.csv",
+             d1, d2, d1, d2);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "cmp -s %s/train.csv %s/train.csv", d1, d3);
+    assert_int_not_equal(system(cmd), 0);
+    char path[300], *text = NULL;
+    snprintf(path, sizeof path, "%s/train.csv", d1);
+    assert_int_equal(gr_read_file(path, &text, NULL), 0);
+    assert_true(!strncmp(text, "y,price,count,user,item,skip,h,recent\n", 38));
+    free(text);
+    gr_criteo_stats st;
+    snprintf(path, sizeof path, "%s/test.csv", d1);
+    /* Read in full through the reader: every generated line is valid. */
+    gr_criteo_opts ro;
+    gr_criteo_opts_default(&ro);
+    ro.schema = s;
+    gr_criteo_reader *rd;
+    assert_int_equal(gr_criteo_open(path, &ro, &rd), GR_OK);
+    gr_batch b;
+    assert_int_equal(gr_batch_init_schema(&b, 1024, s), GR_OK);
+    size_t n = 0;
+    while (gr_criteo_next(rd, &b) == GR_OK && b.n) n += b.n;
+    gr_criteo_get_stats(rd, &st);
+    assert_int_equal(n, 3000);
+    assert_int_equal(st.bad_lines, 0);
+    gr_batch_fini(&b);
+    gr_criteo_close(rd);
+    gr_schema_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -505,6 +636,8 @@ int main(void)
         cmocka_unit_test(test_on_bad_callback),
         cmocka_unit_test(test_model_shapes),
         cmocka_unit_test(test_example_schema),
+        cmocka_unit_test(test_bag_gradients),
+        cmocka_unit_test(test_datagen_schema),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
