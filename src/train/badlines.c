@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void tr_badlog_init(tr_badlog *l, const char *path, const char *what)
 {
@@ -49,11 +50,12 @@ void tr_badlog_add(tr_badlog *l, const gr_criteo_stats *st)
     pthread_mutex_unlock(&l->mu);
 }
 
-static int no_valid(const tr_badlog *l, uint64_t lines)
+static int no_valid(const tr_badlog *l, uint64_t lines, bool all)
 {
-    return gr_seterr(GR_ECORRUPT, "%s: none of its %llu line%s is a valid example (first: line "
+    return gr_seterr(GR_ECORRUPT, "%s: none of %s %llu line%s is a valid example (first: line "
                      "%llu: %s); is the file in the format the schema says? (--schema, "
-                     "docs/data.md)", l->path, (unsigned long long)lines, lines == 1 ? "" : "s",
+                     "docs/data.md)", l->path, all ? "its" : "the first",
+                     (unsigned long long)lines, lines == 1 ? "" : "s",
                      (unsigned long long)l->first_line, l->first_msg);
 }
 
@@ -68,7 +70,7 @@ int tr_badlog_check(tr_badlog *l, double min_valid)
                 100.0 * (double)bad / (double)lines, (unsigned long long)l->first_line,
                 l->first_msg);
     }
-    if (good == 0) return no_valid(l, lines);
+    if (good == 0) return no_valid(l, lines, true);
     double share = (double)good / (double)lines;
     if (share < min_valid)
         return gr_seterr(GR_ECORRUPT, "%s: only %llu of %llu lines (%.2f%%) are valid examples, "
@@ -78,7 +80,7 @@ int tr_badlog_check(tr_badlog *l, double min_valid)
     return GR_OK;
 }
 
-int tr_probe_file(const char *path, const gr_schema *schema)
+int tr_probe_file(const char *path, const gr_schema *schema, double min_valid)
 {
     tr_badlog l;
     tr_badlog_init(&l, path, "probe");
@@ -88,6 +90,9 @@ int tr_probe_file(const char *path, const gr_schema *schema)
     ro.batch = 1;
     ro.block_bytes = 64u << 10;
     ro.schema = schema;
+    /* The first TR_PROBE_BYTES are enough to tell a file in the wrong format (a 10 GB CSV read
+     * as Criteo fails in a moment); only a run that requires no share reads on. */
+    if (min_valid > 0) ro.end = TR_PROBE_BYTES;
     ro.on_bad = tr_badlog_on_bad;
     ro.on_bad_ctx = &l;
     gr_criteo_reader *r = NULL;
@@ -98,8 +103,10 @@ int tr_probe_file(const char *path, const gr_schema *schema)
     if (!rc && b.n == 0) {
         gr_criteo_stats st;
         gr_criteo_get_stats(r, &st);
+        struct stat sb;
+        bool all = ro.end == 0 || (stat(path, &sb) == 0 && (uint64_t)sb.st_size <= ro.end);
         if (st.bad_lines)
-            rc = no_valid(&l, st.bad_lines + st.empty_lines);
+            rc = no_valid(&l, st.bad_lines + st.empty_lines, all);
         else
             rc = gr_seterr(GR_ECORRUPT, "%s has no examples: it is empty%s", path,
                            st.empty_lines ? " but for empty lines or a header" : "");

@@ -252,8 +252,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr.max_ids = gr_schema_max_ids(tr.schema);
     if ((rc = tr_bags_init(&tr.bags, tr.schema))) goto out;
     /* A file in the wrong format fails here, before any table exists or any step runs. */
-    if ((rc = tr_probe_file(o->train_path, tr.schema)) ||
-        (o->test_path && (rc = tr_probe_file(o->test_path, tr.schema))))
+    if ((rc = tr_probe_file(o->train_path, tr.schema, o->min_valid)) ||
+        (o->test_path && (rc = tr_probe_file(o->test_path, tr.schema, o->min_valid))))
         goto out;
     tr.dim = gr_model_emb_dim(tr.m);
     tr.np = gr_model_dense_size(tr.m);

@@ -91,8 +91,10 @@ void tr_badlog_add(tr_badlog *l, const gr_criteo_stats *st);
  * read was valid or fewer than min_valid of them. Nothing read at all is fine (the probe ran). */
 int tr_badlog_check(tr_badlog *l, double min_valid);
 /* Reads the file up to its first valid example: GR_ECORRUPT naming the first bad line when
- * there is none, or when the file is empty. */
-int tr_probe_file(const char *path, const gr_schema *schema);
+ * there is none in its first TR_PROBE_BYTES (in all of it with min_valid 0), or when the file
+ * is empty. */
+#define TR_PROBE_BYTES (4u << 20)
+int tr_probe_file(const char *path, const gr_schema *schema, double min_valid);
 
 /* ---- ids to the model's vectors per sparse slot, and back (bags.c) ------------------------ */
 

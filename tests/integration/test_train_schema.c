@@ -120,7 +120,7 @@ static void test_wrong_format_files_fail(void **state)
     char csv[300];
     snprintf(csv, sizeof csv, "own/train.csv");
     expect_failure(csv, "has 1 field, expected 40 (the line has commas");
-    expect_failure(csv, "none of its 60001 lines is a valid example");
+    expect_failure(csv, "none of the first ");  /* the probe reads 4 MiB of the 6 MB */
     /* A header only. */
     write_text("header.tsv", "label\tI1\tI2\tI3\tI4\tI5\tI6\tI7\tI8\tI9\tI10\tI11\tI12\tI13\tC1\tC2\t"
                              "C3\tC4\tC5\tC6\tC7\tC8\tC9\tC10\tC11\tC12\tC13\tC14\tC15\tC16\tC17\tC18\t"
