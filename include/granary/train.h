@@ -31,15 +31,110 @@ GR_API uint64_t gr_criteo_missing_id(unsigned slot);
 GR_API int gr_criteo_parse_line(const char *line, size_t len, float *label, float *dense,
                                 uint64_t *ids);
 
-/* A batch of examples, row-major: labels[n], dense[n * 13], ids[n * 26]. */
+/* ------------------------------------------------------------------------------------------ */
+/* Data schemas: the layout of any training file (docs/data.md)                                */
+
+/* What a column of the file is. A file has exactly one label column; dense columns become the
+ * model's dense features in column order, categorical and list columns its sparse slots (one
+ * embedding, or one pooled embedding bag, per column) in column order. */
+typedef enum {
+    GR_COL_IGNORE = 0,  /* read past, never used */
+    GR_COL_LABEL = 1,   /* 0 or 1, in any float syntax ("1", "0.0", "1e0") */
+    GR_COL_DENSE = 2,   /* a float in any syntax; empty = missing -> `fill` */
+    GR_COL_CATEGORICAL = 3, /* one id: text or an integer of any width; empty = missing */
+    GR_COL_LIST = 4,    /* several ids split by `separator`, pooled into one bag */
+} gr_col_type;
+
+/* How a categorical value's text is read before it is hashed with its column into a feature
+ * id: as bytes (STRING), as a decimal integer of any width (INT: sign and leading zeros do
+ * not matter), or hexadecimal (HEX: case and leading zeros do not matter). */
+typedef enum { GR_ENC_STRING = 0, GR_ENC_INT = 1, GR_ENC_HEX = 2 } gr_col_encoding;
+typedef enum { GR_POOL_SUM = 0, GR_POOL_MEAN = 1 } gr_pooling;
+typedef enum { GR_TRANSFORM_NONE = 0, GR_TRANSFORM_LOG1P = 1 } gr_transform;
+
+#define GR_SCHEMA_MAX_COLUMNS 1024
+#define GR_SCHEMA_MAX_NAME 64     /* bytes of a column name, with its NUL */
+#define GR_SCHEMA_MAX_ITEMS 1024  /* ids a list column keeps per line, at most */
+#define GR_SCHEMA_DEFAULT_ITEMS 50
+
+typedef struct gr_schema_column {
+    char name[GR_SCHEMA_MAX_NAME];
+    gr_col_type type;
+    gr_col_encoding encoding; /* categorical and list */
+    gr_transform transform;   /* dense: log1p is log(1 + max(x, 0)) */
+    float fill;               /* dense: the feature value of an empty field */
+    char separator;           /* list: between items */
+    gr_pooling pooling;       /* list */
+    uint32_t max_items;       /* list: the first max_items items are kept */
+    uint32_t index;           /* dense feature / sparse slot number (label, ignore: 0) */
+} gr_schema_column;
+
+typedef struct gr_schema gr_schema;
+
+/* The built-in Criteo layout (label, 13 integer, 26 hex columns, tab-separated, no header):
+ * the default everywhere a schema may be given, read by the Criteo fast path with its own ids
+ * (gr_criteo_feature_id). Never destroyed (gr_schema_destroy ignores it). */
+GR_API const gr_schema *gr_schema_criteo(void);
+/* Parses a schema from JSON text (docs/data.md): {"delimiter": ",", "header": true,
+ * "columns": [{"name": "y", "type": "label"}, ...]} or {"builtin": "criteo"}. GR_EINVAL with a
+ * message naming the column and key for an unknown type or key, a missing or second label, a
+ * duplicate name, a bad delimiter or separator (not one character, a line end, or the same as
+ * the delimiter), an out-of-range number; GR_ECORRUPT for text that is not JSON. */
+GR_API int gr_schema_parse(const char *json, size_t len, gr_schema **out);
+/* gr_schema_parse of a file (the message starts with the path). The word "criteo" instead of a
+ * path is the built-in schema. */
+GR_API int gr_schema_load(const char *path, gr_schema **out);
+/* The schema as JSON (malloc'd, caller frees; NULL when out of memory): parses back to an
+ * equal schema. The built-in one is {"builtin": "criteo", ...its columns}. */
+GR_API char *gr_schema_to_json(const gr_schema *s);
+GR_API int gr_schema_clone(const gr_schema *s, gr_schema **out);
+GR_API void gr_schema_destroy(gr_schema *s);
+/* Same columns, delimiter and header: files read the same way. */
+GR_API bool gr_schema_equal(const gr_schema *a, const gr_schema *b);
+GR_API bool gr_schema_is_criteo(const gr_schema *s);
+GR_API uint32_t gr_schema_n_columns(const gr_schema *s);
+GR_API const gr_schema_column *gr_schema_column_at(const gr_schema *s, uint32_t i);
+GR_API uint32_t gr_schema_n_dense(const gr_schema *s);
+GR_API uint32_t gr_schema_n_sparse(const gr_schema *s);
+GR_API char gr_schema_delimiter(const gr_schema *s);
+GR_API bool gr_schema_header(const gr_schema *s);
+/* Whether some column is a list (its examples then carry bags of ids, see gr_batch). */
+GR_API bool gr_schema_has_lists(const gr_schema *s);
+/* The most ids one line can give: the categorical columns plus each list's max_items. */
+GR_API uint32_t gr_schema_max_ids(const gr_schema *s);
+
+/* The feature id of one categorical value's text in sparse slot `slot` (what the reader
+ * computes; serving uses it for raw requests). Empty text is the slot's missing id.
+ * GR_EINVAL when the text does not fit the column's encoding. */
+GR_API int gr_schema_feature_id(const gr_schema *s, uint32_t slot, const char *text, size_t len,
+                                uint64_t *id);
+
+/* Parses one line (without its '\n'; a trailing '\r' is ignored) with a schema: *label,
+ * dense[n_dense] (transformed, empty -> fill), ids (room for gr_schema_max_ids) and
+ * bag_len[n_sparse] (may be NULL; ids of each sparse column: 1 for a categorical one,
+ * 1..max_items for a list; an empty list gives its missing id); *n_ids the ids written. GR_ECORRUPT naming the
+ * column when the line does not match ("column 3 'price': not a number: 'abc'"). */
+GR_API int gr_schema_parse_line(const gr_schema *s, const char *line, size_t len, float *label,
+                                float *dense, uint64_t *ids, uint32_t *bag_len, size_t *n_ids);
+
+/* A batch of examples, row-major: labels[n], dense[n * n_dense], ids[n_ids]. Without list
+ * columns every example has exactly n_sparse ids (n_ids = n * n_sparse, example i's slot s at
+ * ids[i * n_sparse + s]) and bag_off is NULL; with them, the ids of example i's sparse column
+ * s (its bag) are ids[bag_off[i * n_sparse + s] .. bag_off[i * n_sparse + s + 1]). */
 typedef struct gr_batch {
     size_t n, cap;
     float *labels;
     float *dense;
     uint64_t *ids;
+    uint32_t n_dense, n_sparse; /* per example */
+    size_t n_ids, ids_cap;
+    uint32_t *bag_off;          /* n * n_sparse + 1 offsets, or NULL */
 } gr_batch;
 
+/* A batch of the Criteo layout (13 dense, 26 ids per example). */
 GR_API int gr_batch_init(gr_batch *b, size_t cap);
+/* A batch for files of schema s (NULL: Criteo). */
+GR_API int gr_batch_init_schema(gr_batch *b, size_t cap, const gr_schema *s);
 GR_API void gr_batch_fini(gr_batch *b);
 
 typedef struct gr_criteo_opts {
@@ -51,6 +146,14 @@ typedef struct gr_criteo_opts {
     uint64_t first_line; /* line number of the line at `start` (1 for start 0; 0 = 1) */
     size_t block_bytes;  /* read size; 0 = 1 MiB */
     unsigned log_bad;    /* bad lines logged as warnings before going quiet; 0 = 5 */
+    /* The file's layout; NULL = Criteo. With a header the file's line 1 is skipped (when the
+     * range starts there). Must outlive the reader. */
+    const gr_schema *schema;
+    /* Lenient mode: when set, called for every bad line (from a parser thread; several
+     * readers may share one callback) instead of the reader logging log_bad of them itself,
+     * so a caller with many readers over one file logs the first few of all of them once. */
+    void (*on_bad)(void *ctx, const char *path, uint64_t line, const char *why);
+    void *on_bad_ctx;
 } gr_criteo_opts;
 
 GR_API void gr_criteo_opts_default(gr_criteo_opts *o);
@@ -59,7 +162,7 @@ typedef struct gr_criteo_stats {
     uint64_t lines;          /* lines read, including bad and empty ones */
     uint64_t examples;       /* examples returned */
     uint64_t bad_lines;      /* skipped as malformed */
-    uint64_t empty_lines;    /* empty lines (ignored, not bad) */
+    uint64_t empty_lines;    /* empty lines (ignored, not bad), and a schema's header line */
     uint64_t first_bad_line; /* line number of the first bad line (0 = none) */
     char first_bad_msg[256]; /* its message */
 } gr_criteo_stats;
@@ -92,9 +195,13 @@ typedef struct gr_datagen_opts {
     uint64_t train_rows, test_rows;
     uint64_t seed;
     unsigned threads; /* 0 = 2 */
+    /* The layout to write (NULL: Criteo, byte for byte what it always was). Any other schema
+     * gets its own planted teacher over its columns (docs/data.md). */
+    const gr_schema *schema;
 } gr_datagen_opts;
 
 typedef struct gr_datagen_result {
+    char train_file[32], test_file[32]; /* names in DIR: train.tsv, or train.csv for commas */
     uint64_t train_rows, test_rows;
     double train_positive_rate, test_positive_rate;
     double teacher_auc, teacher_logloss; /* of the teacher's probabilities on the test set */
@@ -102,8 +209,9 @@ typedef struct gr_datagen_result {
     double seconds;
 } gr_datagen_result;
 
-/* Writes DIR/train.tsv, DIR/test.tsv and DIR/oracle.json (creating DIR if needed). The
- * output depends only on (seed, rows), not on the thread count. */
+/* Writes DIR/train.tsv, DIR/test.tsv (.csv when the schema's delimiter is a comma, .txt for
+ * another one; a header line when it has one) and DIR/oracle.json (creating DIR if needed).
+ * The output depends only on (schema, seed, rows), not on the thread count. */
 GR_API int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -133,9 +241,15 @@ typedef struct gr_model_config {
     uint32_t top[GR_MODEL_MAX_LAYERS];         /* DLRM top hidden sizes; output is 1 */
     uint32_t n_top;
     uint64_t seed;                             /* dense parameter init */
+    /* The input: n_dense dense features and n_sparse embedding vectors (one per sparse
+     * column, bags already pooled) per example. With a schema both come from it (0 or equal
+     * values); without one, 0 and 0 mean Criteo's 13 and 26. The model keeps its own copy of
+     * the schema (gr_model_schema), so a saved model knows how to read its files. */
+    uint32_t n_dense, n_sparse;
+    const gr_schema *schema;                   /* NULL: Criteo */
 } gr_model_config;
 
-/* DLRM, dim 16, bottom 64,32 (13-64-32-16), top 128,64 (..-128-64-1), seed 1. */
+/* DLRM, dim 16, bottom 64,32 (13-64-32-16), top 128,64 (..-128-64-1), seed 1, Criteo input. */
 GR_API void gr_model_config_default(gr_model_config *c, gr_model_kind kind);
 /* Parses "512,256,64" into sizes (at most GR_MODEL_MAX_LAYERS, each 1..65536). */
 GR_API int gr_model_parse_layers(const char *s, uint32_t *sizes, uint32_t *n);
@@ -146,6 +260,13 @@ typedef struct gr_model_ws gr_model_ws; /* per-thread scratch for forward/backwa
 GR_API int gr_model_create(const gr_model_config *c, gr_model **out);
 GR_API void gr_model_destroy(gr_model *m);
 GR_API const gr_model_config *gr_model_get_config(const gr_model *m);
+/* Dense features and sparse vectors per example. */
+GR_API uint32_t gr_model_n_dense(const gr_model *m);
+GR_API uint32_t gr_model_n_sparse(const gr_model *m);
+/* The layout of the files the model reads (gr_schema_criteo() when none was given; NULL for a
+ * model built from bare shapes other than Criteo's, which cannot read files); owned by the
+ * model (config.schema of gr_model_get_config points to it too). */
+GR_API const gr_schema *gr_model_schema(const gr_model *m);
 /* Floats in the flat dense parameter array. */
 GR_API size_t gr_model_dense_size(const gr_model *m);
 /* Embedding row width: dim for DLRM, 1 for LR. */
@@ -162,8 +283,9 @@ GR_API void gr_model_describe(const gr_model *m, char *buf, size_t len);
 GR_API int gr_model_ws_create(const gr_model *m, gr_model_ws **out);
 GR_API void gr_model_ws_destroy(gr_model_ws *ws);
 
-/* One forward + backward pass over n examples. emb holds every occurrence's embedding row:
- * n * 26 * emb_dim floats (example i, slot s at (i*26 + s) * emb_dim). Writes *loss (mean log
+/* One forward + backward pass over n examples. emb holds every sparse slot's embedding row
+ * (a bag's pooled row): n * S * emb_dim floats, S = n_sparse (example i, slot s at (i*S + s)
+ * * emb_dim). Writes *loss (mean log
  * loss over the batch), probs[n] (may be NULL), grad_dense (dense_size floats, overwritten)
  * and grad_emb (same layout as emb, one row per occurrence, overwritten; the caller sums the
  * rows of duplicate ids). Gradients are of the mean loss. */
@@ -188,14 +310,20 @@ typedef struct gr_score_ws gr_score_ws; /* per-thread scratch for gr_model_score
 GR_API int gr_score_ws_create(const gr_model *m, gr_score_ws **out);
 GR_API void gr_score_ws_destroy(gr_score_ws *ws);
 
-/* Scores n examples (dense: n * 13 features, ids: n * 26 feature ids, as gr_batch holds them)
- * into probs[n]: dedups the ids, fetches the unique rows through `rows`, scatters them to the
- * occurrences and runs gr_model_predict with the dense parameters `params`. The trainer's
- * test evaluation, gr_saved_model_predict and `granary eval` all score through this, so the
- * same parameters give bitwise the same probabilities for the same batches. */
+/* Scores n examples (dense: n * n_dense features, ids: n * n_sparse feature ids, as gr_batch
+ * holds them for a schema without list columns; Criteo: 13 and 26) into probs[n]: dedups the
+ * ids, fetches the unique rows through `rows`, scatters them to the occurrences and runs
+ * gr_model_predict with the dense parameters `params`. The trainer's test evaluation,
+ * gr_saved_model_predict and `granary eval` all score through this, so the same parameters
+ * give bitwise the same probabilities for the same batches. GR_EINVAL for a model whose
+ * schema has list columns (use gr_model_score_batch). */
 GR_API int gr_model_score(const gr_model *m, gr_score_ws *ws, const float *params,
                           gr_rows_fn rows, void *ctx, size_t n, const float *dense,
                           const uint64_t *ids, float *probs);
+/* The same for a batch as the reader fills it (gr_batch_init_schema with the model's schema):
+ * list columns' bags are pooled as in training. */
+GR_API int gr_model_score_batch(const gr_model *m, gr_score_ws *ws, const float *params,
+                                gr_rows_fn rows, void *ctx, const gr_batch *b, float *probs);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Saved models: a checkpoint or an export, ready for inference                                */
@@ -254,6 +382,10 @@ GR_API gr_table *gr_saved_model_table(gr_saved_model *sm);
  * the trainer's evaluation). One ws per thread; calls from several threads are fine. */
 GR_API int gr_saved_model_predict(gr_saved_model *sm, gr_score_ws *ws, size_t n,
                                   const float *dense, const uint64_t *ids, float *probs);
+/* The same for a batch of the model's schema (gr_model_schema of gr_saved_model_model), with
+ * list columns' bags: what a schema with lists needs. */
+GR_API int gr_saved_model_predict_batch(gr_saved_model *sm, gr_score_ws *ws, const gr_batch *b,
+                                        float *probs);
 
 /* The result of scoring a file. */
 typedef struct gr_eval_result {
@@ -488,6 +620,13 @@ typedef struct gr_train_opts {
      * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
      * before its own previous push lands are what costs accuracy (docs/train.md). */
     uint32_t emb_staleness;
+    /* The share of a data file's lines (empty lines and a header aside) that must be valid
+     * examples: below it, or with no valid example at all, the run (or the evaluation) fails
+     * with GR_ECORRUPT after one summary line, instead of training on what little was
+     * readable. Default GR_TRAIN_MIN_VALID_DEFAULT; 0 only requires one valid example. Both
+     * files are probed up to their first valid example before training starts. The files'
+     * layout is model.schema (NULL: Criteo). */
+    double min_valid;
     /* Every step's training loss written to this file as it is pushed, one line "WORKER
      * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
      * %.9g): to compare runs step by step (the PyTorch path's consistency test,
@@ -504,6 +643,9 @@ typedef struct gr_train_opts {
 } gr_train_opts;
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u
+/* Real data has few malformed lines; a file where more than one in ten is bad is more likely
+ * in the wrong format (or read with the wrong schema) than worth training on. */
+#define GR_TRAIN_MIN_VALID_DEFAULT 0.9
 
 /* The mode `granary train` picks for W workers when none is given: async for one worker
  * (nothing to synchronise), hybrid for more (dense parameters exact, as with one worker). */
@@ -565,8 +707,9 @@ typedef struct gr_train_result {
  * Creates the embedding table and dense parameters through the backend. */
 GR_API int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *res);
 
-/* Scores a file with the model's current parameters on the backend (rows read with
- * GR_PULL_READONLY): AUC and logloss. */
+/* Scores a file (read with the model's schema) with the model's current parameters on the
+ * backend (rows read with GR_PULL_READONLY): AUC and logloss. GR_ECORRUPT when the file has no
+ * valid example or fewer than GR_TRAIN_MIN_VALID_DEFAULT of its lines are valid. */
 GR_API int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table,
                              const char *path, size_t batch, unsigned threads, double *auc,
                              double *logloss, uint64_t *examples);

@@ -1,5 +1,6 @@
-/* `granary datagen`: writes synthetic Criteo-layout train/test files with a planted teacher
- * and the teacher's own test metrics (oracle.json), the ceiling a trained model can reach. */
+/* `granary datagen`: writes synthetic train/test files (Criteo layout, or any layout a schema
+ * gives) with a planted teacher and the teacher's own test metrics (oracle.json), the ceiling
+ * a trained model can reach. */
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "granary/train.h"
@@ -15,19 +16,23 @@
       "test rows to write; required")                                                          \
     X(DO_SEED, "seed", GR_CLI_INT, "seed", 0, 9007199254740992.0, NULL, "S", "1",              \
       "the teacher's and the data's seed")                                                     \
-    X(DO_THREADS, "threads", GR_CLI_INT, "threads", 1, 64, NULL, "T", "2", "generator threads")
+    X(DO_THREADS, "threads", GR_CLI_INT, "threads", 1, 64, NULL, "T", "2", "generator threads") \
+    X(DO_SCHEMA, "schema", GR_CLI_STR, "schema", 0, 0, NULL, "FILE", NULL,                      \
+      "write files of this layout (docs/data.md); default: Criteo TSV")
 
 enum { DATAGEN_OPTIONS(GR_CLI_ENUM) DO_COUNT };
 static const gr_cli_opt datagen_opts[] = {DATAGEN_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec datagen_spec = {
     .command = "datagen",
-    .synopsis = "granary datagen --out DIR --train-rows N --test-rows M [--seed S] [--threads T]",
+    .synopsis = "granary datagen --out DIR --train-rows N --test-rows M [--seed S] [--threads T]\n"
+                "                      [--schema FILE]",
     .opts = datagen_opts,
     .n_opts = DO_COUNT,
     .config_section = "",
     .epilog = "Writes DIR/train.tsv, DIR/test.tsv (label, 13 integer, 26 hex fields, tab-separated)\n"
               "and DIR/oracle.json (the teacher's test AUC and logloss, rows, seed, positive rate).\n"
-              "Output depends only on the seed and row counts.\n",
+              "With --schema: files of that layout (train.csv/test.csv when comma-delimited).\n"
+              "Output depends only on the schema, the seed and row counts.\n",
 };
 
 int gr_cli_datagen(int argc, char **argv)
@@ -46,23 +51,32 @@ int gr_cli_datagen(int argc, char **argv)
         gr_cli_parsed_fini(&p);
         return 2;
     }
+    gr_schema *schema = NULL;
+    if (v[DO_SCHEMA].s && gr_schema_load(v[DO_SCHEMA].s, &schema)) {
+        fprintf(stderr, "granary datagen: --schema: %s\n", gr_errmsg());
+        gr_cli_parsed_fini(&p);
+        return 2;
+    }
     gr_datagen_opts o = {.train_rows = (uint64_t)v[DO_TRAIN_ROWS].i,
                          .test_rows = (uint64_t)v[DO_TEST_ROWS].i,
                          .seed = (uint64_t)v[DO_SEED].i,
-                         .threads = (unsigned)v[DO_THREADS].i};
+                         .threads = (unsigned)v[DO_THREADS].i,
+                         .schema = schema};
     gr_datagen_result r;
     int rc = gr_datagen_run(out, &o, &r);
+    gr_schema_destroy(schema);
     if (rc) {
         fprintf(stderr, "granary datagen: %s: %s\n", gr_strerror(rc), gr_errmsg());
         gr_cli_parsed_fini(&p);
         return 1;
     }
     fprintf(stderr,
-            "granary datagen: %llu train + %llu test rows in %.2f s (%.0f rows/s) -> %s\n"
+            "granary datagen: %llu train + %llu test rows in %.2f s (%.0f rows/s) -> %s/{%s,%s}\n"
             "  positive rate train %.4f test %.4f; teacher test AUC %.4f logloss %.4f "
             "(constant predictor %.4f)\n",
             (unsigned long long)r.train_rows, (unsigned long long)r.test_rows, r.seconds,
             (double)(r.train_rows + r.test_rows) / (r.seconds > 0 ? r.seconds : 1e-9), out,
+            r.train_file, r.test_file,
             r.train_positive_rate, r.test_positive_rate, r.teacher_auc, r.teacher_logloss,
             r.base_logloss);
     gr_cli_parsed_fini(&p);

@@ -14,7 +14,10 @@
 #define EVAL_OPTIONS(X)                                                                        \
     X(EO_MODEL, "model", GR_CLI_STR, "model", 0, 0, NULL, "DIR", NULL,                          \
       "a checkpoint root (its newest checkpoint), one checkpoint, or an export")               \
-    X(EO_TEST, "test", GR_CLI_STR, "test", 0, 0, NULL, "FILE", NULL, "the file to score (Criteo TSV)") \
+    X(EO_TEST, "test", GR_CLI_STR, "test", 0, 0, NULL, "FILE", NULL,                            \
+      "the file to score, read with the model's schema (Criteo TSV by default)")               \
+    X(EO_SCHEMA, "schema", GR_CLI_STR, "schema", 0, 0, NULL, "FILE", NULL,                      \
+      "the layout you expect (docs/data.md): refused unless it is the model's own")            \
     X(EO_PRED, "predictions-out", GR_CLI_STR, "predictions_out", 0, 0, NULL, "FILE", NULL,      \
       "write each example's probability, one per line, in file order (bad lines skipped)")     \
     X(EO_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print the result as one JSON line") \
@@ -98,6 +101,19 @@ int gr_cli_eval(int argc, char **argv)
     double t0 = gr_now_s();
     if (!rc) rc = gr_saved_model_open(v[EO_MODEL].s, &sm);
     double t1 = gr_now_s();
+    if (!rc && v[EO_SCHEMA].s) {
+        /* The model's ids come from the schema it was trained with: another one would score
+         * other features, so it can only be checked, not replaced. */
+        gr_schema *want = NULL;
+        rc = gr_schema_load(v[EO_SCHEMA].s, &want);
+        const gr_schema *has = gr_model_schema(gr_saved_model_model(sm));
+        if (!rc && !gr_schema_equal(want, has))
+            rc = gr_seterr(GR_EINVAL, "--schema %s is not the schema the model was trained with "
+                           "(%s); leave --schema out to read the file with the model's own",
+                           v[EO_SCHEMA].s, has && gr_schema_is_criteo(has) ? "Criteo" : "its user.json "
+                           "has it");
+        gr_schema_destroy(want);
+    }
     if (!rc)
         rc = gr_saved_model_evaluate(sm, v[EO_TEST].s, (size_t)v[EO_BATCH].i,
                                      (unsigned)v[EO_THREADS].i, v[EO_PRED].s != NULL, &r);

@@ -94,6 +94,11 @@
       "parser threads per worker (0: the reader stage parses)")                                \
     X(TO_STRICT, "strict", GR_CLI_FLAG, "strict", 0, 0, NULL, NULL, NULL,                      \
       "stop at the first bad line instead of skipping it")                                     \
+    X(TO_SCHEMA, "schema", GR_CLI_STR, "schema", 0, 0, NULL, "FILE", NULL,                     \
+      "the files' layout as JSON (docs/data.md); default: Criteo TSV")                         \
+    X(TO_MINVALID, "min-valid", GR_CLI_NUM, "min_valid", 0, 1, NULL, "SHARE", "0.9",           \
+      "fail when fewer than this share of a file's lines are valid examples\n"                \
+      "(0: one valid example is enough)")                                                      \
     X(TO_MAX, "max-examples", GR_CLI_INT, "max_examples", 0, 1e18, NULL, "N", "0",             \
       "stop after about N training examples (0: no limit)")                                    \
     X(TO_PROGRESS, "progress", GR_CLI_NUM, "progress", 0, 86400, NULL, "SECS", "5",            \
@@ -285,6 +290,7 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
 /* What the command runs with, from the option values. */
 typedef struct train_cmd {
     gr_train_opts o;
+    gr_schema *schema; /* --schema, owned (NULL: Criteo) */
     gr_local_backend_opts bo; /* the dense optimizer (local backend, or the shards') */
     const char *metrics, *servers, *auth_file;
     unsigned shards, shard_threads;
@@ -332,6 +338,14 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->queue_depth = (unsigned)v[TO_DEPTH].i;
     o->parse_threads = (unsigned)v[TO_PARSE].i;
     o->strict = v[TO_STRICT].b;
+    o->min_valid = v[TO_MINVALID].d;
+    if (v[TO_SCHEMA].s) {
+        if (gr_schema_load(v[TO_SCHEMA].s, &c->schema)) {
+            fprintf(stderr, "granary train: --schema: %s\n", gr_errmsg());
+            return 2;
+        }
+        o->model.schema = c->schema;
+    }
     o->max_examples = (uint64_t)v[TO_MAX].i;
     o->progress_s = v[TO_PROGRESS].d;
     o->max_steps = (uint64_t)v[TO_MAXSTEPS].i;
@@ -587,6 +601,12 @@ static void print_start(const train_cmd *c, const run_info *ri, bool cluster)
             o->epochs, modebuf, o->pipeline ? "pipelined" : "sequential",
             c->local ? "local backend" : cluster ? "embedded cluster" : "remote servers");
     if (!c->local) fprintf(stderr, "train: %u shard(s) at %s\n", ri->shards, c->servers);
+    if (c->schema && !gr_schema_is_criteo(c->schema))
+        fprintf(stderr, "train: schema: %u columns, %u dense, %u sparse%s, delimiter '%s'%s\n",
+                gr_schema_n_columns(c->schema), gr_schema_n_dense(c->schema),
+                gr_schema_n_sparse(c->schema), gr_schema_has_lists(c->schema) ? " (with lists)" : "",
+                gr_schema_delimiter(c->schema) == '\t' ? "\\t" : (char[2]){gr_schema_delimiter(c->schema), 0},
+                gr_schema_header(c->schema) ? ", header line" : "");
     if (o->straggler_factor > 1)
         fprintf(stderr, "train: worker %u is a straggler (x%g)\n", o->straggler,
                 o->straggler_factor);
@@ -736,6 +756,7 @@ int gr_cli_train(int argc, char **argv)
     if (exit_now < 0) exit_now = check_combinations(&c);
     if (exit_now < 0) exit_now = check_paths(&c);
     if (exit_now >= 0) {
+        gr_schema_destroy(c.schema);
         gr_cli_parsed_fini(&p);
         return exit_now;
     }
@@ -768,6 +789,7 @@ int gr_cli_train(int argc, char **argv)
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
+        gr_schema_destroy(c.schema);
         gr_cli_stop_signals_restore();
         gr_cli_parsed_fini(&p);
         return 1;
@@ -792,6 +814,7 @@ int gr_cli_train(int argc, char **argv)
     if (!rc) status = exit_status(&r, report(&c, &r, &ri) == 0);
     print_model(&c, &r, &ri, rc != 0, argc, argv);
     gr_cli_stop_signals_restore();
+    gr_schema_destroy(c.schema);
     gr_cli_parsed_fini(&p);
     return status;
 }

@@ -99,6 +99,15 @@ static char *ck_meta(const trainer *tr, uint64_t step)
     cJSON_AddNumberToObject(j, "train_bytes", (double)file_size(o->train_path));
     cJSON_AddNumberToObject(j, "examples", (double)(tr->base_examples + tr->examples));
     cJSON_AddNumberToObject(j, "batches", (double)tr_total_pushed(tr));
+    /* The files' layout: evaluation and serving rebuild the same feature ids from it. */
+    char *schema = gr_schema_to_json(tr->schema);
+    cJSON *sj = schema ? cJSON_Parse(schema) : NULL;
+    free(schema);
+    if (!sj || !cJSON_AddItemToObject(j, "schema", sj)) {
+        cJSON_Delete(sj);
+        cJSON_Delete(j);
+        return NULL;
+    }
     /* What the checkpoint is a model of: a saved-model loader rebuilds it from this. */
     cJSON *model = tr_model_meta(tr->m, &o->emb);
     if (model) cJSON_AddItemToObject(j, "model", model);
@@ -253,6 +262,9 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
                 o->resume, gr_errmsg());
         return GR_OK;
     }
+    if (rc == GR_EDIM)
+        return gr_seterr(rc, "%s (was it trained with another --schema or model shape?)",
+                         gr_errmsg());
     if (rc) return rc;
     cJSON *j = ld.meta ? cJSON_Parse(ld.meta) : NULL;
     free(ld.meta);
@@ -274,6 +286,25 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
                          ld.name);
     }
     rc = GR_OK;
+    /* A checkpoint from before schemas read Criteo. */
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
+    gr_schema *was = NULL;
+    if (sch) {
+        char *txt = cJSON_PrintUnformatted(sch);
+        rc = txt ? gr_schema_parse(txt, strlen(txt), &was) : gr_seterr(GR_ENOMEM, "out of memory");
+        free(txt);
+        if (rc) rc = gr_seterr(GR_ECORRUPT, "%s: the schema in its training position: %s", ld.name,
+                               gr_errmsg());
+    }
+    if (!rc && !gr_schema_equal(was ? was : gr_schema_criteo(), tr->schema))
+        rc = gr_seterr(GR_EINVAL, "%s was trained on files read with %s schema than this run's "
+                       "(give --schema with the one it was trained with)", ld.name,
+                       was && !gr_schema_is_criteo(was) ? "another" : "the Criteo");
+    gr_schema_destroy(was);
+    if (rc) {
+        cJSON_Delete(j);
+        return rc;
+    }
     if (strcmp(data->valuestring, data_name(tr)))
         rc = gr_seterr(GR_EINVAL, "%s was written with %s data assignment, this run has %s "
                        "(--data %s to resume it)", ld.name, data->valuestring, data_name(tr),

@@ -1,7 +1,9 @@
-/* Criteo TSV reader: streams a file (or a byte range of it) in blocks cut at line ends and
- * parses the blocks on a few threads into examples (label, 13 log-transformed dense
- * features, 26 hashed categorical ids). Batches come out in file order whatever the thread
- * count, so training runs are reproducible. */
+/* The data reader: streams a file (or a byte range of it) in blocks cut at line ends and
+ * parses the blocks on a few threads into examples: Criteo TSV by default (label, 13
+ * log-transformed dense features, 26 hashed categorical ids, its own fast parser), or any
+ * layout a schema describes (schema.c parses its lines; list columns give bags of ids).
+ * Batches come out in file order whatever the thread count, so training runs are
+ * reproducible. */
 #include "granary/train.h"
 
 #include <errno.h>
@@ -29,20 +31,31 @@ uint64_t gr_criteo_missing_id(unsigned slot)
     return gr_hash_key(((uint64_t)slot << 33) | MISSING_BIT, FEATURE_SEED);
 }
 
-int gr_batch_init(gr_batch *b, size_t cap)
+/* malloc(0) may return NULL: a schema without dense features still gets a buffer. */
+static size_t nonzero(size_t n) { return n ? n : 1; }
+
+int gr_batch_init_schema(gr_batch *b, size_t cap, const gr_schema *s)
 {
     memset(b, 0, sizeof *b);
+    if (!s) s = gr_schema_criteo();
     if (cap == 0) return gr_seterr(GR_EINVAL, "batch capacity must be > 0");
+    b->n_dense = gr_schema_n_dense(s);
+    b->n_sparse = gr_schema_n_sparse(s);
+    b->ids_cap = cap * gr_schema_max_ids(s);
     b->labels = malloc(cap * sizeof *b->labels);
-    b->dense = malloc(cap * GR_CRITEO_DENSE * sizeof *b->dense);
-    b->ids = malloc(cap * GR_CRITEO_SPARSE * sizeof *b->ids);
-    if (!b->labels || !b->dense || !b->ids) {
+    b->dense = malloc(nonzero(cap * b->n_dense) * sizeof *b->dense);
+    b->ids = malloc(nonzero(b->ids_cap) * sizeof *b->ids);
+    if (gr_schema_has_lists(s)) b->bag_off = malloc((cap * b->n_sparse + 1) * sizeof *b->bag_off);
+    if (!b->labels || !b->dense || !b->ids || (gr_schema_has_lists(s) && !b->bag_off)) {
         gr_batch_fini(b);
         return gr_seterr(GR_ENOMEM, "cannot allocate a batch of %zu examples", cap);
     }
+    if (b->bag_off) b->bag_off[0] = 0;
     b->cap = cap;
     return GR_OK;
 }
+
+int gr_batch_init(gr_batch *b, size_t cap) { return gr_batch_init_schema(b, cap, NULL); }
 
 void gr_batch_fini(gr_batch *b)
 {
@@ -50,6 +63,7 @@ void gr_batch_fini(gr_batch *b)
     free(b->labels);
     free(b->dense);
     free(b->ids);
+    free(b->bag_off);
     memset(b, 0, sizeof *b);
 }
 
@@ -156,6 +170,11 @@ typedef struct block {
     size_t n, ex_cap, taken;
     float *labels, *dense;
     uint64_t *ids;
+    /* With list columns: ids grow as lines come (ids_cap); example i's ids start at
+     * ex_ids[i] (n + 1 entries) and bag_len[i * S + s] are its bags' sizes. */
+    size_t ids_cap;
+    size_t *ex_ids;
+    uint32_t *bag_len;
     uint64_t bad, empty;
     uint64_t first_bad_line;
     char first_bad_msg[256];
@@ -166,6 +185,9 @@ typedef struct block {
 struct gr_criteo_reader {
     char *path;
     gr_criteo_opts o;
+    const gr_schema *schema; /* never NULL */
+    uint32_t nd, ns, max_ids;
+    bool lists;
     int fd;
     uint64_t pos, end;   /* next byte to read, end of range */
     uint64_t next_line;  /* line number of the first line of the next block */
@@ -205,17 +227,42 @@ static int block_reserve_text(block *b, size_t need)
     return GR_OK;
 }
 
-static int block_reserve_examples(block *b, size_t n)
+static int block_reserve_examples(const gr_criteo_reader *r, block *b, size_t n)
 {
     if (b->ex_cap >= n) return GR_OK;
     float *l = realloc(b->labels, n * sizeof *l);
     if (l) b->labels = l;
-    float *d = realloc(b->dense, n * GR_CRITEO_DENSE * sizeof *d);
+    float *d = realloc(b->dense, nonzero(n * r->nd) * sizeof *d);
     if (d) b->dense = d;
-    uint64_t *i = realloc(b->ids, n * GR_CRITEO_SPARSE * sizeof *i);
-    if (i) b->ids = i;
-    if (!l || !d || !i) return gr_seterr(GR_ENOMEM, "cannot allocate %zu parsed examples", n);
+    bool ok = l && d;
+    if (!r->lists) {
+        /* Every example has exactly ns ids. */
+        uint64_t *i = realloc(b->ids, nonzero(n * r->ns) * sizeof *i);
+        if (i) b->ids = i;
+        ok = ok && i;
+    } else {
+        size_t *e = realloc(b->ex_ids, (n + 1) * sizeof *e);
+        if (e) b->ex_ids = e;
+        uint32_t *g = realloc(b->bag_len, nonzero(n * r->ns) * sizeof *g);
+        if (g) b->bag_len = g;
+        ok = ok && e && g;
+    }
+    if (!ok) return gr_seterr(GR_ENOMEM, "cannot allocate %zu parsed examples", n);
     b->ex_cap = n;
+    return GR_OK;
+}
+
+/* With list columns: room for one more line's ids after `used`. */
+static int block_reserve_ids(const gr_criteo_reader *r, block *b, size_t used)
+{
+    size_t need = used + r->max_ids;
+    if (b->ids_cap >= need) return GR_OK;
+    size_t cap = b->ids_cap ? b->ids_cap : 4096;
+    while (cap < need) cap *= 2;
+    uint64_t *i = realloc(b->ids, cap * sizeof *i);
+    if (!i) return gr_seterr(GR_ENOMEM, "cannot allocate %zu parsed ids", cap);
+    b->ids = i;
+    b->ids_cap = cap;
     return GR_OK;
 }
 
@@ -298,29 +345,63 @@ static int read_block(gr_criteo_reader *r, block *b)
     return 1;
 }
 
+/* One line of a schema file into example b->n (list columns: its ids after the last one's). */
+static int parse_schema_line(gr_criteo_reader *r, block *b, const char *p, size_t n)
+{
+    size_t i = b->n, n_ids;
+    if (!r->lists)
+        return gr_schema_parse_line(r->schema, p, n, &b->labels[i], &b->dense[i * r->nd],
+                                    &b->ids[i * r->ns], NULL, &n_ids);
+    size_t at = b->ex_ids[i];
+    int rc = block_reserve_ids(r, b, at);
+    if (rc) return rc;
+    rc = gr_schema_parse_line(r->schema, p, n, &b->labels[i], &b->dense[i * r->nd], &b->ids[at],
+                              &b->bag_len[i * r->ns], &n_ids);
+    if (rc == 0) b->ex_ids[i + 1] = at + n_ids;
+    return rc;
+}
+
 static void parse_block(gr_criteo_reader *r, block *b)
 {
     b->n = b->taken = 0;
     b->bad = b->empty = 0;
     b->first_bad_line = 0;
     b->err = 0;
-    if (block_reserve_examples(b, b->nlines ? b->nlines : 1)) {
+    if (block_reserve_examples(r, b, b->nlines ? b->nlines : 1)) {
         b->err = GR_ENOMEM;
         snprintf(b->errmsg, sizeof b->errmsg, "%s", gr_errmsg());
         return;
     }
+    if (r->lists) b->ex_ids[0] = 0;
+    bool criteo = gr_schema_is_criteo(r->schema);
+    bool header = gr_schema_header(r->schema);
     const char *p = b->text, *end = b->text + b->len;
     uint64_t line = b->first_line;
     while (p < end) {
         const char *q = memchr(p, '\n', (size_t)(end - p));
         if (!q) q = end;
         size_t n = (size_t)(q - p);
-        if (n == 0 || (n == 1 && p[0] == '\r')) {
+        if (n == 0 || (n == 1 && p[0] == '\r') || (header && line == 1)) {
             b->empty++;
         } else {
             size_t i = b->n;
-            int rc = gr_criteo_parse_line(p, n, &b->labels[i], &b->dense[i * GR_CRITEO_DENSE],
-                                          &b->ids[i * GR_CRITEO_SPARSE]);
+            /* Criteo keeps its own parser: the schema's one adds nothing but a hint, and only
+             * a bad line pays for that. */
+            int rc = criteo ? gr_criteo_parse_line(p, n, &b->labels[i], &b->dense[i * GR_CRITEO_DENSE],
+                                                   &b->ids[i * GR_CRITEO_SPARSE])
+                            : parse_schema_line(r, b, p, n);
+            if (rc == GR_ECORRUPT && criteo) {
+                size_t n_ids;
+                uint32_t bags[GR_CRITEO_SPARSE];
+                rc = gr_schema_parse_line(r->schema, p, n, &b->labels[i],
+                                          &b->dense[i * GR_CRITEO_DENSE],
+                                          &b->ids[i * GR_CRITEO_SPARSE], bags, &n_ids);
+            }
+            if (rc == GR_ENOMEM) {
+                b->err = rc;
+                snprintf(b->errmsg, sizeof b->errmsg, "%s", gr_errmsg());
+                return;
+            }
             if (rc == 0) {
                 b->n++;
             } else if (r->o.strict) {
@@ -333,7 +414,9 @@ static void parse_block(gr_criteo_reader *r, block *b)
                     b->first_bad_line = line;
                     snprintf(b->first_bad_msg, sizeof b->first_bad_msg, "%s", gr_errmsg());
                 }
-                if (atomic_fetch_add(&r->logged, 1) < r->o.log_bad)
+                if (r->o.on_bad)
+                    r->o.on_bad(r->o.on_bad_ctx, r->path, line, gr_errmsg());
+                else if (atomic_fetch_add(&r->logged, 1) < r->o.log_bad)
                     GR_LOGW("%s:%llu: skipping bad line: %s", r->path, (unsigned long long)line,
                             gr_errmsg());
             }
@@ -420,6 +503,11 @@ int gr_criteo_open(const char *path, const gr_criteo_opts *opts, gr_criteo_reade
     if (!r) return gr_seterr(GR_ENOMEM, "cannot allocate a reader");
     r->fd = -1;
     r->o = *opts;
+    r->schema = opts->schema ? opts->schema : gr_schema_criteo();
+    r->nd = gr_schema_n_dense(r->schema);
+    r->ns = gr_schema_n_sparse(r->schema);
+    r->max_ids = gr_schema_max_ids(r->schema);
+    r->lists = gr_schema_has_lists(r->schema);
     if (!r->o.block_bytes) r->o.block_bytes = 1u << 20;
     if (r->o.block_bytes < 64) r->o.block_bytes = 64;
     if (!r->o.first_line) r->o.first_line = 1;
@@ -539,10 +627,33 @@ static void release_block(gr_criteo_reader *r, block *b)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Appends k examples of block b (from its example j) to a batch of a schema with lists. */
+static void copy_bags(const gr_criteo_reader *r, const block *b, size_t j, size_t k, gr_batch *out)
+{
+    const uint32_t S = r->ns;
+    size_t from = b->ex_ids[j], count = b->ex_ids[j + k] - from;
+    memcpy(out->ids + out->n_ids, b->ids + from, count * sizeof *out->ids);
+    uint32_t *off = out->bag_off + out->n * S;
+    uint32_t at = off[0];
+    const uint32_t *len = b->bag_len + j * S;
+    for (size_t t = 0; t < k * S; t++) {
+        at += len[t];
+        off[t + 1] = at;
+    }
+    out->n_ids += count;
+}
+
 int gr_criteo_next(gr_criteo_reader *r, gr_batch *out)
 {
     out->n = 0;
+    out->n_ids = 0;
+    if (out->bag_off) out->bag_off[0] = 0;
     if (r->done_err) return gr_seterr(r->done_err, "reader already failed");
+    if (out->n_dense != r->nd || out->n_sparse != r->ns || (r->lists && !out->bag_off) ||
+        out->ids_cap < out->cap * r->max_ids)
+        return gr_seterr(GR_EINVAL, "reader: the batch was made for another schema (%u dense, %u "
+                         "sparse; the file's has %u and %u)", out->n_dense, out->n_sparse, r->nd,
+                         r->ns);
     size_t want = r->o.batch < out->cap ? r->o.batch : out->cap;
     while (out->n < want) {
         block *b = NULL;
@@ -560,10 +671,13 @@ int gr_criteo_next(gr_criteo_reader *r, gr_batch *out)
         if (k > want - out->n) k = want - out->n;
         size_t i = out->n, j = b->taken;
         memcpy(out->labels + i, b->labels + j, k * sizeof *out->labels);
-        memcpy(out->dense + i * GR_CRITEO_DENSE, b->dense + j * GR_CRITEO_DENSE,
-               k * GR_CRITEO_DENSE * sizeof *out->dense);
-        memcpy(out->ids + i * GR_CRITEO_SPARSE, b->ids + j * GR_CRITEO_SPARSE,
-               k * GR_CRITEO_SPARSE * sizeof *out->ids);
+        memcpy(out->dense + i * r->nd, b->dense + j * r->nd, k * r->nd * sizeof *out->dense);
+        if (r->lists) {
+            copy_bags(r, b, j, k, out);
+        } else {
+            memcpy(out->ids + i * r->ns, b->ids + j * r->ns, k * r->ns * sizeof *out->ids);
+            out->n_ids += k * r->ns;
+        }
         out->n += k;
         b->taken += k;
         if (b->taken == b->n) release_block(r, b);
@@ -590,6 +704,8 @@ void gr_criteo_close(gr_criteo_reader *r)
             free(r->blocks[i].labels);
             free(r->blocks[i].dense);
             free(r->blocks[i].ids);
+            free(r->blocks[i].ex_ids);
+            free(r->blocks[i].bag_len);
         }
         free(r->blocks);
     }

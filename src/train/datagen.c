@@ -3,7 +3,7 @@
  * teacher's probability, and the teacher's own test AUC/logloss go to oracle.json. Every
  * random choice derives from (seed, split, chunk) or (seed, slot, id), so the bytes written
  * depend only on the seed and row counts, never on the thread count. */
-#include "granary/train.h"
+#include "train/datagen_int.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -85,13 +85,10 @@ static inline uint32_t rank_value(const gen *g, unsigned slot, uint64_t rank)
     return (uint32_t)gr_hash_key((rank << 8) | slot, g->seed ^ 0x72616e6bull);
 }
 
-typedef struct row {
-    float label, prob;
-} row;
-
 /* Writes one row into buf, returns its length; *prob gets the teacher's probability. */
-static size_t gen_row(const gen *g, gr_rng *r, char *buf, float *label_out, float *prob_out)
+static size_t gen_row(const void *gv, gr_rng *r, char *buf, float *label_out, float *prob_out)
 {
+    const gen *g = gv;
     static const char hex[] = "0123456789abcdef";
     uint32_t value[GR_CRITEO_SPARSE];
     bool present[GR_CRITEO_SPARSE];
@@ -176,11 +173,14 @@ typedef struct chunk_buf {
 } chunk_buf;
 
 typedef struct job {
-    const gen *g;
+    const void *g;
+    dg_row_fn row;
+    uint64_t seed;
+    size_t max_row;
     uint64_t rows, nchunks, split;
     unsigned threads, nbufs;
     chunk_buf *bufs;
-    row *rows_out; /* test split: label + teacher probability per row; NULL for train */
+    dg_row *rows_out; /* test split: label + teacher probability per row; NULL for train */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t written; /* chunks written so far */
@@ -205,7 +205,7 @@ static void *gen_worker(void *arg)
         pthread_mutex_unlock(&j->mu);
         if (stop) break;
         gr_rng r;
-        uint64_t st = j->g->seed ^ (j->split << 62) ^ (c * 0x9e3779b97f4a7c15ull);
+        uint64_t st = j->seed ^ (j->split << 62) ^ (c * 0x9e3779b97f4a7c15ull);
         gr_rng_seed(&r, gr_splitmix64(&st));
         uint64_t first = c * CHUNK_ROWS;
         uint64_t n = j->rows - first < CHUNK_ROWS ? j->rows - first : CHUNK_ROWS;
@@ -213,7 +213,7 @@ static void *gen_worker(void *arg)
         double pos = 0;
         for (uint64_t i = 0; i < n; i++) {
             float label, prob;
-            len += gen_row(j->g, &r, b->text + len, &label, &prob);
+            len += j->row(j->g, &r, b->text + len, &label, &prob);
             pos += label;
             if (j->rows_out) {
                 j->rows_out[first + i].label = label;
@@ -245,15 +245,17 @@ static int write_all(int fd, const char *p, size_t n, const char *path)
     return GR_OK;
 }
 
-static int gen_split(const gen *g, const char *dir, const char *name, uint64_t rows,
-                     uint64_t split, unsigned threads, row *rows_out, double *positives)
+int dg_write_split(const dg_split *sp, dg_row *rows_out, double *positives)
 {
     char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(path, sizeof path, "%s/%s", sp->dir, sp->name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return gr_seterr(GR_EIO, "cannot create %s: %s", tmp, strerror(errno));
-    job j = {.g = g, .rows = rows, .split = split, .threads = threads, .rows_out = rows_out};
+    unsigned threads = sp->threads;
+    uint64_t rows = sp->rows;
+    job j = {.g = sp->gen, .row = sp->row, .seed = sp->seed, .max_row = sp->max_row_bytes,
+             .rows = rows, .split = sp->split, .threads = threads, .rows_out = rows_out};
     j.nchunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
     j.nbufs = 2 * threads;
     pthread_mutex_init(&j.mu, NULL);
@@ -268,7 +270,7 @@ static int gen_split(const gen *g, const char *dir, const char *name, uint64_t r
         goto out;
     }
     for (unsigned i = 0; i < j.nbufs; i++) {
-        j.bufs[i].text = malloc((size_t)CHUNK_ROWS * MAX_ROW_BYTES);
+        j.bufs[i].text = malloc((size_t)CHUNK_ROWS * j.max_row);
         if (!j.bufs[i].text) {
             rc = gr_seterr(GR_ENOMEM, "datagen: cannot allocate chunk buffers");
             goto out;
@@ -282,7 +284,8 @@ static int gen_split(const gen *g, const char *dir, const char *name, uint64_t r
         }
     }
     *positives = 0;
-    for (uint64_t c = 0; c < j.nchunks; c++) {
+    if (sp->header) rc = write_all(fd, sp->header, strlen(sp->header), tmp);
+    for (uint64_t c = 0; !rc && c < j.nchunks; c++) {
         chunk_buf *b = &j.bufs[c % j.nbufs];
         pthread_mutex_lock(&j.mu);
         while (!(b->ready && b->chunk == c)) pthread_cond_wait(&j.cv, &j.mu);
@@ -317,29 +320,28 @@ out:
     return rc;
 }
 
-int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res)
+int dg_run(const char *dir, const gr_datagen_opts *opts, const dg_split *train_split,
+           gr_datagen_result *res)
 {
-    memset(res, 0, sizeof *res);
-    if (!dir || !*dir) return gr_seterr(GR_EINVAL, "datagen: an output directory is needed");
-    if (opts->threads > 64) return gr_seterr(GR_EINVAL, "datagen: at most 64 threads");
-    if (opts->train_rows > (1ull << 40) || opts->test_rows > (1ull << 32))
-        return gr_seterr(GR_ETOOBIG, "datagen: too many rows");
+    double t0 = gr_now_s();
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return gr_seterr(GR_EIO, "cannot create %s: %s", dir, strerror(errno));
-    double t0 = gr_now_s();
-    gen g = {.seed = opts->seed};
-    for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
-        int rc = gr_zipf_init(&g.zipf[s], SLOTS[s].vocab, SLOTS[s].zipf_s);
-        if (rc) return rc;
-    }
-    for (size_t p = 0; p < NPAIRS_T; p++) g.in_pair[PAIRS[p][0]] = g.in_pair[PAIRS[p][1]] = 1;
-    unsigned threads = opts->threads ? opts->threads : 2;
-    row *test = malloc((opts->test_rows ? opts->test_rows : 1) * sizeof *test);
+    dg_split sp = *train_split;
+    sp.dir = dir;
+    sp.threads = opts->threads ? opts->threads : 2;
+    sp.seed = opts->seed;
+    dg_row *test = malloc((opts->test_rows ? opts->test_rows : 1) * sizeof *test);
     if (!test) return gr_seterr(GR_ENOMEM, "datagen: cannot hold %llu test rows",
                                 (unsigned long long)opts->test_rows);
     double pos_train = 0, pos_test = 0;
-    int rc = gen_split(&g, dir, "train.tsv", opts->train_rows, 0, threads, NULL, &pos_train);
-    if (!rc) rc = gen_split(&g, dir, "test.tsv", opts->test_rows, 1, threads, test, &pos_test);
+    sp.name = res->train_file;
+    sp.rows = opts->train_rows;
+    sp.split = 0;
+    int rc = dg_write_split(&sp, NULL, &pos_train);
+    sp.name = res->test_file;
+    sp.rows = opts->test_rows;
+    sp.split = 1;
+    if (!rc) rc = dg_write_split(&sp, test, &pos_test);
     if (rc) {
         free(test);
         return rc;
@@ -385,6 +387,11 @@ int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_resu
         cJSON_AddNumberToObject(o, "teacher_auc", res->teacher_auc);
     cJSON_AddNumberToObject(o, "teacher_logloss", res->teacher_logloss);
     cJSON_AddNumberToObject(o, "base_logloss", res->base_logloss);
+    if (opts->schema && !gr_schema_is_criteo(opts->schema)) {
+        /* Only files of a schema say which they are: Criteo's oracle stays as it was. */
+        cJSON_AddStringToObject(o, "train_file", res->train_file);
+        cJSON_AddStringToObject(o, "test_file", res->test_file);
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return gr_seterr(GR_ENOMEM, "datagen: out of memory");
@@ -395,4 +402,24 @@ int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_resu
     rc = gr_write_file_atomic(path, text, len + 1);
     free(text);
     return rc;
+}
+
+int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res)
+{
+    memset(res, 0, sizeof *res);
+    if (!dir || !*dir) return gr_seterr(GR_EINVAL, "datagen: an output directory is needed");
+    if (opts->threads > 64) return gr_seterr(GR_EINVAL, "datagen: at most 64 threads");
+    if (opts->train_rows > (1ull << 40) || opts->test_rows > (1ull << 32))
+        return gr_seterr(GR_ETOOBIG, "datagen: too many rows");
+    if (opts->schema && !gr_schema_is_criteo(opts->schema)) return dg_schema_run(dir, opts, res);
+    gen g = {.seed = opts->seed};
+    for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
+        int rc = gr_zipf_init(&g.zipf[s], SLOTS[s].vocab, SLOTS[s].zipf_s);
+        if (rc) return rc;
+    }
+    for (size_t p = 0; p < NPAIRS_T; p++) g.in_pair[PAIRS[p][0]] = g.in_pair[PAIRS[p][1]] = 1;
+    snprintf(res->train_file, sizeof res->train_file, "train.tsv");
+    snprintf(res->test_file, sizeof res->test_file, "test.tsv");
+    dg_split sp = {.gen = &g, .row = gen_row, .max_row_bytes = MAX_ROW_BYTES};
+    return dg_run(dir, opts, &sp, res);
 }

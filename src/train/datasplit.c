@@ -279,6 +279,10 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
         ro.start = start;
         ro.end = end;
         ro.first_line = line;
+        ro.schema = tr->schema;
+        /* One log of bad lines for the whole file, not one per range (chunk). */
+        ro.on_bad = tr_badlog_on_bad;
+        ro.on_bad_ctx = &tr->badlog;
         gr_criteo_reader *r;
         int rc = gr_criteo_open(o->train_path, &ro, &r);
         if (rc) return rc;
@@ -315,6 +319,7 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
         gr_criteo_stats st;
         gr_criteo_get_stats(r, &st);
         gr_criteo_close(r);
+        tr_badlog_add(&tr->badlog, &st);
         pthread_mutex_lock(&tr->mu);
         tr->bad_lines += st.bad_lines;
         pthread_mutex_unlock(&tr->mu);

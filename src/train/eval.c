@@ -1,6 +1,8 @@
 /* Scoring a file with given parameters: W threads over byte ranges, each scoring its batches
- * through gr_model_score, then exact AUC and logloss over the whole file. The trainer's
- * final evaluation and saved models (`granary eval`) both run this. */
+ * through gr_model_score_batch, then exact AUC and logloss over the whole file. The trainer's
+ * final evaluation and saved models (`granary eval`) both run this. The file is read with the
+ * model's schema; a file with no valid example (or too few) is an error, not an AUC of
+ * nothing. */
 #include "train/trainer_int.h"
 
 #include <pthread.h>
@@ -17,6 +19,7 @@ typedef struct eval_part {
     const char *path;
     size_t batch;
     uint64_t start, end, first_line;
+    tr_badlog *log;
     float *probs, *labels;
     size_t n, cap;
     uint64_t bad_lines;
@@ -46,27 +49,32 @@ static int eval_range(eval_part *p)
     ro.start = p->start;
     ro.end = p->end;
     ro.first_line = p->first_line;
+    ro.schema = gr_model_schema(p->m);
+    ro.on_bad = tr_badlog_on_bad;
+    ro.on_bad_ctx = p->log;
     gr_criteo_reader *r = NULL;
     gr_score_ws *ws = NULL;
     gr_batch b = {0};
     int rc;
-    if ((rc = gr_batch_init(&b, p->batch)) || (rc = gr_score_ws_create(p->m, &ws))) goto out;
+    if ((rc = gr_batch_init_schema(&b, p->batch, ro.schema)) ||
+        (rc = gr_score_ws_create(p->m, &ws)))
+        goto out;
     if ((rc = gr_criteo_open(p->path, &ro, &r))) goto out;
     for (;;) {
         if ((rc = gr_criteo_next(r, &b)) || b.n == 0) break;
         if ((rc = grow(p, b.n))) break;
-        rc = gr_model_score(p->m, ws, p->params, p->rows, p->ctx, b.n, b.dense, b.ids,
-                            p->probs + p->n);
+        rc = gr_model_score_batch(p->m, ws, p->params, p->rows, p->ctx, &b, p->probs + p->n);
         if (rc) break;
         memcpy(p->labels + p->n, b.labels, b.n * sizeof *p->labels);
         p->n += b.n;
     }
+out:
     if (r) {
         gr_criteo_stats st;
         gr_criteo_get_stats(r, &st);
         p->bad_lines = st.bad_lines;
+        tr_badlog_add(p->log, &st);
     }
-out:
     gr_criteo_close(r);
     gr_score_ws_destroy(ws);
     gr_batch_fini(&b);
@@ -82,24 +90,28 @@ static void *eval_main(void *arg)
 }
 
 int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
-                 const char *path, size_t batch, unsigned threads, bool want_probs,
-                 gr_eval_result *res)
+                 const char *path, size_t batch, unsigned threads, double min_valid,
+                 bool want_probs, gr_eval_result *res)
 {
     memset(res, 0, sizeof *res);
     res->auc = res->logloss = NAN;
+    if (!gr_model_schema(m))
+        return gr_seterr(GR_EINVAL, "evaluate: the model has no schema to read %s with", path);
     if (!threads) threads = 1;
     if (threads > 64) threads = 64;
     if (!batch) batch = 1024;
     uint64_t off[65], first[65];
     int rc = gr_criteo_split(path, threads, off, first);
     if (rc) return rc;
+    tr_badlog log;
+    tr_badlog_init(&log, path, "test");
     eval_part parts[64];
     pthread_t tids[64];
     unsigned started = 0;
     for (unsigned i = 0; i < threads; i++) {
         parts[i] = (eval_part){.m = m, .params = params, .rows = rows, .ctx = ctx, .path = path,
                                .batch = batch, .start = off[i], .end = off[i + 1],
-                               .first_line = first[i]};
+                               .first_line = first[i], .log = &log};
     }
     for (unsigned i = 1; i < threads; i++, started++)
         if (pthread_create(&tids[i], NULL, eval_main, &parts[i]) != 0) {
@@ -115,6 +127,9 @@ int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *
         n += parts[i].n;
         res->bad_lines += parts[i].bad_lines;
     }
+    if (!rc && !(rc = tr_badlog_check(&log, min_valid)) && log.good + log.bad == 0)
+        rc = gr_seterr(GR_ECORRUPT, "%s has no examples: it is empty", path);
+    tr_badlog_fini(&log);
     float *probs = NULL, *labels = NULL;
     if (!rc && n) {
         probs = malloc(n * sizeof *probs);
@@ -161,6 +176,14 @@ int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, c
                       size_t batch, unsigned threads, double *auc, double *logloss,
                       uint64_t *examples)
 {
+    return tr_evaluate(m, be, table, path, batch, threads, GR_TRAIN_MIN_VALID_DEFAULT, auc,
+                       logloss, examples);
+}
+
+int tr_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, const char *path,
+                size_t batch, unsigned threads, double min_valid, double *auc, double *logloss,
+                uint64_t *examples)
+{
     *auc = *logloss = NAN;
     *examples = 0;
     size_t np = gr_model_dense_size(m);
@@ -169,7 +192,8 @@ int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, c
     int rc = be->dense_pull(be->ctx, gr_model_dense_name(m), params, np);
     be_rows br = {be, table};
     gr_eval_result r;
-    if (!rc) rc = tr_eval_file(m, params, backend_rows, &br, path, batch, threads, false, &r);
+    if (!rc)
+        rc = tr_eval_file(m, params, backend_rows, &br, path, batch, threads, min_valid, false, &r);
     free(params);
     if (rc) return rc;
     *auc = r.auc;

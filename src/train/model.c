@@ -1,7 +1,8 @@
-/* The reference models: logistic regression and DLRM (bottom MLP, 27-vector pairwise dot
- * interaction, top MLP), forward and backward over a batch with OpenBLAS. Dense parameters
- * are one flat float array so they can live on a parameter server as one dense tensor;
- * embedding rows come in and their gradients go out per occurrence. */
+/* The reference models: logistic regression and DLRM (bottom MLP, pairwise dot interaction of
+ * the bottom output with one vector per sparse column, top MLP), forward and backward over a
+ * batch with OpenBLAS, for any number of dense and sparse columns (Criteo's 13 and 26 by
+ * default). Dense parameters are one flat float array so they can live on a parameter server
+ * as one dense tensor; embedding rows come in and their gradients go out per sparse slot. */
 #include "granary/train.h"
 
 #include <cblas.h>
@@ -10,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NVEC (GR_CRITEO_SPARSE + 1)          /* bottom output + one vector per slot */
-#define NPAIRS (NVEC * (NVEC - 1) / 2)        /* 351 dot products */
+#define MAX_SPARSE 4096                      /* vectors per example a model takes, at most */
 #define MAX_LAYERS (GR_MODEL_MAX_LAYERS + 1) /* hidden layers + the output layer */
 
 typedef struct layer {
@@ -22,6 +22,9 @@ typedef struct layer {
 
 struct gr_model {
     gr_model_config c;
+    gr_schema *schema;   /* owned copy (c.schema points to it) */
+    uint32_t nd, ns;     /* dense features, sparse vectors per example */
+    uint32_t nvec, npairs; /* DLRM: bottom output + one vector per slot; their dot products */
     layer bot[MAX_LAYERS], top[MAX_LAYERS];
     uint32_t nbot, ntop;
     uint32_t top_in;
@@ -50,6 +53,8 @@ void gr_model_config_default(gr_model_config *c, gr_model_kind kind)
     c->top[1] = 64;
     c->n_top = 2;
     c->seed = 1;
+    c->n_dense = c->n_sparse = 0; /* from the schema: Criteo's 13 and 26 */
+    c->schema = NULL;
 }
 
 int gr_model_parse_layers(const char *s, uint32_t *sizes, uint32_t *n)
@@ -103,19 +108,54 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
     for (uint32_t i = 0; i < c->n_top; i++)
         if (c->top[i] < 1 || c->top[i] > 65536)
             return gr_seterr(GR_EINVAL, "top layer %u has size %u", i, c->top[i]);
+    const gr_schema *schema = c->schema ? c->schema : gr_schema_criteo();
+    uint32_t nd = c->n_dense, ns = c->n_sparse;
+    if (!c->schema && nd == 0 && ns == 0) {
+        nd = GR_CRITEO_DENSE;
+        ns = GR_CRITEO_SPARSE;
+    }
+    if (c->schema && ((nd && nd != gr_schema_n_dense(schema)) ||
+                      (ns && ns != gr_schema_n_sparse(schema))))
+        return gr_seterr(GR_EINVAL, "model: %u dense and %u sparse inputs, but the schema has %u "
+                         "and %u", nd, ns, gr_schema_n_dense(schema), gr_schema_n_sparse(schema));
+    if (c->schema) {
+        nd = gr_schema_n_dense(schema);
+        ns = gr_schema_n_sparse(schema);
+    } else if (nd != GR_CRITEO_DENSE || ns != GR_CRITEO_SPARSE) {
+        schema = NULL; /* shapes without a file layout (a caller that feeds arrays itself) */
+    }
+    if (ns > MAX_SPARSE) return gr_seterr(GR_EINVAL, "model: %u sparse inputs, at most %d", ns, MAX_SPARSE);
+    if (nd > 65536) return gr_seterr(GR_EINVAL, "model: %u dense inputs, at most 65536", nd);
+    if (nd + ns == 0) return gr_seterr(GR_EINVAL, "model: no inputs (0 dense, 0 sparse)");
+    if (c->kind == GR_MODEL_DLRM && nd == 0)
+        return gr_seterr(GR_EINVAL, "dlrm needs at least one dense feature (its bottom MLP's "
+                         "input); use --model lr for ids only");
     gr_model *m = calloc(1, sizeof *m);
     if (!m) return gr_seterr(GR_ENOMEM, "cannot allocate a model");
     m->c = *c;
+    m->c.schema = NULL;
+    if (schema) {
+        int rc = gr_schema_clone(schema, &m->schema);
+        if (rc) {
+            free(m);
+            return rc;
+        }
+        m->c.schema = m->schema;
+    }
+    m->nd = m->c.n_dense = nd;
+    m->ns = m->c.n_sparse = ns;
     if (c->kind == GR_MODEL_LR) {
         m->c.dim = 1;
-        m->dense_size = GR_CRITEO_DENSE + 1;
+        m->dense_size = nd + 1;
         m->max_width = 1; /* the workspace then holds the n logits */
         m->top_in = 1;
         *out = m;
         return GR_OK;
     }
+    m->nvec = ns + 1;
+    m->npairs = m->nvec * (m->nvec - 1) / 2;
     size_t at = 0;
-    uint32_t in = GR_CRITEO_DENSE, w = GR_CRITEO_DENSE;
+    uint32_t in = nd, w = nd;
     for (uint32_t i = 0; i <= c->n_bottom; i++) {
         uint32_t o = i < c->n_bottom ? c->bottom[i] : c->dim;
         at = add_layer(&m->bot[i], in, o, true, at); /* DLRM: ReLU on every bottom layer */
@@ -123,7 +163,7 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
         if (o > w) w = o;
     }
     m->nbot = c->n_bottom + 1;
-    m->top_in = c->dim + NPAIRS;
+    m->top_in = c->dim + m->npairs;
     in = m->top_in;
     if (in > w) w = in;
     for (uint32_t i = 0; i <= c->n_top; i++) {
@@ -140,8 +180,16 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
     return GR_OK;
 }
 
-void gr_model_destroy(gr_model *m) { free(m); }
+void gr_model_destroy(gr_model *m)
+{
+    if (!m) return;
+    gr_schema_destroy(m->schema);
+    free(m);
+}
 const gr_model_config *gr_model_get_config(const gr_model *m) { return &m->c; }
+uint32_t gr_model_n_dense(const gr_model *m) { return m->nd; }
+uint32_t gr_model_n_sparse(const gr_model *m) { return m->ns; }
+const gr_schema *gr_model_schema(const gr_model *m) { return m->schema; }
 size_t gr_model_dense_size(const gr_model *m) { return m->dense_size; }
 uint32_t gr_model_emb_dim(const gr_model *m) { return m->c.dim; }
 
@@ -175,8 +223,7 @@ void gr_model_describe(const gr_model *m, char *buf, size_t len)
     size_t at = 0;
     buf[0] = 0;
     if (m->c.kind == GR_MODEL_LR) {
-        snprintf(buf, len, "lr: dense.w %d @0, bias 1 @%d; embedding dim 1", GR_CRITEO_DENSE,
-                 GR_CRITEO_DENSE);
+        snprintf(buf, len, "lr: dense.w %u @0, bias 1 @%u; embedding dim 1", m->nd, m->nd);
         return;
     }
     for (int part = 0; part < 2; part++) {
@@ -301,49 +348,99 @@ static int check_args(const gr_model *m, const float *params, size_t n, const fl
 
 /* ---- logistic regression ------------------------------------------------------------------ */
 
-static void lr_logits(const float *p, size_t n, const float *dense, const float *emb, float *z)
+static void lr_logits(const gr_model *m, const float *p, size_t n, const float *dense,
+                      const float *emb, float *z)
 {
+    const uint32_t nd = m->nd, ns = m->ns;
     for (size_t i = 0; i < n; i++) {
-        double s = p[GR_CRITEO_DENSE];
-        for (int j = 0; j < GR_CRITEO_DENSE; j++) s += (double)p[j] * dense[i * GR_CRITEO_DENSE + j];
-        for (int k = 0; k < GR_CRITEO_SPARSE; k++) s += emb[i * GR_CRITEO_SPARSE + k];
+        double s = p[nd];
+        for (uint32_t j = 0; j < nd; j++) s += (double)p[j] * dense[i * nd + j];
+        for (uint32_t k = 0; k < ns; k++) s += emb[i * ns + k];
         z[i] = (float)s;
     }
 }
 
 /* ---- DLRM ---------------------------------------------------------------------------------- */
 
-static inline const float *vec_of(const float *bot, const float *emb, size_t i, int v, uint32_t d)
+/* Vector v of one example: its bottom output bi (v = 0) or its slot v - 1's row in ei (the
+ * example's first slot). The callers hoist bi and ei per example: with any number of slots
+ * the index arithmetic would otherwise cost ~3 % of a step. */
+static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, uint32_t d)
 {
-    return v == 0 ? bot + i * d : emb + (i * GR_CRITEO_SPARSE + (size_t)(v - 1)) * d;
+    return v == 0 ? bi : ei + (size_t)(v - 1) * d;
 }
 
-/* Forward to the logits (ws->top_out[ntop-1], n x 1). */
-static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
-                         const float *dense, const float *emb)
+/* The interaction: z = [bot, <va, vb> for a > b] per example. */
+static inline __attribute__((always_inline)) void
+interact_forward(float *zs, uint32_t top_in, const float *bot, const float *emb, size_t n,
+                 uint32_t d, uint32_t ns, uint32_t nvec)
 {
-    const uint32_t d = m->c.dim;
-    const float *x = dense;
-    for (uint32_t l = 0; l < m->nbot; l++) {
-        layer_forward(&m->bot[l], p, n, x, ws->bot_out[l]);
-        x = ws->bot_out[l];
-    }
-    const float *bot = x;
     for (size_t i = 0; i < n; i++) {
-        float *z = ws->z + i * m->top_in;
+        float *z = zs + i * top_in;
         memcpy(z, bot + i * d, d * sizeof *z);
         float *dots = z + d;
-        int k = 0;
-        for (int a = 1; a < NVEC; a++) {
-            const float *va = vec_of(bot, emb, i, a, d);
-            for (int b = 0; b < a; b++) {
-                const float *vb = vec_of(bot, emb, i, b, d);
+        uint32_t k = 0;
+        const float *bi = bot + i * d, *ei = emb + i * ns * d;
+        for (uint32_t a = 1; a < nvec; a++) {
+            const float *va = vec_at(bi, ei, a, d);
+            for (uint32_t b = 0; b < a; b++) {
+                const float *vb = vec_at(bi, ei, b, d);
                 float s = 0;
                 for (uint32_t t = 0; t < d; t++) s += va[t] * vb[t];
                 dots[k++] = s;
             }
         }
     }
+}
+
+/* Its backward: the gradient of every slot's row (gemb, zeroed first) and of the bottom output
+ * (dbot) from dz. */
+static inline __attribute__((always_inline)) void
+interact_backward(const float *dzs, uint32_t top_in, const float *bot, const float *emb,
+                  size_t n, uint32_t d, uint32_t ns, uint32_t nvec, float *dbots, float *gemb)
+{
+    memset(gemb, 0, n * ns * d * sizeof *gemb);
+    for (size_t i = 0; i < n; i++) {
+        const float *dz = dzs + i * top_in;
+        float *dbot = dbots + i * d;
+        memcpy(dbot, dz, d * sizeof *dbot);
+        const float *ddots = dz + d;
+        uint32_t k = 0;
+        const float *bi = bot + i * d, *ei = emb + i * ns * d;
+        float *gi = gemb + i * ns * d;
+        for (uint32_t a = 1; a < nvec; a++) {
+            const float *va = vec_at(bi, ei, a, d);
+            float *ga = gi + (size_t)(a - 1) * d;
+            for (uint32_t b = 0; b < a; b++) {
+                float gk = ddots[k++];
+                if (gk == 0.0f) continue;
+                const float *vb = vec_at(bi, ei, b, d);
+                float *gb = b == 0 ? dbot : gi + (size_t)(b - 1) * d;
+                for (uint32_t t = 0; t < d; t++) {
+                    ga[t] += gk * vb[t];
+                    gb[t] += gk * va[t];
+                }
+            }
+        }
+    }
+}
+
+/* Forward to the logits (ws->top_out[ntop-1], n x 1). */
+static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
+                         const float *dense, const float *emb)
+{
+    const uint32_t d = m->c.dim, ns = m->ns, nvec = m->nvec;
+    const float *x = dense;
+    for (uint32_t l = 0; l < m->nbot; l++) {
+        layer_forward(&m->bot[l], p, n, x, ws->bot_out[l]);
+        x = ws->bot_out[l];
+    }
+    /* Criteo's 27 vectors get their own copy of the loop, with the count known to the
+     * compiler, as before models took any number of columns. */
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_forward(ws->z, m->top_in, x, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1);
+    else
+        interact_forward(ws->z, m->top_in, x, emb, n, d, ns, nvec);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
         layer_forward(&m->top[l], p, n, x, ws->top_out[l]);
@@ -354,7 +451,7 @@ static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, siz
 static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
                           const float *dense, const float *emb, float *g, float *gemb)
 {
-    const uint32_t d = m->c.dim;
+    const uint32_t d = m->c.dim, ns = m->ns, nvec = m->nvec;
     /* ws->da holds dlogit (n x 1) on entry. Top MLP, last layer first. */
     float *dy = ws->da, *dx = ws->db;
     for (int l = (int)m->ntop - 1; l >= 0; l--) {
@@ -369,28 +466,11 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     }
     /* Interaction: z = [bot, dots(a > b)]. */
     const float *bot = ws->bot_out[m->nbot - 1];
-    memset(gemb, 0, n * GR_CRITEO_SPARSE * d * sizeof *gemb);
-    for (size_t i = 0; i < n; i++) {
-        const float *dz = ws->dz + i * m->top_in;
-        float *dbot = ws->dbot + i * d;
-        memcpy(dbot, dz, d * sizeof *dbot);
-        const float *ddots = dz + d;
-        int k = 0;
-        for (int a = 1; a < NVEC; a++) {
-            const float *va = vec_of(bot, emb, i, a, d);
-            float *ga = gemb + (i * GR_CRITEO_SPARSE + (size_t)(a - 1)) * d;
-            for (int b = 0; b < a; b++) {
-                float gk = ddots[k++];
-                if (gk == 0.0f) continue;
-                const float *vb = vec_of(bot, emb, i, b, d);
-                float *gb = b == 0 ? dbot : gemb + (i * GR_CRITEO_SPARSE + (size_t)(b - 1)) * d;
-                for (uint32_t t = 0; t < d; t++) {
-                    ga[t] += gk * vb[t];
-                    gb[t] += gk * va[t];
-                }
-            }
-        }
-    }
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_backward(ws->dz, m->top_in, bot, emb, n, d, GR_CRITEO_SPARSE,
+                          GR_CRITEO_SPARSE + 1, ws->dbot, gemb);
+    else
+        interact_backward(ws->dz, m->top_in, bot, emb, n, d, ns, nvec, ws->dbot, gemb);
     /* Bottom MLP: its output went through a ReLU. */
     dy = ws->da;
     dx = ws->db;
@@ -420,16 +500,16 @@ int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params,
     double sum = 0;
     if (m->c.kind == GR_MODEL_LR) {
         float *z = ws->da; /* n floats fit: max_width >= 1 */
-        lr_logits(params, n, dense, emb, z);
+        const uint32_t nd = m->nd, ns = m->ns;
+        lr_logits(m, params, n, dense, emb, z);
         for (size_t i = 0; i < n; i++) {
             float pr = sigmoidf(z[i]);
             if (probs) probs[i] = pr;
             sum += logloss_logit(z[i], labels[i]);
             float dz = (pr - labels[i]) * inv_n;
-            for (int j = 0; j < GR_CRITEO_DENSE; j++)
-                grad_dense[j] += dz * dense[i * GR_CRITEO_DENSE + j];
-            grad_dense[GR_CRITEO_DENSE] += dz;
-            for (int k = 0; k < GR_CRITEO_SPARSE; k++) grad_emb[i * GR_CRITEO_SPARSE + k] = dz;
+            for (uint32_t j = 0; j < nd; j++) grad_dense[j] += dz * dense[i * nd + j];
+            grad_dense[nd] += dz;
+            for (uint32_t k = 0; k < ns; k++) grad_emb[i * ns + k] = dz;
         }
         *loss = sum / (double)n;
         return GR_OK;
@@ -454,7 +534,7 @@ int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, si
     if (rc || n == 0) return rc;
     if ((rc = ws_reserve(m, ws, n))) return rc;
     if (m->c.kind == GR_MODEL_LR) {
-        lr_logits(params, n, dense, emb, probs);
+        lr_logits(m, params, n, dense, emb, probs);
     } else {
         dlrm_forward(m, ws, params, n, dense, emb);
         memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);

@@ -23,8 +23,8 @@ cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb)
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     cJSON_AddStringToObject(j, "kind", kind_name(c->kind));
-    cJSON_AddNumberToObject(j, "n_dense", GR_CRITEO_DENSE);
-    cJSON_AddNumberToObject(j, "n_sparse", GR_CRITEO_SPARSE);
+    cJSON_AddNumberToObject(j, "n_dense", gr_model_n_dense(m));
+    cJSON_AddNumberToObject(j, "n_sparse", gr_model_n_sparse(m));
     cJSON_AddNumberToObject(j, "dim", gr_model_emb_dim(m));
     cJSON_AddItemToObject(j, "bottom", sizes(c->bottom, c->kind == GR_MODEL_LR ? 0 : c->n_bottom));
     cJSON_AddItemToObject(j, "top", sizes(c->top, c->kind == GR_MODEL_LR ? 0 : c->n_top));
@@ -36,8 +36,20 @@ cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb)
     cJSON *t = spec ? cJSON_Parse(spec) : NULL;
     free(spec);
     cJSON_AddItemToObject(j, "table", t ? t : cJSON_CreateNull());
-    /* How example fields become feature ids: Criteo's (gr_criteo_feature_id). */
-    cJSON_AddStringToObject(j, "features", "criteo");
+    /* How a file's fields become features and feature ids: Criteo's (gr_criteo_feature_id) or
+     * a schema's (docs/data.md), given whole so a reader of the model needs nothing else. */
+    const gr_schema *s = gr_model_schema(m);
+    cJSON_AddStringToObject(j, "features", !s ? "none" : gr_schema_is_criteo(s) ? "criteo" : "schema");
+    if (s) {
+        char *txt = gr_schema_to_json(s);
+        cJSON *sj = txt ? cJSON_Parse(txt) : NULL;
+        free(txt);
+        if (!sj) {
+            cJSON_Delete(j);
+            return NULL;
+        }
+        cJSON_AddItemToObject(j, "schema", sj);
+    }
     return j;
 }
 
@@ -71,8 +83,10 @@ static int get_layers(const cJSON *j, const char *key, const char *where, uint32
     return GR_OK;
 }
 
-int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info)
+int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info,
+                        gr_schema **schema)
 {
+    if (schema) *schema = NULL;
     if (!cJSON_IsObject(j))
         return gr_seterr(GR_ECORRUPT, "%s: \"model\" is not an object", where);
     gr_model_config *c = &info->model;
@@ -87,10 +101,26 @@ int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *
         (rc = get_layers(j, "bottom", where, c->bottom, &c->n_bottom)) ||
         (rc = get_layers(j, "top", where, c->top, &c->n_top)))
         return rc;
-    if (info->n_dense != GR_CRITEO_DENSE || info->n_sparse != GR_CRITEO_SPARSE)
-        return gr_seterr(GR_EINVAL, "%s: the model takes %u dense and %u categorical features; "
-                         "this build scores only the Criteo layout (%d and %d)", where,
-                         info->n_dense, info->n_sparse, GR_CRITEO_DENSE, GR_CRITEO_SPARSE);
+    /* The files' layout: a model recorded before schemas read Criteo. */
+    const cJSON *sj = cJSON_GetObjectItemCaseSensitive(j, "schema");
+    gr_schema *s = (gr_schema *)gr_schema_criteo();
+    if (sj) {
+        char *txt = cJSON_PrintUnformatted(sj);
+        rc = txt ? gr_schema_parse(txt, strlen(txt), &s) : gr_seterr(GR_ENOMEM, "out of memory");
+        free(txt);
+        if (rc) return gr_seterr(rc, "%s: model.schema: %s", where, gr_errmsg());
+    }
+    if (info->n_dense != gr_schema_n_dense(s) || info->n_sparse != gr_schema_n_sparse(s)) {
+        rc = gr_seterr(GR_ECORRUPT, "%s: the model takes %u dense and %u sparse features, its "
+                       "schema gives %u and %u", where, info->n_dense, info->n_sparse,
+                       gr_schema_n_dense(s), gr_schema_n_sparse(s));
+        gr_schema_destroy(s);
+        return rc;
+    }
+    c->n_dense = info->n_dense;
+    c->n_sparse = info->n_sparse;
+    if (schema) *schema = s;
+    else gr_schema_destroy(s);
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
     if (cJSON_IsNumber(seed) && seed->valuedouble >= 0) c->seed = (uint64_t)seed->valuedouble;
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "dense");

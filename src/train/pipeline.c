@@ -50,14 +50,15 @@ bool tr_aborted(tr_worker *w)
 static int item_init(trainer *tr, tr_item *it)
 {
     memset(it, 0, sizeof *it);
-    size_t b = tr->o->batch, occ = b * GR_CRITEO_SPARSE;
-    int rc = gr_batch_init(&it->batch, b);
+    /* occ: ids of a full batch (with list columns, every list full); slots: its vectors. */
+    size_t b = tr->o->batch, occ = b * tr->max_ids, slots = b * tr->bags.ns;
+    int rc = gr_batch_init_schema(&it->batch, b, tr->schema);
     if (rc) return rc;
-    it->uniq = malloc(occ * sizeof *it->uniq);
-    it->inv = malloc(occ * sizeof *it->inv);
-    it->rows = malloc(occ * tr->dim * sizeof *it->rows);
-    it->emb = malloc(occ * tr->dim * sizeof *it->emb);
-    it->gemb = malloc(occ * tr->dim * sizeof *it->gemb);
+    it->uniq = malloc((occ ? occ : 1) * sizeof *it->uniq);
+    it->inv = malloc((occ ? occ : 1) * sizeof *it->inv);
+    it->rows = malloc((occ ? occ : 1) * tr->dim * sizeof *it->rows);
+    it->emb = malloc((slots ? slots : 1) * tr->dim * sizeof *it->emb);
+    it->gemb = malloc((slots ? slots : 1) * tr->dim * sizeof *it->gemb);
     it->params = malloc(tr->np * sizeof *it->params);
     it->gdense = malloc(tr->np * sizeof *it->gdense);
     if (!it->uniq || !it->inv || !it->rows || !it->emb || !it->gemb || !it->params ||
@@ -125,7 +126,7 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     int rc;
-    size_t occ = it->batch.n * GR_CRITEO_SPARSE;
+    size_t occ = it->batch.n_ids;
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
@@ -144,11 +145,9 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     else
         rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
     if (rc) return rc;
-    /* Each occurrence's row, for the model. Done here rather than in compute: the compute
-     * stage is the pipeline's slowest, so memory work moves to the stages around it. */
-    const uint32_t d = tr->dim;
-    for (size_t i = 0; i < occ; i++)
-        memcpy(it->emb + i * d, it->rows + (size_t)it->inv[i] * d, d * sizeof(float));
+    /* Each slot's row (or pooled bag), for the model. Done here rather than in compute: the
+     * compute stage is the pipeline's slowest, so memory work moves to the stages around it. */
+    tr_bags_gather(&tr->bags, &it->batch, it->rows, it->inv, tr->dim, it->emb);
     it->t.pull += gr_now_s() - t0;
     return GR_OK;
 }
@@ -251,14 +250,7 @@ static int stage_push(tr_worker *w, tr_item *it)
     bool dropped = it->dropped;
     int rc;
     /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
-    const uint32_t d = tr->dim;
-    size_t occ = it->batch.n * GR_CRITEO_SPARSE;
-    memset(it->rows, 0, it->nuniq * d * sizeof(float));
-    for (size_t i = 0; i < occ; i++) {
-        float *dst = it->rows + (size_t)it->inv[i] * d;
-        const float *src = it->gemb + i * d;
-        for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
-    }
+    tr_bags_scatter(&tr->bags, &it->batch, it->gemb, it->inv, it->nuniq, tr->dim, it->rows);
     if (tr->stepped && !tr->hybrid)
         rc = be->steps->push(be->ctx, w->id, it->token, tr->o->emb.id, it->uniq, it->nuniq,
                              it->rows, tr->dense_name, it->gdense, tr->np, &dropped);

@@ -12,13 +12,16 @@
 
 struct gr_saved_model {
     gr_saved_model_info info;
+    gr_schema *schema; /* the files' layout, from the metadata */
     gr_model *m;
     float *dense;
     gr_table *table;
 };
 
-int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
-                              gr_saved_model_info *info)
+/* The metadata's model (and its schema into *schema when not NULL), and the training batch and
+ * worker count. */
+static int parse_meta(const char *json, size_t len, const char *where, gr_saved_model_info *info,
+                      gr_schema **schema)
 {
     cJSON *j = cJSON_ParseWithLength(json, len);
     if (!cJSON_IsObject(j)) {
@@ -31,7 +34,7 @@ int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
         rc = gr_seterr(GR_ENOENT, "%s/user.json: no \"model\": the checkpoint was written by a "
                        "granary that did not record the model's shapes; it can be resumed but "
                        "not opened as a model", where);
-    else rc = tr_model_meta_parse(model, where, info);
+    else rc = tr_model_meta_parse(model, where, info, schema);
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "workers");
     if (cJSON_IsNumber(b) && b->valuedouble >= 1 && b->valuedouble <= (1u << 20))
@@ -42,8 +45,14 @@ int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
     return rc;
 }
 
+int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                              gr_saved_model_info *info)
+{
+    return parse_meta(json, len, where, info, NULL);
+}
+
 /* Reads the checkpoint's metadata: the model, and the training batch and worker count. */
-static int read_meta(const char *dir, gr_saved_model_info *info)
+static int read_meta(const char *dir, gr_saved_model_info *info, gr_schema **schema)
 {
     char *txt = NULL;
     int rc = gr_ckpt_read_user(dir, &txt);
@@ -51,7 +60,7 @@ static int read_meta(const char *dir, gr_saved_model_info *info)
     if (!txt)
         return gr_seterr(GR_ENOENT, "%s: no model metadata (no user.json): not written by "
                          "`granary train` or `granary ckpt export`", dir);
-    rc = gr_saved_model_parse_meta(txt, strlen(txt), dir, info);
+    rc = parse_meta(txt, strlen(txt), dir, info, schema);
     free(txt);
     return rc;
 }
@@ -85,7 +94,7 @@ static int load_table(const char *dir, gr_saved_model *sm)
     return GR_OK;
 }
 
-int gr_saved_model_read_info(const char *path, gr_saved_model_info *in)
+static int read_info(const char *path, gr_saved_model_info *in, gr_schema **schema)
 {
     memset(in, 0, sizeof *in);
     gr_ckpt_manifest *man = NULL;
@@ -95,7 +104,12 @@ int gr_saved_model_read_info(const char *path, gr_saved_model_info *in)
     in->step = man->step;
     snprintf(in->kind, sizeof in->kind, "%s", gr_ckpt_kind_name(man->kind));
     gr_ckpt_manifest_destroy(man);
-    return read_meta(in->dir, in);
+    return read_meta(in->dir, in, schema);
+}
+
+int gr_saved_model_read_info(const char *path, gr_saved_model_info *in)
+{
+    return read_info(path, in, NULL);
 }
 
 int gr_saved_model_open(const char *path, gr_saved_model **out)
@@ -109,8 +123,11 @@ int gr_saved_model_open(const char *path, gr_saved_model **out)
     gr_saved_model *sm = calloc(1, sizeof *sm);
     if (!sm) return gr_seterr(GR_ENOMEM, "out of memory");
     gr_saved_model_info *in = &sm->info;
-    int rc = gr_saved_model_read_info(path, in);
+    int rc = read_info(path, in, &sm->schema);
+    in->model.schema = sm->schema;
     if (!rc) rc = gr_model_create(&in->model, &sm->m);
+    /* The model holds its own copy: point at it, valid as long as the model. */
+    if (!rc) in->model.schema = gr_model_schema(sm->m);
     if (!rc && gr_model_dense_size(sm->m) != in->dense_size)
         rc = gr_seterr(GR_EDIM, "%s: the recorded shapes make %zu dense floats, the metadata says "
                        "%llu", in->dir, gr_model_dense_size(sm->m),
@@ -134,6 +151,7 @@ void gr_saved_model_close(gr_saved_model *sm)
 {
     if (!sm) return;
     gr_model_destroy(sm->m);
+    gr_schema_destroy(sm->schema);
     gr_table_destroy(sm->table);
     free(sm->dense);
     free(sm);
@@ -156,11 +174,17 @@ int gr_saved_model_predict(gr_saved_model *sm, gr_score_ws *ws, size_t n, const 
     return gr_model_score(sm->m, ws, sm->dense, table_rows, sm->table, n, dense, ids, probs);
 }
 
+int gr_saved_model_predict_batch(gr_saved_model *sm, gr_score_ws *ws, const gr_batch *b,
+                                 float *probs)
+{
+    return gr_model_score_batch(sm->m, ws, sm->dense, table_rows, sm->table, b, probs);
+}
+
 int gr_saved_model_evaluate(gr_saved_model *sm, const char *path, size_t batch, unsigned threads,
                             bool want_probs, gr_eval_result *res)
 {
     if (!batch) batch = sm->info.batch ? sm->info.batch : 1024;
     if (!threads) threads = sm->info.workers ? sm->info.workers : 1;
     return tr_eval_file(sm->m, sm->dense, table_rows, sm->table, path, batch, threads,
-                        want_probs, res);
+                        GR_TRAIN_MIN_VALID_DEFAULT, want_probs, res);
 }

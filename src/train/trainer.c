@@ -53,6 +53,7 @@ void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
     o->queue_depth = 1;
     o->progress_s = 5.0;
     o->emb_staleness = GR_TRAIN_STALENESS_DEFAULT;
+    o->min_valid = GR_TRAIN_MIN_VALID_DEFAULT;
     gr_table_spec *t = &o->emb;
     if (kind == GR_MODEL_LR) {
         gr_table_spec_default(t, "lr_weights", 1);
@@ -214,6 +215,8 @@ static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
                          "embedded cluster or --servers)");
     if (o->ckpt_zstd < 0 || o->ckpt_zstd > 19)
         return gr_seterr(GR_EINVAL, "train: checkpoint zstd level must be 0..19");
+    if (!(o->min_valid >= 0 && o->min_valid <= 1))
+        return gr_seterr(GR_EINVAL, "train: the share of valid lines required must be in 0..1");
     uint32_t want_dim = o->model.kind == GR_MODEL_LR ? 1 : o->model.dim;
     if (o->emb.dim != want_dim)
         return gr_seterr(GR_EDIM, "train: embedding table '%s' has dim %u, the model needs %u",
@@ -237,7 +240,21 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     float *init = NULL;
     unsigned started = 0;
     pthread_t *tids = NULL;
+    tr_badlog_init(&tr.badlog, o->train_path, "train");
     if ((rc = gr_model_create(&o->model, &tr.m))) goto out;
+    tr.schema = gr_model_schema(tr.m);
+    if (!tr.schema) {
+        rc = gr_seterr(GR_EINVAL, "train: the model has %u dense and %u sparse inputs but no "
+                       "schema: give model.schema to say how the files are read",
+                       gr_model_n_dense(tr.m), gr_model_n_sparse(tr.m));
+        goto out;
+    }
+    tr.max_ids = gr_schema_max_ids(tr.schema);
+    if ((rc = tr_bags_init(&tr.bags, tr.schema))) goto out;
+    /* A file in the wrong format fails here, before any table exists or any step runs. */
+    if ((rc = tr_probe_file(o->train_path, tr.schema, o->min_valid)) ||
+        (o->test_path && (rc = tr_probe_file(o->test_path, tr.schema, o->min_valid))))
+        goto out;
     tr.dim = gr_model_emb_dim(tr.m);
     tr.np = gr_model_dense_size(tr.m);
     tr.dense_name = gr_model_dense_name(tr.m);
@@ -359,9 +376,10 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
         goto out;
     }
     res->stopped = stopped;
+    if ((rc = tr_badlog_check(&tr.badlog, o->min_valid))) goto out;
     if (o->test_path && !stopped) {
-        rc = gr_train_evaluate(tr.m, be, o->emb.id, o->test_path, o->batch, o->workers,
-                               &res->test_auc, &res->test_logloss, &res->test_examples);
+        rc = tr_evaluate(tr.m, be, o->emb.id, o->test_path, o->batch, o->workers, o->min_valid,
+                         &res->test_auc, &res->test_logloss, &res->test_examples);
     }
 out:
     if (tr.loss_log && fclose(tr.loss_log) != 0 && !rc)
@@ -373,6 +391,8 @@ out:
     cJSON_Delete(resumed);
     free(tids);
     free(init);
+    tr_bags_fini(&tr.bags);
+    tr_badlog_fini(&tr.badlog);
     gr_model_destroy(tr.m);
     pthread_mutex_destroy(&tr.mu);
     pthread_cond_destroy(&tr.cv);

@@ -65,6 +65,60 @@ struct tr_item {
 
 typedef struct trainer trainer;
 
+/* ---- a file's bad lines across its readers (badlines.c) ----------------------------------- */
+
+#define TR_BAD_LOGGED 5 /* bad lines of a file printed before going quiet */
+
+typedef struct tr_badlog {
+    const char *path;
+    const char *what;      /* "train", "test": the messages' prefix */
+    bool quiet;            /* count, print nothing (the probe) */
+    atomic_uint logged;    /* bad lines reported so far */
+    pthread_mutex_t mu;    /* what follows */
+    uint64_t first_line;   /* the earliest bad line reported, and why */
+    char first_msg[256];
+    uint64_t good, bad;    /* from the readers' stats as they close */
+} tr_badlog;
+
+void tr_badlog_init(tr_badlog *l, const char *path, const char *what);
+void tr_badlog_fini(tr_badlog *l);
+/* gr_criteo_opts.on_bad with ctx = the tr_badlog: prints the first TR_BAD_LOGGED, then one
+ * line saying the rest are counted. */
+void tr_badlog_on_bad(void *ctx, const char *path, uint64_t line, const char *why);
+/* Adds a closed reader's counts. */
+void tr_badlog_add(tr_badlog *l, const gr_criteo_stats *st);
+/* The summary (when there were bad lines), and GR_ECORRUPT when no line
+ * read was valid or fewer than min_valid of them. Nothing read at all is fine (the probe ran). */
+int tr_badlog_check(tr_badlog *l, double min_valid);
+/* Reads the file up to its first valid example: GR_ECORRUPT naming the first bad line when
+ * there is none in its first TR_PROBE_BYTES (in all of it with min_valid 0), or when the file
+ * is empty. */
+#define TR_PROBE_BYTES (4u << 20)
+int tr_probe_file(const char *path, const gr_schema *schema, double min_valid);
+
+/* ---- ids to the model's vectors per sparse slot, and back (bags.c) ------------------------ */
+
+typedef struct tr_bags {
+    bool on;          /* the schema has list columns: batches carry bag offsets */
+    uint32_t ns;      /* sparse slots */
+    uint8_t *mean;    /* per slot: mean pooling (else sum) */
+} tr_bags;
+
+int tr_bags_init(tr_bags *g, const gr_schema *s);
+void tr_bags_fini(tr_bags *g);
+/* emb (n * ns * d): each slot's pulled row, or its bag's rows pooled. */
+void tr_bags_gather(const tr_bags *g, const gr_batch *b, const float *rows, const uint32_t *inv,
+                    uint32_t d, float *emb);
+/* rows (nuniq * d, overwritten): each unique id's gradient, summed over its occurrences from
+ * the per-slot gradient gemb (a mean bag's items get 1/len of it). */
+void tr_bags_scatter(const tr_bags *g, const gr_batch *b, const float *gemb, const uint32_t *inv,
+                     size_t nuniq, uint32_t d, float *rows);
+
+/* Scores a file (eval.c): gr_train_evaluate with the run's share of valid lines required. */
+int tr_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, const char *path,
+                size_t batch, unsigned threads, double min_valid, double *auc, double *logloss,
+                uint64_t *examples);
+
 
 typedef struct tr_worker {
     trainer *tr;
@@ -128,6 +182,10 @@ struct trainer {
     const gr_train_opts *o;
     gr_train_backend *be;
     gr_model *m;
+    const gr_schema *schema; /* the model's: how the files are read */
+    tr_bags bags;
+    size_t max_ids;          /* ids per batch, at most */
+    tr_badlog badlog;        /* the training file's bad lines */
     uint32_t dim;
     size_t np;
     const char *dense_name;
@@ -217,18 +275,22 @@ void tr_ck_finish(trainer *tr);
 
 /* Scores a file with the dense parameters `params` and rows from `rows`: `threads` byte ranges
  * in parallel, batches of `batch`, then AUC and logloss over the whole file (and, with
- * want_probs, every probability in file order). */
+ * want_probs, every probability in file order). The file is read with the model's schema;
+ * GR_ECORRUPT when it has no valid example or fewer than min_valid of its lines are valid. */
 int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
-                 const char *path, size_t batch, unsigned threads, bool want_probs,
-                 gr_eval_result *res);
+                 const char *path, size_t batch, unsigned threads, double min_valid,
+                 bool want_probs, gr_eval_result *res);
 
 /* ---- model_meta.c ------------------------------------------------------------------------- */
 
 /* The model as the trainer records it with every checkpoint (user.json "model"): kind, shapes,
  * the embedding table's spec and the dense parameter's name and size. */
 cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb);
-/* Reads it back into info (model, n_dense, n_sparse, table, dense_name, dense_size); errors
- * name the member ("model.bottom: ..."), prefixed with `where`. */
-int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info);
+/* Reads it back into info (model, n_dense, n_sparse, table, dense_name, dense_size) and, when
+ * schema is not NULL, the files' layout into *schema (caller destroys; a model recorded
+ * without one reads Criteo); errors name the member ("model.bottom: ..."), prefixed with
+ * `where`. */
+int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info,
+                        gr_schema **schema);
 
 #endif
