@@ -19,6 +19,8 @@ typedef struct gr_cli_command {
     X("datagen", gr_cli_datagen, "generate synthetic Criteo-layout data with a known teacher")           \
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
     X("ckpt", gr_cli_ckpt, "checkpoints: granary ckpt inspect|verify|reshard|export|latest|retain") \
+    X("controller", gr_cli_controller, "the control plane: job API, scheduler and dashboard (docs/platform.md)") \
+    X("job", gr_cli_job, "submit, list, watch and stop jobs on a controller: granary job submit|list|status|stop|logs") \
     X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt|soak [--json]")
 
 #define GR_CLI_DECLARE(name, fn, summary) int fn(int argc, char **argv);
