@@ -280,6 +280,15 @@ static void test_progress_with_checkpoints(void **state)
     assert_non_null(strstr(out, " I shard 0 of 2 listening on"));
     assert_non_null(strstr(out, "train: the model was not saved (give --ckpt-dir DIR to keep it)"));
     free(out);
+    /* A level that is not one says so. */
+    assert_int_equal(run((const char *const[]){"train", "--train", g_fx.train, SMALL, "--progress",
+                                               "0", "--max-steps", "1", NULL},
+                         &out, "GRANARY_LOG=verbose"),
+                     0);
+    assert_non_null(strstr(out, "granary: GRANARY_LOG=verbose is not one of error, warn, info, "
+                                "debug; logging at info\n"));
+    assert_int_equal(count(out, "GRANARY_LOG=verbose"), 1);
+    free(out);
 }
 
 /* Starts a long run, waits for its first progress line, sends `sig`; returns its output and
