@@ -658,6 +658,7 @@ int gr_cli_train(int argc, char **argv)
     int rc = make_backend(&c, &ri, &cluster, &client, &be);
     if (rc) {
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
+        gr_cli_explain_no_reply("train", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
         gr_cli_stop_signals_restore();
