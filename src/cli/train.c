@@ -113,10 +113,17 @@
       "with deltas: a full checkpoint at least every N")                                       \
     X(TO_CKZSTD, "ckpt-zstd", GR_CLI_INT, "ckpt_zstd", 0, 19, NULL, "L", "0",                  \
       "compress sections with zstd level L (0: raw)")                                          \
+    X(TO_LOSSLOG, "loss-log", GR_CLI_STR, "loss_log", 0, 0, NULL, "FILE", NULL,                \
+      "write every step's loss to FILE as 'WORKER STEP LOSS' lines (docs/python.md)")          \
     X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
       "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
       "DIR): parameters, optimizer state and data position; nothing there yet: start\n"      \
-      "from scratch; a DIR that does not exist is refused unless it is --ckpt-dir")
+      "from scratch; a DIR that does not exist is refused unless it is --ckpt-dir")          \
+    X(TO_REUSE, "reuse-tables", GR_CLI_FLAG, "reuse_tables", 0, 0, NULL, NULL, NULL,           \
+      "--servers: continue with the rows the servers' tables already hold (a run\n"          \
+      "that is not a resume refuses them by default)")                                        \
+    X(TO_FRESH, "fresh", GR_CLI_FLAG, "fresh", 0, 0, NULL, NULL, NULL,                         \
+      "--servers: drop the tables the servers already hold and start from new ones")
 
 enum { TRAIN_OPTIONS(GR_CLI_ENUM) TO_COUNT };
 static const gr_cli_opt train_opts[] = {TRAIN_OPTIONS(GR_CLI_ROW)};
@@ -270,6 +277,7 @@ typedef struct train_cmd {
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
+    int tables; /* GR_PS_TABLES_*: rows an earlier run left on the servers */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -364,6 +372,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->ckpt_full_every = (uint32_t)v[TO_CKFULL].i;
     o->ckpt_zstd = (int)v[TO_CKZSTD].i;
     o->resume = v[TO_RESUME].s;
+    o->loss_log = v[TO_LOSSLOG].s;
     uint64_t seed = (uint64_t)v[TO_SEED].i;
     o->model.seed = seed;
     o->emb.seed = seed ^ 0x656d62;
@@ -381,6 +390,14 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
     c->sync_timeout_ms = (uint32_t)v[TO_STIMEOUT].i;
     c->sync_reset = v[TO_SRESET].b;
+    /* A resume replaces the tables with the checkpoint's: whatever they hold is fine. */
+    c->tables = v[TO_FRESH].b ? GR_PS_TABLES_FRESH
+              : v[TO_REUSE].b || o->resume ? GR_PS_TABLES_REUSE : GR_PS_TABLES_REFUSE;
+    if (v[TO_FRESH].b && (v[TO_REUSE].b || o->resume)) {
+        fprintf(stderr, "granary train: --fresh drops the servers' tables; it cannot go with %s\n",
+                v[TO_REUSE].b ? "--reuse-tables" : "--resume (which restores them)");
+        return 2;
+    }
     c->local = !c->servers && c->shards == 0;
     /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
     if (v[TO_MODE].given) {
@@ -505,6 +522,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.staleness = c->stale;
     po.timeout_ms = c->sync_timeout_ms;
     po.reset = c->sync_reset;
+    po.tables = c->tables;
     po.dense_opt = c->bo.dense_opt;
     /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
      * several workers' dense gradients. */

@@ -99,6 +99,9 @@ static char *ck_meta(const trainer *tr, uint64_t step)
     cJSON_AddNumberToObject(j, "train_bytes", (double)file_size(o->train_path));
     cJSON_AddNumberToObject(j, "examples", (double)(tr->base_examples + tr->examples));
     cJSON_AddNumberToObject(j, "batches", (double)tr_total_pushed(tr));
+    /* What the checkpoint is a model of: a saved-model loader rebuilds it from this. */
+    cJSON *model = tr_model_meta(tr->m, &o->emb);
+    if (model) cJSON_AddItemToObject(j, "model", model);
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)(tr->workers[i].base + tr->workers[i].steps)));
@@ -108,6 +111,8 @@ static char *ck_meta(const trainer *tr, uint64_t step)
          * order, and its items are pushed in order). */
         cJSON *ch = cJSON_AddObjectToObject(j, "chunks");
         cJSON_AddNumberToObject(ch, "count", tr->data.nchunks);
+        /* Chunks of whole batches (absent: cut at byte offsets, as before this field). */
+        if (tr->data.by_batch) cJSON_AddStringToObject(ch, "cut", "batch");
         cJSON *pr = cJSON_AddArrayToObject(ch, "progress");
         uint64_t last = 0;
         for (uint64_t c = 0; c < tr->data.nchunk_total; c++)
@@ -291,6 +296,9 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
             rc = gr_seterr(GR_ECORRUPT, "%s: bad chunk count in the training position", ld.name);
         else
             tr->data.nchunks = (unsigned)n;
+        /* A checkpoint from before chunks held whole batches resumes with its byte chunks. */
+        const cJSON *cut = cJSON_GetObjectItemCaseSensitive(ch, "cut");
+        tr->data.by_batch = cJSON_IsString(cut) && !strcmp(cut->valuestring, "batch");
     }
     if (rc) {
         cJSON_Delete(j);

@@ -260,6 +260,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
      * straggler does not leave a tail of its own range for the end of the run. A resumed run
      * keeps the chunking it was checkpointed with. */
     tr.data.nchunks = tr.data.shared ? o->workers * 64 : 0;
+    /* Chunks of whole batches, so that every batch but the file's last is full. */
+    tr.data.by_batch = tr.data.shared;
     /* Resume after the tables and dense parameters are declared (the restore replaces their
      * contents, optimizer state included) and before any worker runs. */
     if (o->resume && (rc = tr_ck_restore(&tr, &resumed))) goto out;
@@ -278,6 +280,10 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     if (resumed && (rc = tr_ck_apply(&tr, resumed))) goto out;
     tr_ck_setup(&tr);
 
+    if (o->loss_log && !(tr.loss_log = fopen(o->loss_log, "w"))) {
+        rc = gr_seterr(GR_EIO, "--loss-log %s: cannot open for writing", o->loss_log);
+        goto out;
+    }
     double t0 = gr_now_s();
     progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
     if (o->progress_s > 0) estimate_work(&tr, &pg);
@@ -358,6 +364,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
                                &res->test_auc, &res->test_logloss, &res->test_examples);
     }
 out:
+    if (tr.loss_log && fclose(tr.loss_log) != 0 && !rc)
+        rc = gr_seterr(GR_EIO, "--loss-log %s: write failed", o->loss_log);
     if (tr.workers)
         for (unsigned i = 0; i < o->workers; i++) tr_worker_fini(&tr.workers[i]);
     free(tr.workers);

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 
 /* ---- bounded queue of work items (queue.c) ------------------------------------------------ */
@@ -97,6 +98,10 @@ enum { TR_GATE_RUN = 0, TR_GATE_PARKED = 1, TR_GATE_ACQUIRING = 2, TR_GATE_HELD 
 /* How the training file is cut among workers (datasplit.c). */
 typedef struct tr_data {
     bool shared;                      /* workers take chunks in turn */
+    /* Shared chunks hold whole batches (they start at every k-th batch's first example), so
+     * --batch is honoured: an epoch is ceil(examples / batch) batches. false only to resume a
+     * checkpoint written when chunks were cut at byte offsets. */
+    bool by_batch;
     uint64_t *chunk_off, *chunk_line; /* nchunks + 1 entries */
     unsigned nchunks;
     atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
@@ -144,6 +149,7 @@ struct trainer {
     double wait_s;          /* in steps->begin, summed over workers */
     uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
     tr_stage_times t;       /* summed over all batches */
+    FILE *loss_log;         /* o->loss_log opened (NULL: none) */
     atomic_uint_fast64_t read_examples; /* for max_examples */
     atomic_bool cancelled;
     tr_data data;
@@ -173,8 +179,10 @@ void *tr_sequential_main(void *arg);
 /* Called once per batch read (sequential workers): the rest of the step. */
 typedef int (*tr_batch_fn)(tr_worker *w, tr_item *it);
 
-/* Cuts the training file: W contiguous ranges (static) or 64 W chunks taken in turn (shared).
- * tr->data.shared and nchunks are set before (a resume may change nchunks). */
+/* Cuts the training file: W contiguous ranges (static) or up to 64 W chunks taken in turn
+ * (shared; by_batch: each a whole number of batches, and nchunks becomes how many there are).
+ * tr->data.shared, by_batch and nchunks (the most) are set before (a resume sets them from
+ * the checkpoint). */
 int tr_data_setup(trainer *tr);
 /* With checkpoints or a resume, shared data tracks who read which chunk. */
 int tr_data_track(trainer *tr);
@@ -204,5 +212,23 @@ bool tr_ck_turn(trainer *tr);
 /* The last checkpoint when training ends (unless the last one is it); a failure of it is
  * recorded in the result (ckpt_final_failed): the model is then not saved. */
 void tr_ck_finish(trainer *tr);
+
+/* ---- eval.c ------------------------------------------------------------------------------- */
+
+/* Scores a file with the dense parameters `params` and rows from `rows`: `threads` byte ranges
+ * in parallel, batches of `batch`, then AUC and logloss over the whole file (and, with
+ * want_probs, every probability in file order). */
+int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
+                 const char *path, size_t batch, unsigned threads, bool want_probs,
+                 gr_eval_result *res);
+
+/* ---- model_meta.c ------------------------------------------------------------------------- */
+
+/* The model as the trainer records it with every checkpoint (user.json "model"): kind, shapes,
+ * the embedding table's spec and the dense parameter's name and size. */
+cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb);
+/* Reads it back into info (model, n_dense, n_sparse, table, dense_name, dense_size); errors
+ * name the member ("model.bottom: ..."), prefixed with `where`. */
+int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info);
 
 #endif

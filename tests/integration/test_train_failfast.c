@@ -463,7 +463,7 @@ static void test_messages(void **state)
     assert_string_equal(out, want);
     /* `granary --help` names every ckpt verb. */
     assert_int_equal(ps_test_run_granary((const char *const[]){"--help", NULL}, out, sizeof out), 0);
-    assert_non_null(strstr(out, "granary ckpt inspect|verify|reshard|export|latest|retain"));
+    assert_non_null(strstr(out, "granary ckpt list|inspect|verify|reshard|export|latest|retain"));
     /* `granary stats` against an HTTP port. */
     gr_http_config hc = {.listen = "127.0.0.1:0", .handler = http_handler};
     gr_http_server *h;
