@@ -9,7 +9,8 @@
     X("train", gr_bench_train) \
     X("ckpt", gr_bench_ckpt)   \
     X("soak", gr_bench_soak)   \
-    X("torch", gr_bench_torch)
+    X("torch", gr_bench_torch) \
+    X("recovery", gr_bench_recovery)
 
 #define GR_BENCH_DECLARE(name, fn) int fn(int argc, char **argv);
 GR_BENCHES(GR_BENCH_DECLARE)

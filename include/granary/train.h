@@ -390,6 +390,10 @@ typedef struct gr_ps_backend_opts {
                               this backend with GR_EBUSY naming that job */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
+    /* ckpt_load reads only the checkpoint's name, step and training position and loads no rows:
+     * the "partial" recovery after a lost shard, whose replacement restored its own rows while
+     * the other shards keep their newer ones (docs/operations.md, "Recovery"). */
+    bool resume_position_only;
 } gr_ps_backend_opts;
 
 enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };
