@@ -150,7 +150,10 @@ static const gr_cli_spec train_spec = {
     .n_opts = TO_COUNT,
     .config_section = "",
     .epilog = "Checkpoints (--ckpt-*, --resume): docs/checkpoints.md, docs/operations.md; the\n"
-              "servers write them. Modes and their accuracy: docs/train.md, docs/sync.md.\n",
+              "servers write them. Modes and their accuracy: docs/train.md, docs/sync.md.\n"
+              "Ctrl-C or SIGTERM stops at the next step boundary, writes the checkpoint and the\n"
+              "metrics and exits 130/143; a second one aborts. Exit 1: the run failed or its\n"
+              "final checkpoint did; 2: bad options or paths. Counts take 10k, 2.5M, 1e6.\n",
 };
 
 /* What ran, for the metrics file. */
@@ -787,6 +790,7 @@ int gr_cli_train(int argc, char **argv)
     if (rc) {
         tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
+        gr_cli_explain_no_reply("train", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
         gr_schema_destroy(c.schema);
