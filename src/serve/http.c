@@ -204,10 +204,13 @@ static void do_predict(gr_serve *s, const gr_http_request *req, gr_http_response
     float *probs = rc ? NULL : malloc(e.n * sizeof *probs);
     uint64_t version = 0;
     if (!rc && !probs) rc = GR_ENOMEM, snprintf(err, sizeof err, "out of memory");
-    if (!rc && (rc = gr_serve_predict(s, e.n, e.dense, e.ids, probs, &version)))
+    bool counted = false; /* gr_serve_predict counts its own failures */
+    if (!rc && (rc = gr_serve_predict(s, e.n, e.dense, e.ids, probs, &version))) {
         snprintf(err, sizeof err, "%s", gr_errmsg());
+        counted = true;
+    }
     if (rc) {
-        atomic_fetch_add(&s->errors, 1);
+        if (!counted) atomic_fetch_add(&s->errors, 1);
         gr_http_error(resp, rc == GR_ENOENT ? 503 : status_of(rc), "%s", err);
     } else {
         sbuf b = {0};
@@ -374,6 +377,13 @@ static void do_metrics(gr_serve *s, gr_http_response *resp)
     sb_send(&b, resp, "text/plain; version=0.0.4");
 }
 
+static bool has_dense(gr_serve *s)
+{
+    gr_serve_stats st;
+    gr_serve_get_stats(s, &st);
+    return st.dense_version > 0; /* loads and publications are versions >= 1 */
+}
+
 void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
 {
     gr_serve *s = ctx;
@@ -381,6 +391,7 @@ void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *res
     const char *p = req->path;
     if (!strcmp(p, "/v1/predict") || !strcmp(p, "/v1/lookup")) {
         if (!post) {
+            atomic_fetch_add(&s->errors, 1);
             gr_http_error(resp, 405, "%s takes POST", p);
             return;
         }
@@ -388,13 +399,16 @@ void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *res
         else do_lookup(s, req, resp);
     } else if (!strcmp(p, "/v1/model") || !strcmp(p, "/healthz") || !strcmp(p, "/metrics")) {
         if (!get) {
+            atomic_fetch_add(&s->errors, 1);
             gr_http_error(resp, 405, "%s takes GET", p);
             return;
         }
         if (!strcmp(p, "/v1/model")) do_model(s, resp);
         else if (!strcmp(p, "/metrics")) do_metrics(s, resp);
+        else if (!has_dense(s)) gr_http_printf(resp, 503, "text/plain", "no model yet\n");
         else gr_http_printf(resp, 200, "text/plain", "ok\n");
     } else {
+        atomic_fetch_add(&s->errors, 1);
         gr_http_error(resp, 404, "no endpoint %s (POST /v1/predict, POST /v1/lookup, GET /v1/model, "
                       "GET /healthz, GET /metrics)", p);
     }

@@ -220,12 +220,17 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
                      uint64_t *version)
 {
     if (n == 0) return GR_OK;
-    if (n > s->cfg.max_batch)
+    if (n > s->cfg.max_batch) {
+        atomic_fetch_add(&s->errors, 1);
         return gr_seterr(GR_ETOOBIG, "predict of %zu examples is over the limit of %u", n,
                          s->cfg.max_batch);
+    }
     uint64_t ver = atomic_load(&s->model_version);
     sv_dense *d = dense_get(s);
-    if (!d) return gr_seterr(GR_ENOENT, "the replica has no dense parameters yet");
+    if (!d) {
+        atomic_fetch_add(&s->errors, 1);
+        return gr_seterr(GR_ENOENT, "the replica has no dense parameters yet");
+    }
     uint32_t dim = gr_model_emb_dim(s->model);
     size_t occ = n * GR_CRITEO_SPARSE;
     sv_table *t = sv_find_table(s, GR_TRAIN_EMB_TABLE);
