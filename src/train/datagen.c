@@ -89,8 +89,12 @@ typedef struct row {
     float label, prob;
 } row;
 
-/* Writes one row into buf, returns its length; *prob gets the teacher's probability. */
-static size_t gen_row(const gen *g, gr_rng *r, char *buf, float *label_out, float *prob_out)
+/* Writes one row into buf, returns its length; *prob gets the teacher's probability. theta
+ * (radians; 0 for the fixed teacher) turns every id's weight from its first draw towards an
+ * independent second one, w = cos(theta) w1 + sin(theta) w2: a drifting world whose
+ * weights keep their scale. */
+static size_t gen_row(const gen *g, gr_rng *r, char *buf, float *label_out, float *prob_out,
+                      double theta)
 {
     static const char hex[] = "0123456789abcdef";
     uint32_t value[GR_CRITEO_SPARSE];
@@ -108,7 +112,9 @@ static size_t gen_row(const gen *g, gr_rng *r, char *buf, float *label_out, floa
         double fade = rank > TAIL_RANK ? pow((double)TAIL_RANK / (double)rank, TAIL_POW) : 1.0;
         value[s] = v;
         uint64_t h = id_hash(g, s, v, 1);
-        logit += SLOTS[s].weight * u16(h, 0) * WEIGHT_SCALE * fade;
+        double w = u16(h, 0);
+        if (theta != 0) w = cos(theta) * w + sin(theta) * u16(id_hash(g, s, v, 3), 0);
+        logit += SLOTS[s].weight * w * WEIGHT_SCALE * fade;
         act[s] = u16(h, 1);
         if (g->in_pair[s]) {
             uint64_t h2 = id_hash(g, s, v, 2);
@@ -213,7 +219,7 @@ static void *gen_worker(void *arg)
         double pos = 0;
         for (uint64_t i = 0; i < n; i++) {
             float label, prob;
-            len += gen_row(j->g, &r, b->text + len, &label, &prob);
+            len += gen_row(j->g, &r, b->text + len, &label, &prob, 0.0);
             pos += label;
             if (j->rows_out) {
                 j->rows_out[first + i].label = label;
@@ -316,6 +322,61 @@ out:
     if (rc) unlink(tmp);
     return rc;
 }
+
+/* ---- the endless, drifting stream ----------------------------------------------------------- */
+
+struct gr_datagen_stream {
+    gen g;
+    gr_rng r;
+    double drift;  /* radians per 100 000 rows */
+    uint64_t rows; /* rows made so far */
+};
+
+static int gen_init(gen *g, uint64_t seed)
+{
+    memset(g, 0, sizeof *g);
+    g->seed = seed;
+    for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
+        int rc = gr_zipf_init(&g->zipf[s], SLOTS[s].vocab, SLOTS[s].zipf_s);
+        if (rc) return rc;
+    }
+    for (size_t p = 0; p < NPAIRS_T; p++) g->in_pair[PAIRS[p][0]] = g->in_pair[PAIRS[p][1]] = 1;
+    return GR_OK;
+}
+
+int gr_datagen_stream_create(uint64_t seed, double drift, gr_datagen_stream **out)
+{
+    *out = NULL;
+    if (!isfinite(drift) || drift < 0 || drift > 1000)
+        return gr_seterr(GR_EINVAL, "datagen: drift %g is not 0..1000 radians per 100000 rows", drift);
+    gr_datagen_stream *s = calloc(1, sizeof *s);
+    if (!s) return gr_seterr(GR_ENOMEM, "datagen: out of memory");
+    int rc = gen_init(&s->g, seed);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    uint64_t st = seed ^ (3ull << 62);
+    gr_rng_seed(&s->r, gr_splitmix64(&st));
+    s->drift = drift;
+    *out = s;
+    return GR_OK;
+}
+
+size_t gr_datagen_stream_next(gr_datagen_stream *s, char *buf, float *label, float *prob)
+{
+    double theta = s->drift * (double)s->rows / 100000.0;
+    s->rows++;
+    float l, p;
+    size_t n = gen_row(&s->g, &s->r, buf, &l, &p, theta);
+    if (label) *label = l;
+    if (prob) *prob = p;
+    return n;
+}
+
+uint64_t gr_datagen_stream_rows(const gr_datagen_stream *s) { return s->rows; }
+
+void gr_datagen_stream_destroy(gr_datagen_stream *s) { free(s); }
 
 int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res)
 {

@@ -53,6 +53,7 @@ struct tr_item {
     float *gemb;   /* its gradient */
     float *params; /* dense parameters as pulled */
     float *gdense;
+    float *probs;  /* the model's predictions for the batch, before it trains on it */
     double loss;
     uint64_t token;
     uint64_t chunk;   /* shared data: the chunk (counter value) it was read from */
@@ -149,6 +150,10 @@ struct trainer {
     tr_ck ck;
     uint64_t base_total, base_examples; /* done before the resume */
     gr_train_result *res;
+    struct gr_follow *follow; /* follow mode: the one stream every worker reads */
+    /* The running AUC's window (under mu): the newest win_len of win_cap predictions. */
+    float *win_probs, *win_labels;
+    size_t win_cap, win_len, win_head;
 };
 
 /* ---- pipeline.c --------------------------------------------------------------------------- */
@@ -176,6 +181,8 @@ void tr_data_fini(tr_data *d);
 /* Reads the worker's part of the file for every epoch, handing full items to `out`. Items come
  * from `pool` (pipeline) or are the single `it` (sequential: each is called per batch). */
 int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each);
+/* follow.c: the same in follow mode, from tr->follow. */
+int tr_read_follow(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each);
 
 /* ---- ckcoord.c ---------------------------------------------------------------------------- */
 
