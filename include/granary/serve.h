@@ -81,6 +81,18 @@ GR_API int gr_serve_set_dense(gr_serve *s, const float *params, size_t n, uint64
 GR_API int gr_serve_put_rows(gr_serve *s, uint32_t table, uint32_t dim, const uint64_t *keys,
                              size_t n, const float *rows, uint64_t version);
 
+/* Stops applying publications (the subscriptions end); the replica keeps serving the model it
+ * has. For a frozen reference model beside a live one, and before maintenance. */
+GR_API void gr_serve_freeze(gr_serve *s);
+
+/* Parses a POST /v1/predict body (either form, docs/serving.md) into model inputs: *n
+ * examples, *dense (n * GR_CRITEO_DENSE) and *ids (n * GR_CRITEO_SPARSE), both malloc'd (free
+ * them). More than max examples is GR_ETOOBIG. On error err (errlen bytes) says what was
+ * wrong ("example 2: has 12 fields, expected 39 ..."). The HTTP API and the benchmark's
+ * Redis-backed baseline share it. */
+GR_API int gr_serve_parse_predict(const char *body, size_t len, uint32_t max, size_t *n,
+                                  float **dense, uint64_t **ids, char *err, size_t errlen);
+
 typedef struct gr_serve_stats {
     uint64_t model_version;        /* newest version applied (publication or load) */
     uint64_t dense_version;

@@ -142,7 +142,8 @@ static int example_line(const cJSON *ex, size_t i, char *line, size_t cap, size_
     return GR_OK;
 }
 
-static int read_examples(gr_serve *s, const cJSON *root, examples *e, char *err, size_t errlen)
+static int read_examples(uint32_t max_batch, const cJSON *root, examples *e, char *err,
+                         size_t errlen)
 {
     const cJSON *exs = cJSON_GetObjectItemCaseSensitive(root, "examples");
     const cJSON *lines = cJSON_GetObjectItemCaseSensitive(root, "lines");
@@ -152,9 +153,9 @@ static int read_examples(gr_serve *s, const cJSON *root, examples *e, char *err,
                         "and \"cat\") or \"lines\" (TSV strings without a label)"), GR_EINVAL;
     int n = cJSON_GetArraySize(arr);
     if (n == 0) return snprintf(err, errlen, "no examples"), GR_EINVAL;
-    if ((uint32_t)n > s->cfg.max_batch)
+    if ((uint32_t)n > max_batch)
         return snprintf(err, errlen, "%d examples is over the limit of %u per request", n,
-                        s->cfg.max_batch), GR_ETOOBIG;
+                        max_batch), GR_ETOOBIG;
     e->n = (size_t)n;
     e->dense = malloc(e->n * GR_CRITEO_DENSE * sizeof *e->dense);
     e->ids = malloc(e->n * GR_CRITEO_SPARSE * sizeof *e->ids);
@@ -189,18 +190,33 @@ static int status_of(int rc)
     }
 }
 
+int gr_serve_parse_predict(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
+                           uint64_t **ids, char *err, size_t errlen)
+{
+    *n = 0;
+    *dense = NULL;
+    *ids = NULL;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return snprintf(err, errlen, "the body is not valid JSON"), GR_EINVAL;
+    examples e = {0};
+    int rc = read_examples(max, root, &e, err, errlen);
+    cJSON_Delete(root);
+    if (rc) {
+        examples_free(&e);
+        return rc;
+    }
+    *n = e.n;
+    *dense = e.dense;
+    *ids = e.ids;
+    return GR_OK;
+}
+
 static void do_predict(gr_serve *s, const gr_http_request *req, gr_http_response *resp)
 {
-    cJSON *root = cJSON_ParseWithLength(req->body, req->body_len);
-    if (!root) {
-        atomic_fetch_add(&s->errors, 1);
-        gr_http_error(resp, 400, "the body is not valid JSON");
-        return;
-    }
     examples e = {0};
     char err[512];
-    int rc = read_examples(s, root, &e, err, sizeof err);
-    cJSON_Delete(root);
+    int rc = gr_serve_parse_predict(req->body, req->body_len, s->cfg.max_batch, &e.n, &e.dense,
+                                    &e.ids, err, sizeof err);
     float *probs = rc ? NULL : malloc(e.n * sizeof *probs);
     uint64_t version = 0;
     if (!rc && !probs) rc = GR_ENOMEM, snprintf(err, sizeof err, "out of memory");

@@ -370,13 +370,22 @@ int gr_serve_start(gr_serve *s)
     return rc;
 }
 
+void gr_serve_freeze(gr_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    sv_follow *f = s->follow;
+    s->follow = NULL;
+    pthread_mutex_unlock(&s->mu);
+    sv_follow_stop(f);
+}
+
 uint16_t gr_serve_http_port(const gr_serve *s) { return s->http ? gr_http_port(s->http) : 0; }
 uint16_t gr_serve_port(const gr_serve *s) { return s->listen ? sv_listen_port(s->listen) : 0; }
 
 void gr_serve_destroy(gr_serve *s)
 {
     if (!s) return;
-    sv_follow_stop(s->follow);
+    gr_serve_freeze(s);
     sv_listen_stop(s->listen);
     gr_http_stop(s->http);
     for (size_t i = 0; i < s->ntables; i++) sv_table_destroy(s->tables[i]);

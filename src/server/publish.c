@@ -420,6 +420,12 @@ void srv_publish_subscribe_take(gr_server *s, srv_conn *c, const gr_proto_header
     }
 }
 
+int srv_op_replica_only(srv_req *r)
+{
+    return gr_seterr(GR_EPROTO, "%s is answered by serving replicas (granary serve --listen), not "
+                     "by training shards", gr_proto_op_name(r->h->op));
+}
+
 /* ---- life cycle ---- */
 
 static int pub_create(gr_server *s)

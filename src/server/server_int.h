@@ -205,5 +205,7 @@ void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t 
 /* publish.c: SUBSCRIBE is parked (holding a reference on c) until the shard's next publication
  * or the request's wait runs out; the publisher thread answers it (module srv_publish_module). */
 void srv_publish_subscribe_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+/* PREDICT and LOOKUP are the replicas' (granary serve): a shard says so. */
+int srv_op_replica_only(srv_req *r);
 
 #endif
