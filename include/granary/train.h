@@ -191,6 +191,94 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
                             const float *dense, const float *emb, float *probs);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Scoring: the one forward path of evaluation, saved models and serving                       */
+
+/* Where scoring gets embedding rows: the n unique keys' rows into rows (n * emb_dim floats).
+ * A key the source does not hold must read as the trainer's evaluation reads it: zeros
+ * (GR_PULL_READONLY on a backend, GR_LOOKUP_READONLY on a gr_table). 0 or a negative gr_err. */
+typedef int (*gr_rows_fn)(void *ctx, const uint64_t *keys, size_t n, float *rows);
+
+typedef struct gr_score_ws gr_score_ws; /* per-thread scratch for gr_model_score */
+
+GR_API int gr_score_ws_create(const gr_model *m, gr_score_ws **out);
+GR_API void gr_score_ws_destroy(gr_score_ws *ws);
+
+/* Scores n examples (dense: n * 13 features, ids: n * 26 feature ids, as gr_batch holds them)
+ * into probs[n]: dedups the ids, fetches the unique rows through `rows`, scatters them to the
+ * occurrences and runs gr_model_predict with the dense parameters `params`. The trainer's
+ * test evaluation, gr_saved_model_predict and `granary eval` all score through this, so the
+ * same parameters give bitwise the same probabilities for the same batches. */
+GR_API int gr_model_score(const gr_model *m, gr_score_ws *ws, const float *params,
+                          gr_rows_fn rows, void *ctx, size_t n, const float *dense,
+                          const uint64_t *ids, float *probs);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Saved models: a checkpoint or an export, ready for inference                                */
+
+/* What a saved model is, read from the metadata the trainer stores with every checkpoint
+ * (user.json, member "model"; docs/train.md "Saved models"): explicit shapes, not a data set's
+ * name. */
+typedef struct gr_saved_model_info {
+    gr_model_config model;         /* kind, dim, bottom and top layer sizes, seed */
+    uint32_t n_dense, n_sparse;    /* dense features and categorical columns per example */
+    char table[GR_TABLE_NAME_MAX]; /* the embedding table (all categorical columns share it) */
+    uint32_t table_id;
+    char dense_name[GR_TABLE_NAME_MAX]; /* the dense parameter ("dlrm.dense" / "lr.dense") */
+    uint64_t dense_size;           /* its floats */
+    uint64_t rows;                 /* embedding rows loaded */
+    uint64_t step;                 /* the checkpoint's step */
+    char kind[16];                 /* "full", "delta" or "export" */
+    char dir[4096];                /* the checkpoint directory that was opened */
+    /* Training settings recorded with it (0 when unknown): the batch per worker and the
+     * worker count. `granary eval` scores with these so that its batches, hence its bitwise
+     * results, are the trainer's own final evaluation's. */
+    uint64_t batch;
+    uint32_t workers;
+} gr_saved_model_info;
+
+typedef struct gr_saved_model gr_saved_model;
+
+/* Opens a saved model: path is a checkpoint root (its newest complete checkpoint), one
+ * checkpoint (a delta with its chain) or an export (`granary ckpt export`). Loads the
+ * embedding table into a local gr_table (weights; optimizer state too for a full checkpoint)
+ * and the dense parameters into memory, and builds the model from the recorded shapes.
+ * Errors name the path and what is missing: no checkpoint, no model metadata (a checkpoint
+ * written before models were recorded), a missing dense part, shapes that disagree with the
+ * dense parameter's size. */
+GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
+/* What gr_saved_model_open would build, without loading any rows: the checkpoint directory,
+ * its kind and step, and the recorded model (info.rows stays 0). Same errors. */
+GR_API int gr_saved_model_read_info(const char *path, gr_saved_model_info *info);
+/* NULL is a no-op. */
+GR_API void gr_saved_model_close(gr_saved_model *sm);
+GR_API const gr_saved_model_info *gr_saved_model_get_info(const gr_saved_model *sm);
+/* The model (shapes; valid until close). */
+GR_API const gr_model *gr_saved_model_model(const gr_saved_model *sm);
+/* The dense parameters: info.dense_size floats (valid until close). */
+GR_API const float *gr_saved_model_dense(const gr_saved_model *sm);
+/* The embedding table (valid until close; safe for concurrent lookups). */
+GR_API gr_table *gr_saved_model_table(gr_saved_model *sm);
+/* Scores n examples (gr_model_score over the saved table, unknown ids reading zeros as in
+ * the trainer's evaluation). One ws per thread; calls from several threads are fine. */
+GR_API int gr_saved_model_predict(gr_saved_model *sm, gr_score_ws *ws, size_t n,
+                                  const float *dense, const uint64_t *ids, float *probs);
+
+/* The result of scoring a file. */
+typedef struct gr_eval_result {
+    double auc, logloss; /* NaN when undefined (no examples, or one class for the AUC) */
+    uint64_t examples;
+    uint64_t bad_lines;
+    float *probs;        /* with want_probs: every example's probability in file order
+                            (caller frees), else NULL */
+} gr_eval_result;
+
+/* Scores a file with a saved model exactly as the trainer's final evaluation does: `threads`
+ * byte ranges (0 = the recorded worker count, else 1), batches of `batch` (0 = the recorded
+ * batch, else 1024). */
+GR_API int gr_saved_model_evaluate(gr_saved_model *sm, const char *path, size_t batch,
+                                   unsigned threads, bool want_probs, gr_eval_result *res);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Backends: where embedding rows and dense parameters live                                    */
 
 #define GR_PULL_READONLY GR_READONLY /* do not create missing rows (evaluation); they read zeros */

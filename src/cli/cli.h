@@ -18,6 +18,7 @@ typedef struct gr_cli_command {
     X("stats", gr_cli_stats, "print a shard's tables and counters: granary stats --server HOST:PORT")    \
     X("datagen", gr_cli_datagen, "generate synthetic Criteo-layout data with a known teacher")           \
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
+    X("eval", gr_cli_eval, "score a file with a saved model: granary eval --model DIR --test FILE") \
     X("ckpt", gr_cli_ckpt, "inspect, verify or reshard a checkpoint: granary ckpt inspect|verify|reshard") \
     X("serve", gr_cli_serve, "serve a trained model: granary serve --model DIR --http HOST:PORT [--from HOST:PORT,...]") \
     X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt [--json] [--full]")

@@ -99,6 +99,9 @@ static char *ck_meta(const trainer *tr, uint64_t step)
     cJSON_AddNumberToObject(j, "train_bytes", (double)file_size(o->train_path));
     cJSON_AddNumberToObject(j, "examples", (double)(tr->base_examples + tr->examples));
     cJSON_AddNumberToObject(j, "batches", (double)tr_total_pushed(tr));
+    /* What the checkpoint is a model of: a saved-model loader rebuilds it from this. */
+    cJSON *model = tr_model_meta(tr->m, &o->emb);
+    if (model) cJSON_AddItemToObject(j, "model", model);
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)(tr->workers[i].base + tr->workers[i].steps)));

@@ -205,4 +205,22 @@ bool tr_ck_turn(trainer *tr);
 /* The last checkpoint when training ends (unless the last one is it). */
 void tr_ck_finish(trainer *tr);
 
+/* ---- eval.c ------------------------------------------------------------------------------- */
+
+/* Scores a file with the dense parameters `params` and rows from `rows`: `threads` byte ranges
+ * in parallel, batches of `batch`, then AUC and logloss over the whole file (and, with
+ * want_probs, every probability in file order). */
+int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
+                 const char *path, size_t batch, unsigned threads, bool want_probs,
+                 gr_eval_result *res);
+
+/* ---- model_meta.c ------------------------------------------------------------------------- */
+
+/* The model as the trainer records it with every checkpoint (user.json "model"): kind, shapes,
+ * the embedding table's spec and the dense parameter's name and size. */
+cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb);
+/* Reads it back into info (model, n_dense, n_sparse, table, dense_name, dense_size); errors
+ * name the member ("model.bottom: ..."), prefixed with `where`. */
+int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info);
+
 #endif
