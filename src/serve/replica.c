@@ -10,7 +10,7 @@
 #include <time.h>
 
 typedef struct sv_ws {
-    gr_model_ws *ws;
+    gr_score_ws *ws;
     struct sv_ws *next;
 } sv_ws;
 
@@ -198,7 +198,7 @@ static int ws_take(gr_serve *s, sv_ws **out)
     if (!w) {
         w = calloc(1, sizeof *w);
         if (!w) return gr_seterr(GR_ENOMEM, "out of memory for model scratch");
-        int rc = gr_model_ws_create(s->model, &w->ws);
+        int rc = gr_score_ws_create(s->model, &w->ws);
         if (rc) {
             free(w);
             return rc;
@@ -216,6 +216,14 @@ static void ws_give(gr_serve *s, sv_ws *w)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* gr_model_score's row source: the replica's table (absent rows read zeros, as the trainer's
+ * evaluation reads them). */
+static int rows_of(void *ctx, const uint64_t *keys, size_t n, float *rows)
+{
+    sv_table_get(ctx, keys, n, rows, NULL);
+    return GR_OK;
+}
+
 int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *ids, float *probs,
                      uint64_t *version)
 {
@@ -231,26 +239,20 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
         atomic_fetch_add(&s->errors, 1);
         return gr_seterr(GR_ENOENT, "the replica has no dense parameters yet");
     }
-    uint32_t dim = gr_model_emb_dim(s->model);
-    size_t occ = n * GR_CRITEO_SPARSE;
-    sv_table *t = sv_find_table(s, GR_TRAIN_EMB_TABLE);
-    float *emb = calloc(occ * dim, sizeof *emb);
-    int rc = emb ? GR_OK : gr_seterr(GR_ENOMEM, "out of memory for %zu examples", n);
-    /* The trainer's evaluation dedups ids, pulls each unique row once and scatters it; rows
-     * here are read per occurrence, which gives the same floats without the dedup's cost. */
-    if (!rc && t) {
-        if (t->dim != dim)
-            rc = gr_seterr(GR_EDIM, "table '%s' has dim %u, the model needs %u", t->name, t->dim, dim);
-        else sv_table_get(t, ids, occ, emb, NULL);
-    }
+    sv_table *t = sv_find_table(s, s->emb_table);
+    int rc = t ? GR_OK : gr_seterr(GR_ENOENT, "the replica has no table %u", s->emb_table);
+    if (t && t->dim != gr_model_emb_dim(s->model))
+        rc = gr_seterr(GR_EDIM, "table '%s' has dim %u, the model needs %u", t->name, t->dim,
+                       gr_model_emb_dim(s->model));
+    /* The trainer's scoring path (gr_model_score: dedup, rows of the unique ids, scatter,
+     * forward pass), with the rows read from this replica's store. */
     sv_ws *w = NULL;
     if (!rc) rc = ws_take(s, &w);
     if (!rc) {
-        rc = gr_model_predict(s->model, w->ws, d->params, n, dense, emb, probs);
+        rc = gr_model_score(s->model, w->ws, d->params, rows_of, t, n, dense, ids, probs);
         ws_give(s, w);
     }
     dense_put(d);
-    free(emb);
     if (!rc) {
         atomic_fetch_add(&s->predicts, 1);
         atomic_fetch_add(&s->predict_examples, n);
@@ -343,9 +345,10 @@ int gr_serve_create(const gr_serve_config *cfg, gr_serve **out)
     s->cfg.model = NULL;
     pthread_mutex_init(&s->mu, NULL);
     int rc = oom ? gr_seterr(GR_ENOMEM, "out of memory for a replica") : GR_OK;
+    s->emb_table = GR_TRAIN_EMB_TABLE;
     if (!rc && cfg->model_dir) rc = sv_load_model_dir(s, cfg->model_dir);
     else if (!rc) rc = gr_model_create(cfg->model, &s->model);
-    if (!rc) rc = sv_add_table(s, GR_TRAIN_EMB_TABLE, NULL, gr_model_emb_dim(s->model));
+    if (!rc) rc = sv_add_table(s, s->emb_table, NULL, gr_model_emb_dim(s->model));
     if (rc) {
         gr_serve_destroy(s);
         return rc;
@@ -394,7 +397,7 @@ void gr_serve_destroy(gr_serve *s)
     while (s->ws_free) {
         sv_ws *w = s->ws_free;
         s->ws_free = w->next;
-        gr_model_ws_destroy(w->ws);
+        gr_score_ws_destroy(w->ws);
         free(w);
     }
     gr_model_destroy(s->model);

@@ -48,11 +48,12 @@ struct gr_serve {
     gr_serve_config cfg;
     char *model_dir, *from, *auth_file, *http_addr, *listen_addr;
     gr_model *model;
+    uint32_t emb_table; /* the table the model's categorical columns read */
     pthread_mutex_t mu; /* guards tables (the array, not their rows), dense, ws_free */
     sv_table **tables;
     size_t ntables;
     sv_dense *dense;
-    struct sv_ws *ws_free; /* model scratch kept for reuse between requests */
+    struct sv_ws *ws_free; /* scoring scratch kept for reuse between requests */
     gr_http_server *http;
     struct sv_listen *listen;
     sv_follow *follow;

@@ -155,13 +155,40 @@ static void test_shard_restart_resubscribes(void **state)
     assert_int_equal(ps_test_server_stop(&srv, 0), 0);
 }
 
+/* Scores the test file with a replica in batches of `batch`: AUC and logloss. */
+static void replica_scores(gr_serve *s, const char *test, size_t batch, double *auc, double *ll,
+                           size_t *count)
+{
+    gr_criteo_opts ro;
+    gr_criteo_opts_default(&ro);
+    ro.batch = batch;
+    gr_criteo_reader *r;
+    assert_int_equal(gr_criteo_open(test, &ro, &r), 0);
+    gr_batch b;
+    assert_int_equal(gr_batch_init(&b, batch), 0);
+    float *probs = malloc(10000 * sizeof *probs), *labels = malloc(10000 * sizeof *labels);
+    size_t n = 0;
+    while (gr_criteo_next(r, &b) == 0 && b.n) {
+        assert_int_equal(gr_serve_predict(s, b.n, b.dense, b.ids, probs + n, NULL), 0);
+        memcpy(labels + n, b.labels, b.n * sizeof *labels);
+        n += b.n;
+    }
+    gr_criteo_close(r);
+    gr_batch_fini(&b);
+    assert_int_equal(gr_auc(probs, labels, n, auc), 0);
+    *ll = gr_logloss(probs, labels, n);
+    *count = n;
+    free(probs), free(labels);
+}
+
 static void test_scores_equal_trainer(void **state)
 {
     (void)state;
     tr_fixture fx;
     assert_int_equal(tr_fixture_make(&fx, "serve", 5), 0);
     ps_test_server srv;
-    assert_int_equal(ps_test_server_start(&srv, 0, 1, 0, publish_args), 0);
+    const char *args[] = {"--publish-interval", "50", "--ckpt-root", fx.dir, NULL};
+    assert_int_equal(ps_test_server_start(&srv, 0, 1, 0, args), 0);
     gr_client *c = connect_to(srv.addr);
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);
@@ -170,6 +197,7 @@ static void test_scores_equal_trainer(void **state)
     assert_int_equal(gr_ps_backend_create(&po, &be), 0);
     gr_train_opts o;
     tr_fixture_small_dlrm(&fx, &o, GR_MODE_ASYNC, 1);
+    o.ckpt_dir = "ck"; /* under the shard's --ckpt-root: fx.dir/ck */
     gr_train_result res;
     assert_int_equal(gr_train_run(&o, &be, &res), 0);
     gr_train_backend_destroy(&be);
@@ -189,33 +217,42 @@ static void test_scores_equal_trainer(void **state)
         usleep(10000);
     }
     assert_true(st.dense_version > 0);
-    gr_criteo_opts ro;
-    gr_criteo_opts_default(&ro);
-    ro.batch = o.batch;
-    gr_criteo_reader *r;
-    assert_int_equal(gr_criteo_open(fx.test, &ro, &r), 0);
-    gr_batch b;
-    assert_int_equal(gr_batch_init(&b, o.batch), 0);
-    float *probs = malloc(10000 * sizeof *probs), *labels = malloc(10000 * sizeof *labels);
-    size_t n = 0;
-    while (gr_criteo_next(r, &b) == 0 && b.n) {
-        assert_int_equal(gr_serve_predict(s, b.n, b.dense, b.ids, probs + n, NULL), 0);
-        memcpy(labels + n, b.labels, b.n * sizeof *labels);
-        n += b.n;
-    }
-    gr_criteo_close(r);
-    gr_batch_fini(&b);
-    double auc;
-    assert_int_equal(gr_auc(probs, labels, n, &auc), 0);
-    double ll = gr_logloss(probs, labels, n);
+    double auc, ll;
+    size_t n;
+    replica_scores(s, fx.test, o.batch, &auc, &ll, &n);
     fprintf(stderr, "trainer AUC %.9f logloss %.9f, replica AUC %.9f logloss %.9f\n",
             res.test_auc, res.test_logloss, auc, ll);
     assert_int_equal(n, res.test_examples);
     assert_true(auc == res.test_auc);
     assert_true(ll == res.test_logloss);
     assert_true(auc > 0.6);
-    free(probs), free(labels);
     gr_serve_destroy(s);
+
+    /* Bootstrap from the checkpoint the run saved, without any shard: the same scores, from
+     * the root (its newest checkpoint) and from the checkpoint itself. */
+    char root[256], one[512];
+    snprintf(root, sizeof root, "%s/ck", fx.dir);
+    snprintf(one, sizeof one, "%s/%s", root, res.ckpt_last);
+    const char *dirs[2] = {root, one};
+    for (int i = 0; i < 2; i++) {
+        gr_serve_config bc;
+        gr_serve_config_default(&bc);
+        bc.model_dir = dirs[i];
+        int rc = gr_serve_create(&bc, &s);
+        if (rc) fprintf(stderr, "bootstrap %s: %s\n", dirs[i], gr_errmsg());
+        assert_int_equal(rc, 0);
+        double a2, l2;
+        replica_scores(s, fx.test, o.batch, &a2, &l2, &n);
+        assert_true(a2 == res.test_auc && l2 == res.test_logloss);
+        gr_serve_stats bs;
+        gr_serve_get_stats(s, &bs);
+        assert_true(bs.rows > 1000 && bs.dense_version == 1);
+        gr_serve_destroy(s);
+    }
+    gr_serve_config bad;
+    gr_serve_config_default(&bad);
+    bad.model_dir = fx.train; /* a file, not a saved model */
+    assert_int_not_equal(gr_serve_create(&bad, &s), 0);
     gr_client_destroy(c);
     assert_int_equal(ps_test_server_stop(&srv, 0), 0);
     tr_fixture_remove(&fx);
