@@ -449,10 +449,12 @@ static int pub_start(gr_server *s)
 {
     srv_publish *p = pub_of(s);
     if (!s->cfg.publish_interval_ms) return GR_OK;
-    if (pthread_create(&p->thread, NULL, publish_main, p))
-        return gr_seterr(GR_EINTERNAL, "cannot start the publisher thread");
-    p->live = true;
-    return GR_OK;
+    /* live is read by the loop thread (under mu) as soon as a SUBSCRIBE arrives. */
+    pthread_mutex_lock(&p->mu);
+    p->live = pthread_create(&p->thread, NULL, publish_main, p) == 0;
+    bool ok = p->live;
+    pthread_mutex_unlock(&p->mu);
+    return ok ? GR_OK : gr_seterr(GR_EINTERNAL, "cannot start the publisher thread");
 }
 
 static void pub_stop(gr_server *s)
@@ -461,10 +463,10 @@ static void pub_stop(gr_server *s)
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->stopping = true;
+    bool live = p->live;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    if (p->live) pthread_join(p->thread, NULL);
-    p->live = false;
+    if (live) pthread_join(p->thread, NULL);
 }
 
 static void pub_destroy(gr_server *s)
