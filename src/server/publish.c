@@ -167,9 +167,12 @@ static int collect(gr_server *s, bool snapshot, pub_item **out)
     for (size_t i = 0; !rc && i < n; i++) {
         srv_entry *e = items[i];
         if (e->dense) {
-            bool changed = gr_table_dirty_count(e->table, PUB_TRACKER) > 0;
-            if (changed) gr_table_scan_dirty(e->table, PUB_TRACKER, noop_cb, NULL);
-            if (!changed && !snapshot) continue;
+            /* A snapshot leaves the marks alone: replicas that follow the deltas still need
+             * the change in the next publication. */
+            if (!snapshot) {
+                if (!gr_table_dirty_count(e->table, PUB_TRACKER)) continue;
+                gr_table_scan_dirty(e->table, PUB_TRACKER, noop_cb, NULL);
+            }
             if (!(rc = read_dense(e, &it->dn[it->ndn]))) {
                 it->bytes += e->dense_size * 4;
                 it->ndn++;

@@ -118,6 +118,42 @@ static void test_deltas_visible_and_late_replica(void **state)
     ps_test_cluster_stop(srv, 2);
 }
 
+/* A dense parameter that changes just before another replica takes its snapshot still reaches
+ * the replica that follows the deltas (a snapshot must not consume the change). */
+static void test_dense_reaches_every_replica(void **state)
+{
+    (void)state;
+    const char *slow[] = {"--publish-interval", "1500", NULL};
+    ps_test_server srv;
+    assert_int_equal(ps_test_server_start(&srv, 0, 1, 0, slow), 0);
+    gr_client *c = connect_to(srv.addr);
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"lr.dense\",\"size\":14,"
+                                               "\"optimizer\":{\"kind\":\"sgd\",\"lr\":1}}"), 0);
+    gr_serve *a = replica(srv.addr, NULL, NULL, 0, 0);
+    gr_serve_stats st;
+    for (int i = 0; i < 1000; i++) {
+        gr_serve_get_stats(a, &st);
+        if (st.dense_version) break;
+        usleep(10000);
+    }
+    uint64_t first = st.dense_version;
+    assert_true(first > 0);
+    float g[14];
+    for (int i = 0; i < 14; i++) g[i] = -0.5f;
+    assert_int_equal(gr_client_dense_push(c, "lr.dense", g, 14), 0);
+    gr_serve *b = replica(srv.addr, NULL, NULL, 0, 0); /* its snapshot comes first */
+    for (int i = 0; i < 500; i++) {
+        gr_serve_get_stats(a, &st);
+        if (st.dense_version > first) break;
+        usleep(10000);
+    }
+    assert_true(st.dense_version > first);
+    gr_serve_destroy(a);
+    gr_serve_destroy(b);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&srv, 0), 0);
+}
+
 static void test_shard_restart_resubscribes(void **state)
 {
     (void)state;
@@ -402,6 +438,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deltas_visible_and_late_replica),
+        cmocka_unit_test(test_dense_reaches_every_replica),
         cmocka_unit_test(test_shard_restart_resubscribes),
         cmocka_unit_test(test_scores_equal_trainer),
         cmocka_unit_test(test_http_and_binary_faces),
