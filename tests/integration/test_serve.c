@@ -73,12 +73,14 @@ static gr_serve *replica(const char *from, const char *http, const char *listen,
     return s;
 }
 
-/* Waits (up to 15 s) until the replica's rows of keys equal the shards' rows. */
-static bool wait_same_rows(gr_serve *s, gr_client *c, const uint64_t *keys)
+/* Waits (up to 15 s) until the replica's rows of keys equal the shards' rows (rounded to half
+ * floats for a replica that asked for them). */
+static bool wait_rows(gr_serve *s, gr_client *c, const uint64_t *keys, bool f16)
 {
     float want[NKEYS * DIM], got[NKEYS * DIM];
     gr_client_batch pb = {.table = TABLE, .dim = DIM, .n = NKEYS, .keys = keys, .rows = want};
     assert_int_equal(gr_client_pull_many(c, &pb, 1, GR_READONLY), 0);
+    for (int i = 0; f16 && i < NKEYS * DIM; i++) want[i] = gr_f16_to_f32(gr_f32_to_f16(want[i]));
     for (int i = 0; i < 1500; i++) {
         if (gr_serve_lookup(s, TABLE, keys, NKEYS, got, NULL) == GR_OK &&
             !memcmp(want, got, sizeof want))
@@ -86,6 +88,11 @@ static bool wait_same_rows(gr_serve *s, gr_client *c, const uint64_t *keys)
         usleep(10000);
     }
     return false;
+}
+
+static bool wait_same_rows(gr_serve *s, gr_client *c, const uint64_t *keys)
+{
+    return wait_rows(s, c, keys, false);
 }
 
 static void test_deltas_visible_and_late_replica(void **state)
@@ -113,6 +120,20 @@ static void test_deltas_visible_and_late_replica(void **state)
     push_all(c, 0.25f, keys);
     s = replica(list, NULL, NULL, 0, 0);
     assert_true(wait_same_rows(s, c, keys));
+    gr_serve_destroy(s);
+    /* Rows as half floats on request (snapshot, then a delta). */
+    gr_model_config mc;
+    gr_model_config_default(&mc, GR_MODEL_LR);
+    gr_serve_config hc;
+    gr_serve_config_default(&hc);
+    hc.model = &mc;
+    hc.from = list;
+    hc.f16 = true;
+    assert_int_equal(gr_serve_create(&hc, &s), 0);
+    assert_int_equal(gr_serve_start(s), 0);
+    assert_true(wait_rows(s, c, keys, true));
+    push_all(c, 0.3f, keys);
+    assert_true(wait_rows(s, c, keys, true));
     gr_serve_destroy(s);
     gr_client_destroy(c);
     ps_test_cluster_stop(srv, 2);
@@ -434,6 +455,29 @@ static void test_http_and_binary_faces(void **state)
     gr_serve_destroy(s);
 }
 
+/* The command line refuses what it cannot serve, naming why. */
+static void test_serve_command_errors(void **state)
+{
+    (void)state;
+    char out[4096];
+    const char *none[] = {"serve", "--model", "/tmp", NULL};
+    assert_int_equal(ps_test_run_granary(none, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--http"));
+    const char *zk[] = {"serve", "--from", "zk://h:2181/x", "--http", "127.0.0.1:0", NULL};
+    assert_int_equal(ps_test_run_granary(zk, out, sizeof out), 2);
+    assert_non_null(strstr(out, "ZooKeeper"));
+    const char *nothing[] = {"serve", "--http", "127.0.0.1:0", NULL};
+    assert_int_equal(ps_test_run_granary(nothing, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--model DIR"));
+    const char *missing[] = {"serve", "--model", "/nonexistent/granary", "--http", "127.0.0.1:0", NULL};
+    assert_int_equal(ps_test_run_granary(missing, out, sizeof out), 1);
+    assert_non_null(strstr(out, "/nonexistent/granary"));
+    const char *badnum[] = {"serve", "--from", "127.0.0.1:1", "--http", "127.0.0.1:0",
+                            "--max-batch", "0", NULL};
+    assert_int_equal(ps_test_run_granary(badnum, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--max-batch"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_shard_restart_resubscribes),
         cmocka_unit_test(test_scores_equal_trainer),
         cmocka_unit_test(test_http_and_binary_faces),
+        cmocka_unit_test(test_serve_command_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
