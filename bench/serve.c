@@ -298,6 +298,84 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
     pthread_mutex_destroy(&p.mu);
 }
 
+/* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
+
+typedef struct binload {
+    uint16_t port;
+    double secs;
+    const float *dense;   /* REQUESTS examples */
+    const uint64_t *ids;
+    atomic_ullong done, errors;
+} binload;
+
+static void *bin_main(void *arg)
+{
+    binload *b = arg;
+    int fd = gr_bench_tcp_connect(b->port);
+    gr_proto_buf out;
+    gr_proto_buf_init(&out);
+    uint8_t *reply = malloc(1 << 16);
+    double end = now_s() + b->secs;
+    for (uint64_t k = 0; fd >= 0 && now_s() < end; k++) {
+        size_t i = k % REQUESTS;
+        gr_proto_predict q = {.n = 1, .ndense = GR_CRITEO_DENSE, .nsparse = GR_CRITEO_SPARSE,
+                              .dense = b->dense + i * GR_CRITEO_DENSE,
+                              .ids = b->ids + i * GR_CRITEO_SPARSE};
+        out.len = 0;
+        if (gr_proto_begin(&out, GR_PROTO_REQUEST, GR_OP_PREDICT, 0, 0, k) ||
+            gr_proto_put_predict(&out, &q) || gr_proto_end(&out, 0) || send_all(fd, (char *)out.data, out.len))
+            break;
+        size_t got = 0, need = GR_PROTO_HEADER_SIZE;
+        gr_proto_header h = {0};
+        while (got < need) {
+            ssize_t r = recv(fd, reply + got, need - got, 0);
+            if (r <= 0) break;
+            got += (size_t)r;
+            if (got == GR_PROTO_HEADER_SIZE && need == GR_PROTO_HEADER_SIZE) {
+                gr_proto_limits lim;
+                gr_proto_limits_default(&lim);
+                int hr = gr_proto_header_decode(reply, got, &lim, &h, NULL);
+                if (hr != GR_OK && hr != GR_EAGAIN) break;
+                need += h.body_len;
+            }
+        }
+        if (got < need) break;
+        if (h.status) atomic_fetch_add(&b->errors, 1);
+        else atomic_fetch_add(&b->done, 1);
+    }
+    if (fd >= 0) close(fd);
+    gr_proto_buf_fini(&out);
+    free(reply);
+    return NULL;
+}
+
+/* Requests/s of `conns` connections each sending the next PREDICT as soon as the last one is
+ * answered. */
+static double run_binary(uint16_t port, const bodies *b1, unsigned conns, double secs)
+{
+    float *dense = malloc(REQUESTS * GR_CRITEO_DENSE * sizeof *dense);
+    uint64_t *ids = malloc(REQUESTS * GR_CRITEO_SPARSE * sizeof *ids);
+    for (size_t i = 0; i < REQUESTS; i++) {
+        size_t n;
+        float *d;
+        uint64_t *x;
+        char err[128];
+        if (gr_serve_parse_predict(b1->b[i], b1->len[i], 1, &n, &d, &x, err, sizeof err)) continue;
+        memcpy(dense + i * GR_CRITEO_DENSE, d, GR_CRITEO_DENSE * sizeof *d);
+        memcpy(ids + i * GR_CRITEO_SPARSE, x, GR_CRITEO_SPARSE * sizeof *x);
+        free(d), free(x);
+    }
+    binload b = {.port = port, .secs = secs, .dense = dense, .ids = ids};
+    pthread_t th[64];
+    if (conns > 64) conns = 64;
+    double t0 = now_s();
+    for (unsigned i = 0; i < conns; i++) pthread_create(&th[i], NULL, bin_main, &b);
+    for (unsigned i = 0; i < conns; i++) pthread_join(th[i], NULL);
+    double dt = now_s() - t0;
+    free(dense), free(ids);
+    return atomic_load(&b.errors) ? NAN : (double)atomic_load(&b.done) / dt;
+}
+
 /* ---- the Redis-backed baseline ---- */
 
 typedef struct rconn {
@@ -701,6 +779,7 @@ int gr_bench_serve(int argc, char **argv)
     gr_serve_config_default(&cfg);
     cfg.model = &mc;
     cfg.http = "127.0.0.1:0";
+    cfg.listen = "127.0.0.1:0";
     cfg.threads = threads;
     gr_serve *rep = NULL;
     if (gr_serve_create(&cfg, &rep) || gr_serve_start(rep)) {
@@ -750,6 +829,8 @@ int gr_bench_serve(int argc, char **argv)
         fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
         run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
     }
+    fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
+    double bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
 
     /* The Redis-backed baseline. */
     uint16_t rport = 0;
@@ -799,6 +880,7 @@ int gr_bench_serve(int argc, char **argv)
     print_load("replica, batch 100, saturation (wrk)", &sat100);
     print_load("Redis-backed, batch 1, saturation (wrk)", &rsat);
     print_load("Redis-backed, batch 1, half its saturation", &rfixed);
+    printf("  replica, batch 1, binary PREDICT (%u conns)    %9.0f req/s\n", threads, bin_qps);
     printf("  replica / Redis-backed throughput        %9.2fx\n", sat.qps / rsat.qps);
     printf("  freshness, publish 100 ms:  p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f100p50,
            f100p99, n100);
@@ -820,6 +902,7 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_predict_p99_ms", rfixed.p99_ms, true);
         json_num("redis_predict_sat_p99_ms", rsat.p99_ms, true);
         json_num("qps_vs_redis", sat.qps / rsat.qps, true);
+        json_num("predict_binary_qps", bin_qps, true);
         json_num("freshness_p50_ms", f100p50, true);
         json_num("freshness_p99_ms", f100p99, true);
         printf("\"publish_interval_ms\":100,");
