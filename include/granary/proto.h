@@ -291,11 +291,14 @@ GR_API void gr_proto_push_step_fini(gr_proto_push_step *p);
 
 #define GR_PROTO_SUB_F16 1u /* SUBSCRIBE: row values as IEEE half floats */
 
-/* SUBSCRIBE request (24 bytes): u64 epoch, u64 since, u32 wait_ms, u32 flags. epoch and since
- * name the last publication the replica applied from this shard (0, 0: none). */
+/* SUBSCRIBE request (32 bytes): u64 epoch, u64 since, u32 wait_ms, u32 flags, u32 from_slot,
+ * u32 reserved (0). epoch and since name the last publication the replica applied from this
+ * shard (0, 0: none); from_slot > 0 asks for the next page of the snapshot at publication
+ * `since`, starting at that slot. */
 typedef struct gr_proto_subscribe {
     uint64_t epoch, since;
     uint32_t wait_ms, flags;
+    uint32_t from_slot;
 } gr_proto_subscribe;
 GR_API int gr_proto_put_subscribe(gr_proto_buf *b, const gr_proto_subscribe *s);
 GR_API int gr_proto_decode_subscribe(const void *body, size_t len, gr_proto_subscribe *out);
@@ -303,7 +306,8 @@ GR_API int gr_proto_decode_subscribe(const void *body, size_t len, gr_proto_subs
 enum { GR_PROTO_PUB_NONE = 0, GR_PROTO_PUB_DELTA = 1, GR_PROTO_PUB_SNAPSHOT = 2 };
 
 /* SUBSCRIBE reply, a publication: u64 epoch, u64 seq, u64 version, u32 kind, u32 shard,
- * u32 nsparse, u32 ndense, u32 f16, u32 reserved (0); nsparse sections, each u32 table,
+ * u32 nsparse, u32 ndense, u32 f16, u32 next_slot (a snapshot page: the slot the next page
+ * starts at, 0 when this page ends the snapshot; 0 otherwise); nsparse sections, each u32 table,
  * u32 dim, u32 n, u32 reserved (0), u64 keys[n], values[n*dim] (f32, or f16 when f16 is 1),
  * pad to 8; then ndense dense parts as in PUSH_STEP (str name, u64 size, f32 values, pad). */
 typedef struct gr_proto_pub_section {
@@ -316,6 +320,7 @@ typedef struct gr_proto_publication {
     uint64_t epoch, seq, version;
     uint32_t kind, shard, f16;
     uint32_t nsparse, ndense;
+    uint32_t next_slot;
     gr_proto_pub_section *sparse; /* malloc'd; gr_proto_publication_fini frees */
     gr_proto_dense_part *dense;   /* malloc'd */
 } gr_proto_publication;

@@ -16,19 +16,25 @@ int gr_proto_put_subscribe(gr_proto_buf *b, const gr_proto_subscribe *s)
     if (!rc) rc = gr_proto_put_u64(b, s->since);
     if (!rc) rc = gr_proto_put_u32(b, s->wait_ms);
     if (!rc) rc = gr_proto_put_u32(b, s->flags);
+    if (!rc) rc = gr_proto_put_u32(b, s->from_slot);
+    if (!rc) rc = gr_proto_put_u32(b, 0);
     return rc;
 }
 
 int gr_proto_decode_subscribe(const void *body, size_t len, gr_proto_subscribe *out)
 {
     const uint8_t *p = body;
-    if (len != 24) return gr_seterr(GR_EPROTO, "subscribe body has %zu bytes, expected 24", len);
+    if (len != 32) return gr_seterr(GR_EPROTO, "subscribe body has %zu bytes, expected 32", len);
     out->epoch = rd64(p);
     out->since = rd64(p + 8);
     out->wait_ms = rd32(p + 16);
     out->flags = rd32(p + 20);
+    out->from_slot = rd32(p + 24);
     if (out->flags & ~GR_PROTO_SUB_F16)
         return gr_seterr(GR_EPROTO, "subscribe has unknown flags 0x%x", out->flags);
+    if (out->from_slot >= GR_SLOTS)
+        return gr_seterr(GR_EPROTO, "subscribe from slot %u is not below %u", out->from_slot, GR_SLOTS);
+    if (rd32(p + 28) != 0) return gr_seterr(GR_EPROTO, "subscribe reserved field is not 0");
     return GR_OK;
 }
 
@@ -37,7 +43,7 @@ int gr_proto_put_pub_head(gr_proto_buf *b, const gr_proto_publication *p)
     int rc = gr_proto_put_u64(b, p->epoch);
     if (!rc) rc = gr_proto_put_u64(b, p->seq);
     if (!rc) rc = gr_proto_put_u64(b, p->version);
-    uint32_t w[6] = {p->kind, p->shard, p->nsparse, p->ndense, p->f16, 0};
+    uint32_t w[6] = {p->kind, p->shard, p->nsparse, p->ndense, p->f16, p->next_slot};
     if (!rc) rc = gr_proto_put_bytes(b, w, sizeof w);
     return rc;
 }
@@ -102,7 +108,9 @@ int gr_proto_decode_publication(const void *body, size_t len, const gr_proto_lim
     out->nsparse = rd32(p + 32);
     out->ndense = rd32(p + 36);
     out->f16 = rd32(p + 40);
-    if (rd32(p + 44) != 0) return gr_seterr(GR_EPROTO, "publication reserved field is not 0");
+    out->next_slot = rd32(p + 44);
+    if (out->next_slot >= GR_SLOTS || (out->next_slot && out->kind != GR_PROTO_PUB_SNAPSHOT))
+        return gr_seterr(GR_EPROTO, "publication next slot %u is not a snapshot page's", out->next_slot);
     if (out->kind > GR_PROTO_PUB_SNAPSHOT)
         return gr_seterr(GR_EPROTO, "publication kind %u is not none, delta or snapshot", out->kind);
     if (out->f16 > 1) return gr_seterr(GR_EPROTO, "publication f16 flag is %u", out->f16);

@@ -17,6 +17,7 @@ typedef struct sv_shard {
     pthread_t thread;
     bool started;
     uint64_t epoch, seq;
+    uint32_t next_slot; /* inside a paged snapshot: the slot its next page starts at */
     bool connected;
 } sv_shard;
 
@@ -79,7 +80,8 @@ static void *shard_main(void *arg)
     while (!stopping(f)) {
         gr_proto_buf b;
         gr_proto_buf_init(&b);
-        gr_proto_subscribe sub = {sh->epoch, sh->seq, s->cfg.poll_wait_ms, s->cfg.f16 ? GR_PROTO_SUB_F16 : 0};
+        gr_proto_subscribe sub = {sh->epoch, sh->seq, s->cfg.poll_wait_ms,
+                                  s->cfg.f16 ? GR_PROTO_SUB_F16 : 0, sh->next_slot};
         void *reply = NULL;
         size_t rlen = 0;
         int rc = gr_proto_put_subscribe(&b, &sub);
@@ -98,6 +100,7 @@ static void *shard_main(void *arg)
              * fail the same way forever; the next snapshot repairs what was missed. */
             sh->epoch = p.epoch;
             sh->seq = p.seq;
+            sh->next_slot = p.next_slot;
             gr_proto_publication_fini(&p);
         }
         free(reply);

@@ -30,6 +30,7 @@ typedef struct pub_rows {
     size_t n, cap;
     uint64_t *keys;
     float *vals;
+    uint32_t lo, hi; /* a snapshot page keeps the rows of slots [lo, hi) */
 } pub_rows;
 
 typedef struct pub_dense {
@@ -43,6 +44,7 @@ typedef struct pub_dense {
 typedef struct pub_item {
     uint64_t seq, version;
     uint32_t kind;
+    uint32_t next_slot; /* a snapshot page: where the next one starts (0: the last page) */
     uint64_t rows, bytes;
     pub_rows *sp;
     size_t nsp;
@@ -103,6 +105,10 @@ static int rows_cb(void *ctx, uint64_t key, const float *w, const float *state, 
     (void)state;
     (void)m;
     pub_rows *r = ctx;
+    if (r->hi) {
+        uint32_t slot = gr_slot_of(key);
+        if (slot < r->lo || slot >= r->hi) return 0;
+    }
     if (r->n == r->cap) {
         size_t cap = r->cap ? r->cap * 2 : 1024;
         uint64_t *k = realloc(r->keys, cap * sizeof *k);
@@ -148,9 +154,10 @@ static int noop_cb(void *ctx, uint64_t key, const float *w, const float *st, con
     return 0;
 }
 
-/* Builds a publication: the dirty rows and changed dense parameters (snapshot false), or every
- * row and dense parameter (snapshot true; dirty marks are left for the next publication). */
-static int collect(gr_server *s, bool snapshot, pub_item **out)
+/* Builds a publication: the dirty rows and changed dense parameters (snapshot false), or the
+ * rows of slots [lo, hi) and, on the first page (lo 0), every dense parameter (snapshot true;
+ * dirty marks are left for the next publication). hi 0: every slot. */
+static int collect(gr_server *s, bool snapshot, uint32_t lo, uint32_t hi, pub_item **out)
 {
     *out = NULL;
     srv_entry **items = NULL;
@@ -167,6 +174,7 @@ static int collect(gr_server *s, bool snapshot, pub_item **out)
     for (size_t i = 0; !rc && i < n; i++) {
         srv_entry *e = items[i];
         if (e->dense) {
+            if (snapshot && lo > 0) continue; /* dense parameters ride on the first page */
             /* A snapshot leaves the marks alone: replicas that follow the deltas still need
              * the change in the next publication. */
             if (!snapshot) {
@@ -182,6 +190,10 @@ static int collect(gr_server *s, bool snapshot, pub_item **out)
         pub_rows *r = &it->sp[it->nsp];
         r->table = e->id;
         r->dim = gr_table_get_spec(e->table)->dim;
+        if (snapshot && (lo > 0 || (hi && hi < GR_SLOTS))) {
+            r->lo = lo;
+            r->hi = hi ? hi : GR_SLOTS;
+        }
         rc = snapshot ? gr_table_scan(e->table, rows_cb, r)
                       : gr_table_scan_dirty(e->table, PUB_TRACKER, rows_cb, r);
         if (rc > 0) rc = gr_seterr(GR_ENOMEM, "publisher: out of memory for rows of '%s'", e->name);
@@ -211,6 +223,7 @@ static int encode(const srv_publish *p, const pub_item *it, uint64_t id, bool f1
                                  .kind = it ? it->kind : GR_PROTO_PUB_NONE,
                                  .shard = p->s->cfg.shard,
                                  .f16 = f16,
+                                 .next_slot = it ? it->next_slot : 0,
                                  .nsparse = nsp,
                                  .ndense = it ? (uint32_t)it->ndn : 0};
     int rc = gr_proto_begin(b, GR_PROTO_RESPONSE, GR_OP_SUBSCRIBE, 0, 0, id);
@@ -258,11 +271,37 @@ static void reply(srv_publish *p, pub_waiter *w, const pub_item *it)
     free(w);
 }
 
+/* Slots per snapshot page: the shard's rows (weights and keys) are cut into a power of two of
+ * equal slot ranges, each expected to fill at most half a frame body. */
+static uint32_t page_slots(gr_server *s, bool f16)
+{
+    srv_entry **items = NULL;
+    size_t n = 0;
+    if (srv_registry_snapshot(&s->reg, &items, &n)) return GR_SLOTS;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i]->dense) continue;
+        gr_table_stats st;
+        gr_table_get_stats(items[i]->table, &st);
+        bytes += st.rows * (8 + (uint64_t)gr_table_get_spec(items[i]->table)->dim * (f16 ? 2 : 4));
+    }
+    srv_registry_release(items, n);
+    uint64_t budget = s->cfg.limits.max_body / 2 ? s->cfg.limits.max_body / 2 : 1;
+    uint32_t pages = 1;
+    while (pages < GR_SLOTS && bytes / pages > budget) pages *= 2;
+    return GR_SLOTS / pages;
+}
+
 /* The ring's publication after `since` of this epoch; NULL when the replica is current;
- * *snapshot when the ring cannot continue from there. Under mu. */
+ * *snapshot when the ring cannot continue from there (or the replica asks for the next page
+ * of one). Under mu. */
 static pub_item *next_for_locked(srv_publish *p, const gr_proto_subscribe *sub, bool *snapshot)
 {
     *snapshot = false;
+    if (sub->from_slot && sub->epoch == p->epoch) {
+        *snapshot = true;
+        return NULL;
+    }
     if (sub->epoch != p->epoch || sub->since > p->seq) {
         *snapshot = true;
         return NULL;
@@ -305,8 +344,16 @@ static void serve_waiters_locked(srv_publish *p, uint64_t now)
         pub_item *own = NULL;
         if (snap) {
             own = NULL;
+            /* A new snapshot starts at slot 0 and is stamped with the current sequence number;
+             * its next pages carry the number the replica brings back. */
+            bool cont = w->sub.from_slot && w->sub.epoch == p->epoch;
+            uint32_t lo = cont ? w->sub.from_slot : 0;
+            uint64_t seq = cont ? w->sub.since : p->seq;
             pthread_mutex_unlock(&p->mu);
-            int rc = collect(p->s, true, &own);
+            uint32_t width = page_slots(p->s, w->sub.flags & GR_PROTO_SUB_F16);
+            uint32_t hi = lo + width < GR_SLOTS ? lo + width : GR_SLOTS;
+            int rc = collect(p->s, true, lo, hi, &own);
+            if (!rc) own->next_slot = hi < GR_SLOTS ? hi : 0;
             pthread_mutex_lock(&p->mu);
             if (rc) {
                 char msg[512];
@@ -319,8 +366,8 @@ static void serve_waiters_locked(srv_publish *p, uint64_t now)
                 pp = &p->waiters;
                 continue;
             }
-            own->seq = p->seq;
-            p->snapshots++;
+            own->seq = seq;
+            p->snapshots += lo == 0;
             it = own;
         }
         pthread_mutex_unlock(&p->mu);
@@ -347,7 +394,7 @@ static void *publish_main(void *arg)
             if (p->last_sub_ns && now - p->last_sub_ns < PUB_IDLE_NS) {
                 pthread_mutex_unlock(&p->mu);
                 pub_item *it = NULL;
-                int rc = collect(s, false, &it);
+                int rc = collect(s, false, 0, 0, &it);
                 if (rc) GR_LOGW("shard %u: publish failed: %s", s->cfg.shard, gr_errmsg());
                 pthread_mutex_lock(&p->mu);
                 if (it && (it->rows || it->ndn)) {

@@ -175,6 +175,46 @@ static void test_dense_reaches_every_replica(void **state)
     assert_int_equal(ps_test_server_stop(&srv, 0), 0);
 }
 
+/* A shard whose rows do not fit in one frame sends its snapshot in pages of slot ranges; the
+ * replica asks for each next page and ends up with every row. */
+static void test_paged_snapshot(void **state)
+{
+    (void)state;
+    enum { BIG = 20000 };
+    const char *small[] = {"--publish-interval", "50", "--max-body", "65536", NULL};
+    ps_test_server srv;
+    assert_int_equal(ps_test_server_start(&srv, 0, 1, 0, small), 0);
+    gr_client *c = connect_to(srv.addr);
+    assert_int_equal(gr_client_create_table(c, SPEC), 0);
+    uint64_t *keys = malloc(BIG * sizeof *keys);
+    float *grads = malloc(BIG * DIM * sizeof *grads), *want = malloc(BIG * DIM * sizeof *want),
+          *got = malloc(BIG * DIM * sizeof *got);
+    for (int i = 0; i < BIG; i++) keys[i] = 7777u * (uint64_t)(i + 1);
+    for (int i = 0; i < BIG * DIM; i++) grads[i] = -(float)(i % 97);
+    assert_int_equal(gr_client_push(c, TABLE, DIM, keys, BIG, grads), 0);
+    gr_client_batch pb = {.table = TABLE, .dim = DIM, .n = BIG, .keys = keys, .rows = want};
+    assert_int_equal(gr_client_pull_many(c, &pb, 1, GR_READONLY), 0);
+    gr_serve *s = replica(srv.addr, NULL, NULL, 0, 0);
+    bool same = false;
+    for (int i = 0; i < 1500 && !same; i++) {
+        usleep(10000);
+        same = gr_serve_lookup(s, TABLE, keys, BIG, got, NULL) == GR_OK &&
+               !memcmp(want, got, BIG * DIM * sizeof *got);
+    }
+    assert_true(same);
+    gr_serve_stats st;
+    gr_serve_get_stats(s, &st);
+    assert_true(st.publications >= 8); /* 20000 x 24 bytes in pages of at most 32 KiB */
+    char *json = NULL;
+    assert_int_equal(gr_client_stats(c, 0, &json), 0);
+    assert_non_null(strstr(json, "\"snapshots\":1,"));
+    free(json);
+    gr_serve_destroy(s);
+    free(keys), free(grads), free(want), free(got);
+    gr_client_destroy(c);
+    assert_int_equal(ps_test_server_stop(&srv, 0), 0);
+}
+
 static void test_shard_restart_resubscribes(void **state)
 {
     (void)state;
@@ -483,6 +523,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deltas_visible_and_late_replica),
         cmocka_unit_test(test_dense_reaches_every_replica),
+        cmocka_unit_test(test_paged_snapshot),
         cmocka_unit_test(test_shard_restart_resubscribes),
         cmocka_unit_test(test_scores_equal_trainer),
         cmocka_unit_test(test_http_and_binary_faces),

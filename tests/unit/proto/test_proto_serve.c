@@ -24,12 +24,21 @@ static void test_subscribe_round_trip(void **state)
     (void)state;
     gr_proto_buf b;
     gr_proto_buf_init(&b);
-    gr_proto_subscribe s = {123, 45, 1000, GR_PROTO_SUB_F16}, d;
+    gr_proto_subscribe s = {123, 45, 1000, GR_PROTO_SUB_F16, 4096}, d;
     assert_int_equal(gr_proto_put_subscribe(&b, &s), GR_OK);
-    assert_int_equal(b.len, 24);
+    assert_int_equal(b.len, 32);
     assert_int_equal(gr_proto_decode_subscribe(b.data, b.len, &d), GR_OK);
     assert_true(d.epoch == 123 && d.since == 45 && d.wait_ms == 1000 && d.flags == GR_PROTO_SUB_F16);
-    assert_int_equal(gr_proto_decode_subscribe(b.data, 16, &d), GR_EPROTO);
+    assert_int_equal(d.from_slot, 4096);
+    assert_int_equal(gr_proto_decode_subscribe(b.data, 24, &d), GR_EPROTO);
+    uint32_t big = GR_SLOTS;
+    memcpy(b.data + 24, &big, 4); /* a slot that does not exist */
+    assert_int_equal(gr_proto_decode_subscribe(b.data, b.len, &d), GR_EPROTO);
+    big = 0;
+    memcpy(b.data + 24, &big, 4);
+    b.data[28] = 1; /* reserved */
+    assert_int_equal(gr_proto_decode_subscribe(b.data, b.len, &d), GR_EPROTO);
+    b.data[28] = 0;
     b.data[20] = 0x7; /* unknown flag bits */
     assert_int_equal(gr_proto_decode_subscribe(b.data, b.len, &d), GR_EPROTO);
     gr_proto_buf_fini(&b);
@@ -118,7 +127,7 @@ static void test_publication_hostile(void **state)
     } while (0)
     PATCH(24, 3, GR_EPROTO);          /* kind beyond snapshot */
     PATCH(40, 2, GR_EPROTO);          /* f16 flag not 0/1 */
-    PATCH(44, 1, GR_EPROTO);          /* reserved */
+    PATCH(44, 1, GR_EPROTO);          /* next slot of a delta */
     PATCH(32, 1000, GR_ETOOBIG);      /* sections over max_tables (256) */
     PATCH(48 + 4, 0, GR_EINVAL);      /* dim 0 */
     PATCH(48 + 4, 4096, GR_EINVAL);   /* dim over the limit */
