@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cblas.h>
 #include <math.h>
 #include <time.h>
 
@@ -324,6 +325,10 @@ int gr_serve_create(const gr_serve_config *cfg, gr_serve **out)
         return gr_seterr(GR_EINVAL, "a replica needs a saved model (--model DIR) or a model config");
     gr_serve *s = calloc(1, sizeof *s);
     if (!s) return gr_seterr(GR_ENOMEM, "out of memory for a replica");
+    /* The request threads are the parallelism, as the trainer's workers are: OpenBLAS threads
+     * on top would fight them for cores, and a forward pass split over a varying number of
+     * BLAS threads need not give the trainer's bits. */
+    openblas_set_num_threads(1);
     s->cfg = *cfg;
     gr_serve_config def;
     gr_serve_config_default(&def);
