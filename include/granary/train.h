@@ -246,6 +246,12 @@ typedef struct gr_saved_model gr_saved_model;
  * written before models were recorded), a missing dense part, shapes that disagree with the
  * dense parameter's size. */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
+/* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
+ * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,
+ * batch, workers); messages start with `where`. Every field is checked (kinds, layer counts
+ * and sizes, the table spec); GR_ENOENT when there is no "model" member. */
+GR_API int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                                     gr_saved_model_info *info);
 /* What gr_saved_model_open would build, without loading any rows: the checkpoint directory,
  * its kind and step, and the recorded model (info.rows stays 0). Same errors. */
 GR_API int gr_saved_model_read_info(const char *path, gr_saved_model_info *info);
@@ -389,9 +395,23 @@ typedef struct gr_ps_backend_opts {
     uint32_t staleness;    /* semisync: drop bound; ssp: the bound */
     uint32_t timeout_ms;   /* how long a step may wait for the others; 0 = 60000 */
     bool reset;            /* replace a different job the shards run (else that is an error) */
+    /* Tables the servers already hold with rows, from an earlier run (table_init):
+     * GR_PS_TABLES_REFUSE (the default) fails with GR_EEXIST naming the table and its row
+     * count; REUSE continues with them (a resume, whose restore replaces them anyway); FRESH
+     * drops and recreates them. */
+    int tables;
+    uint64_t owner;        /* the sync job's owner id (0: a fresh random one; processes of one
+                              job pass the same); a shard running another owner's job refuses
+                              this backend with GR_EBUSY naming that job */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
+    /* ckpt_load reads only the checkpoint's name, step and training position and loads no rows:
+     * the "partial" recovery after a lost shard, whose replacement restored its own rows while
+     * the other shards keep their newer ones (docs/operations.md, "Recovery"). */
+    bool resume_position_only;
 } gr_ps_backend_opts;
+
+enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };
 
 /* Fills o with defaults: async, Adam lr 1e-3 (0.9, 0.999, 1e-8) for dense parameters. */
 GR_API void gr_ps_backend_opts_default(gr_ps_backend_opts *o);
@@ -472,7 +492,9 @@ typedef struct gr_train_opts {
     /* Resume: restore the newest complete checkpoint under this root (or this checkpoint
      * directory) before training: tables, dense parameters and their optimizer state, and
      * where every worker was in the data; training continues from there. A root without any
-     * checkpoint starts from scratch. NULL = no resume. */
+     * checkpoint starts from scratch; a root that does not exist is refused (GR_ENOENT: a
+     * mistyped path must not silently train from scratch) unless it is ckpt_dir too, so one
+     * command both starts a job and restarts it. NULL = no resume. */
     const char *resume;
     /* Stop once every worker has done this many steps (batches), counting those done before
      * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
@@ -494,6 +516,19 @@ typedef struct gr_train_opts {
     /* Called on the progress thread at every progress line (progress_s) and at the end. */
     void (*on_progress)(void *ctx, const struct gr_train_progress *p);
     void *progress_ctx;
+    /* Every step's training loss written to this file as it is pushed, one line "WORKER
+     * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
+     * %.9g): to compare runs step by step (the PyTorch path's consistency test,
+     * docs/python.md). NULL = none. */
+    const char *loss_log;
+    /* Asked before each batch is handed on (from reader threads; it must be thread-safe and
+     * cheap): once it returns true, training stops at the next step boundary. In sync and
+     * hybrid mode every worker then stops after the same step (the most any worker had begun),
+     * so the shards stay at one step; in the other modes each worker stops after its batches in
+     * flight. The last checkpoint is written as at the end of the data; the test file is not
+     * scored. NULL: never (`granary train` asks whether SIGINT or SIGTERM came). */
+    bool (*should_stop)(void *ctx);
+    void *stop_ctx;
 } gr_train_opts;
 
 /* What a progress line says (gr_train_opts.on_progress). */
@@ -559,6 +594,11 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
+    /* The checkpoint of the final state failed: the trained model is not saved (ckpt_last,
+     * if any, is older), and ckpt_final_error says why. */
+    bool ckpt_final_failed;
+    char ckpt_final_error[256];
+    bool stopped;             /* should_stop ended the run early (the test file was not scored) */
     /* Seconds per pipeline stage, summed over all batches of all workers: read (parse), pull
      * (the fetch stage: rows; sync/semisync/ssp: with the dense parameters), compute (the
      * compute stage: the model; async/hybrid: with the dense round trips), push (the push

@@ -35,10 +35,17 @@ static const gr_cli_spec eval_spec = {
               "--batch and --threads are left at 0 (the model's recorded batch and workers).\n",
 };
 
+/* Every digit (%.17g): cJSON's own printing may drop the last bit, and these numbers are
+ * compared with the trainer's exactly. */
 static void json_num(cJSON *o, const char *k, double v)
 {
-    if (isnan(v)) cJSON_AddNullToObject(o, k);
-    else cJSON_AddNumberToObject(o, k, v);
+    if (isnan(v)) {
+        cJSON_AddNullToObject(o, k);
+        return;
+    }
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    cJSON_AddRawToObject(o, k, buf);
 }
 
 static int write_predictions(const char *path, const float *p, uint64_t n)

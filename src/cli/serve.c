@@ -93,8 +93,8 @@ int gr_cli_serve(int argc, char **argv)
         goto out;
     }
     if (v[SV_FROM].s && !strncmp(v[SV_FROM].s, "zk://", 5)) {
-        fprintf(stderr, "granary serve: --from zk://... needs ZooKeeper coordination, which this "
-                        "build does not have; give the shards as HOST:PORT,...\n");
+        fprintf(stderr, "granary serve: --from zk://...: a replica does not read a ZooKeeper "
+                        "layout yet; give the shards as HOST:PORT,...\n");
         goto out;
     }
     if (!v[SV_MODEL].s && !v[SV_FROM].s) {

@@ -6,10 +6,12 @@
  * turn the values into the trainer's options, check combinations, build the backend, run,
  * report. */
 #include "cli/cli.h"
+#include "cli/guard.h"
 #include "cli/opts.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
+#include "cli/train_coord.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -114,10 +116,27 @@
       "with deltas: a full checkpoint at least every N")                                       \
     X(TO_CKZSTD, "ckpt-zstd", GR_CLI_INT, "ckpt_zstd", 0, 19, NULL, "L", "0",                  \
       "compress sections with zstd level L (0: raw)")                                          \
+    X(TO_LOSSLOG, "loss-log", GR_CLI_STR, "loss_log", 0, 0, NULL, "FILE", NULL,                \
+      "write every step's loss to FILE as 'WORKER STEP LOSS' lines (docs/python.md)")          \
     X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
       "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
-      "DIR): parameters, optimizer state and data position; nothing there: start\n"           \
-      "from scratch")                                                                          \
+      "DIR): parameters, optimizer state and data position; nothing there yet: start\n"      \
+      "from scratch; a DIR that does not exist is refused unless it is --ckpt-dir")          \
+    X(TO_REUSE, "reuse-tables", GR_CLI_FLAG, "reuse_tables", 0, 0, NULL, NULL, NULL,           \
+      "--servers: continue with the rows the servers' tables already hold (a run\n"          \
+      "that is not a resume refuses them by default)")                                        \
+    X(TO_FRESH, "fresh", GR_CLI_FLAG, "fresh", 0, 0, NULL, NULL, NULL,                         \
+      "--servers: drop the tables the servers already hold and start from new ones")         \
+    X(TO_COORD, "coord", GR_CLI_STR, "coord", 0, 0, NULL, "zk://HOSTS/PATH", NULL,             \
+      "find the shards through the job's layout at PATH and recover when one is\n"            \
+      "lost (instead of --servers; docs/operations.md)")                                       \
+    X(TO_RECOVERY, "recovery", GR_CLI_CHOICE, "recovery", 0, 0, "partial|rollback", NULL,      \
+      NULL, "with --coord, after a lost shard: partial = only its rows return to\n"            \
+      "the newest checkpoint; rollback = every shard and the data position do\n"             \
+      "(default: rollback for sync and semisync, partial otherwise)")                         \
+    X(TO_RECTIMEOUT, "recovery-timeout", GR_CLI_INT, "recovery_timeout_ms", 1000, 86400000,    \
+      NULL, "MS", "120000", "with --coord: how long to wait for the shards (at start, and\n"  \
+      "for a standby to replace a lost one)")                                                                          \
     X(TO_FOLLOW, "follow", GR_CLI_FLAG, "follow", 0, 0, NULL, NULL, NULL,                      \
       "read --train as it grows (rotation and truncation handled; --train - reads\n"          \
       "stdin) and train until SIGTERM/SIGINT, then checkpoint and exit 0")                      \
@@ -146,6 +165,9 @@ typedef struct run_info {
     unsigned shards;
     uint32_t aggregate, staleness;
     bool have_sync;      /* the shards' sync counters below were read */
+    bool coord;          /* --coord: the recovery figures below are reported */
+    uint32_t recoveries;
+    double recovery_seconds; /* from each failure until the run went on, summed */
     double applied_steps, admitted, short_steps, dropped, waits;
 } run_info;
 
@@ -240,6 +262,20 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "ckpt_failures", r->ckpt_failures);
         cJSON_AddNumberToObject(j, "ckpt_seconds", r->ckpt_seconds);
         cJSON_AddStringToObject(j, "ckpt_last", r->ckpt_last);
+        cJSON_AddBoolToObject(j, "ckpt_final_failed", r->ckpt_final_failed);
+    }
+    /* Where the trained model is (the checkpoint of the final state), or null: not saved. */
+    if (o->ckpt_dir && r->ckpt_last[0] && !r->ckpt_final_failed) {
+        char saved[1200];
+        snprintf(saved, sizeof saved, "%s/%s", o->ckpt_dir, r->ckpt_last);
+        cJSON_AddStringToObject(j, "model_saved", saved);
+    } else {
+        cJSON_AddNullToObject(j, "model_saved");
+    }
+    cJSON_AddBoolToObject(j, "stopped", r->stopped);
+    if (ri->coord) {
+        cJSON_AddNumberToObject(j, "recoveries", ri->recoveries);
+        cJSON_AddNumberToObject(j, "recovery_seconds", ri->recovery_seconds);
     }
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
@@ -275,6 +311,11 @@ typedef struct train_cmd {
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
     uint32_t publish_ms;
+    int tables; /* GR_PS_TABLES_*: rows an earlier run left on the servers */
+    const char *coord;             /* --coord */
+    bool partial;                  /* --recovery partial */
+    uint32_t recovery_timeout_ms;
+    bool position_only;            /* the next backend restores only the data position */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -372,6 +413,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->ckpt_full_every = (uint32_t)v[TO_CKFULL].i;
     o->ckpt_zstd = (int)v[TO_CKZSTD].i;
     o->resume = v[TO_RESUME].s;
+    o->loss_log = v[TO_LOSSLOG].s;
     uint64_t seed = (uint64_t)v[TO_SEED].i;
     o->model.seed = seed;
     o->emb.seed = seed ^ 0x656d62;
@@ -389,7 +431,17 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
     c->sync_timeout_ms = (uint32_t)v[TO_STIMEOUT].i;
     c->sync_reset = v[TO_SRESET].b;
-    c->local = !c->servers && c->shards == 0;
+    /* A resume replaces the tables with the checkpoint's: whatever they hold is fine. */
+    c->tables = v[TO_FRESH].b ? GR_PS_TABLES_FRESH
+              : v[TO_REUSE].b || o->resume ? GR_PS_TABLES_REUSE : GR_PS_TABLES_REFUSE;
+    if (v[TO_FRESH].b && (v[TO_REUSE].b || o->resume)) {
+        fprintf(stderr, "granary train: --fresh drops the servers' tables; it cannot go with %s\n",
+                v[TO_REUSE].b ? "--reuse-tables" : "--resume (which restores them)");
+        return 2;
+    }
+    c->coord = v[TO_COORD].s;
+    c->recovery_timeout_ms = (uint32_t)v[TO_RECTIMEOUT].i;
+    c->local = !c->servers && !c->coord && c->shards == 0;
     /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
     if (v[TO_MODE].given) {
         if (gr_train_mode_parse(v[TO_MODE].s, &o->mode)) {
@@ -399,6 +451,8 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     } else {
         o->mode = c->local ? GR_MODE_ASYNC : gr_train_default_mode(o->workers);
     }
+    c->partial = v[TO_RECOVERY].given ? v[TO_RECOVERY].i == 0
+                                      : o->mode != GR_MODE_SYNC && o->mode != GR_MODE_SEMISYNC;
     return -1;
 }
 
@@ -423,6 +477,13 @@ static int check_combinations(train_cmd *c)
                         "--local (the embedded cluster has them)\n", gr_train_mode_name(o->mode));
         return 2;
     }
+    if (c->coord && (c->servers || c->local)) {
+        fprintf(stderr, "granary train: --coord finds the shards itself: drop --servers/--local\n");
+        return 2;
+    }
+    if (c->coord && !o->ckpt_dir)
+        fprintf(stderr, "granary train: --coord without --ckpt-dir: a lost shard comes back "
+                        "empty and a rollback has nothing to return to\n");
     if (c->aggregate >= 0 && c->backup >= 0) {
         fprintf(stderr, "granary train: give --aggregate K or --backup B, not both\n");
         return 2;
@@ -453,6 +514,37 @@ static int check_combinations(train_cmd *c)
     return -1;
 }
 
+/* Every path the run reads or writes, before anything starts: a missing test file or an
+ * unwritable metrics file found after training would cost the whole run. Checkpoint paths
+ * are checked here only for the embedded cluster, whose shards share this process's
+ * filesystem and directory; remote shards resolve them under their own --ckpt-root (a
+ * --resume root they do not have is refused by the trainer before the first step). */
+static int check_paths(const train_cmd *c)
+{
+    const gr_train_opts *o = &c->o;
+    char err[1024];
+    int bad = gr_cli_check_input("--train", o->train_path, err, sizeof err);
+    if (!bad && o->test_path) bad = gr_cli_check_input("--test", o->test_path, err, sizeof err);
+    if (!bad && c->auth_file) bad = gr_cli_check_input("--auth-file", c->auth_file, err, sizeof err);
+    if (!bad && c->metrics)
+        bad = gr_cli_check_output_file("--metrics-out", c->metrics, err, sizeof err);
+    bool embedded = !c->local && !c->servers;
+    if (!bad && embedded && o->resume && !gr_cli_path_exists(o->resume) &&
+        !(o->ckpt_dir && !strcmp(o->resume, o->ckpt_dir))) {
+        snprintf(err, sizeof err, "--resume %s: no such checkpoint root or checkpoint (to start "
+                 "a job that later resumes from there, give the same directory as --ckpt-dir)",
+                 o->resume);
+        bad = -1;
+    }
+    if (!bad && embedded && o->ckpt_dir)
+        bad = gr_cli_check_output_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err);
+    if (bad) {
+        fprintf(stderr, "granary train: %s\n", err);
+        return 2;
+    }
+    return -1;
+}
+
 /* The backend: the local one, or the parameter-server one over remote servers or an embedded
  * cluster (started here). Prints the error itself. */
 static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, gr_client **client,
@@ -471,6 +563,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     gr_client_config_default(&cc);
     cc.servers = c->servers;
     cc.auth_file = c->auth_file;
+    /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
+     * on it soon and let the layout say where its index went. */
+    if (c->coord) cc.connect_timeout_ms = 1000;
     int rc = gr_client_create(&cc, client);
     if (rc) return rc;
     ri->shards = gr_client_shards(*client);
@@ -483,6 +578,8 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.staleness = c->stale;
     po.timeout_ms = c->sync_timeout_ms;
     po.reset = c->sync_reset;
+    po.tables = c->tables;
+    po.resume_position_only = c->position_only;
     po.dense_opt = c->bo.dense_opt;
     /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
      * several workers' dense gradients. */
@@ -517,6 +614,56 @@ static void print_start(const train_cmd *c, const run_info *ri, bool cluster)
                 o->straggler_factor);
 }
 
+/* The run's last words: where the model is and the command that continues from it, or that
+ * it was not saved and why. `failed`: training itself failed (then only checkpoints written
+ * before the failure exist). */
+static void print_model(const train_cmd *c, const gr_train_result *r, const run_info *ri,
+                        bool failed, int argc, char **argv)
+{
+    const gr_train_opts *o = &c->o;
+    const char *remote = !strcmp(ri->backend, "servers") ? " (on the servers, under their --ckpt-root)" : "";
+    if (!o->ckpt_dir) {
+        if (c->local)
+            fprintf(stderr, "train: the model was not saved (--local keeps no checkpoints; drop "
+                            "--local and give --ckpt-dir DIR to keep it)\n");
+        else
+            fprintf(stderr, "train: the model was not saved (give --ckpt-dir DIR to keep it)\n");
+        return;
+    }
+    if (r->ckpt_final_failed)
+        fprintf(stderr, "granary train: the final checkpoint failed: %s\n"
+                        "granary train: the model of this run is NOT saved%s%s%s%s\n",
+                r->ckpt_final_error, r->ckpt_last[0] ? "; the newest checkpoint, older than the "
+                                                       "end of training, is " : "",
+                r->ckpt_last[0] ? o->ckpt_dir : "", r->ckpt_last[0] ? "/" : "", r->ckpt_last);
+    if (!r->ckpt_last[0]) {
+        if (!r->ckpt_final_failed)
+            fprintf(stderr, "train: no checkpoint was written under %s%s (%s)\n", o->ckpt_dir,
+                    remote, r->resumed_from[0] ? "the model is as resumed" : "nothing was trained");
+        return;
+    }
+    if (!r->ckpt_final_failed)
+        fprintf(stderr, "train: %s %s/%s%s; resume with:\n  ",
+                failed ? "the newest checkpoint of this run is" : "model saved to", o->ckpt_dir,
+                r->ckpt_last, remote);
+    else
+        fprintf(stderr, "train: to continue from that checkpoint:\n  ");
+    gr_cli_print_command(stderr, argc, argv, "resume", o->ckpt_dir);
+}
+
+/* The exit status of a run that trained to its end or to a stop: 1 when the model of the
+ * final state is not saved (its checkpoint failed) or the metrics file could not be written;
+ * 128 + N when signal N stopped it (130 SIGINT, 143 SIGTERM: the shell's status for a process
+ * that signal ended, so a script sees the run did not finish, although its checkpoint and
+ * metrics are written); else 0. A check of the result that should fail the run (too few valid
+ * examples, say) goes here. */
+static int exit_status(const gr_train_result *r, bool metrics_ok)
+{
+    if (r->ckpt_final_failed || !metrics_ok) return 1;
+    if (r->stopped) return gr_cli_signal_status(gr_cli_stop_signal());
+    return 0;
+}
+
 static int report(const train_cmd *c, const gr_train_result *r, const run_info *ri)
 {
     const gr_train_opts *o = &c->o;
@@ -540,26 +687,23 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
             "%llu bad lines\n",
             (unsigned long long)r->examples, r->train_seconds, r->examples_per_sec, r->last_loss,
             (unsigned long long)r->bad_lines);
-    if (o->test_path)
+    if (o->test_path && !r->stopped)
         fprintf(stderr, "test: %llu examples, AUC %.5f, logloss %.5f\n",
                 (unsigned long long)r->test_examples, r->test_auc, r->test_logloss);
+    else if (o->test_path && r->stopped)
+        fprintf(stderr, "test: not scored (the run was stopped)\n");
     printf("auc %.6f logloss %.6f examples_per_sec %.1f examples %llu mode %s\n", r->test_auc,
            r->test_logloss, r->examples_per_sec, (unsigned long long)r->examples,
            gr_train_mode_name(o->mode));
+    if (r->stopped)
+        fprintf(stderr, "train: stopped by %s after %llu steps (exit status %d)\n",
+                gr_cli_signal_name(gr_cli_stop_signal()), (unsigned long long)r->steps,
+                gr_cli_signal_status(gr_cli_stop_signal()));
     if (c->metrics && write_metrics(c->metrics, o, r, ri)) {
         fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
         return 1;
     }
     return 0;
-}
-
-/* Follow mode: SIGTERM/SIGINT end the stream; the trainer finishes the batches in flight,
- * saves its last checkpoint and the command reports and exits 0. */
-static atomic_bool g_follow_stop;
-static void on_stop_signal(int sig)
-{
-    (void)sig;
-    atomic_store(&g_follow_stop, true);
 }
 
 /* Follow mode with --metrics-out: the file is rewritten at every progress line with the
@@ -590,6 +734,41 @@ static void on_progress(void *ctx, const gr_train_progress *p)
     free(text);
 }
 
+/* After a coordinated run failed for a lost shard: waits until a standby serves its index,
+ * connects to the new layout and runs again from the newest checkpoint under --ckpt-dir
+ * (partial: the data position only, the shards keep their rows; rollback: everything). */
+static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
+                   gr_train_backend *be, gr_train_result *r, char *errbuf, size_t cap)
+{
+    double t0 = gr_now_s();
+    uint64_t epoch = gr_client_epoch(*client);
+    fprintf(stderr, "train: %s; waiting for the job to heal (recovery %s)\n", errbuf,
+            c->partial ? "partial" : "rollback");
+    gr_train_backend_destroy(be);
+    gr_client_destroy(*client);
+    *client = NULL;
+    int rc = tc_wait_healed(job, epoch, c->recovery_timeout_ms);
+    if (!rc) {
+        c->servers = tc_servers(job);
+        c->sync_reset = true; /* the survivors still hold the failed run's job */
+        c->tables = GR_PS_TABLES_REUSE; /* ... and its rows: this job's own, to continue */
+        c->position_only = c->partial;
+        if (c->o.ckpt_dir) c->o.resume = c->o.ckpt_dir;
+        rc = make_backend(c, ri, NULL, client, be);
+    }
+    if (!rc) {
+        tc_attach(job, *client);
+        ri->recoveries++;
+        ri->recovery_seconds += gr_now_s() - t0;
+        fprintf(stderr, "train: recovered in %.1f s at layout epoch %llu; continuing from %s\n",
+                gr_now_s() - t0, (unsigned long long)tc_epoch(job),
+                c->o.resume ? c->o.resume : "the shards' rows (no --ckpt-dir)");
+        rc = gr_train_run(&c->o, be, r);
+    }
+    if (rc) snprintf(errbuf, cap, "%s", gr_errmsg());
+    return rc;
+}
+
 int gr_cli_train(int argc, char **argv)
 {
     gr_cli_value v[TO_COUNT];
@@ -599,20 +778,41 @@ int gr_cli_train(int argc, char **argv)
     memset(&c, 0, sizeof c);
     if (exit_now < 0) exit_now = apply_opts(v, &c);
     if (exit_now < 0) exit_now = check_combinations(&c);
+    if (exit_now < 0) exit_now = check_paths(&c);
     if (exit_now >= 0) {
         gr_cli_parsed_fini(&p);
         return exit_now;
     }
-    run_info ri = {.backend = c.local ? "local" : c.servers ? "servers" : "cluster",
-                   .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale};
+    run_info ri = {.backend = c.local ? "local" : c.coord ? "coord" : c.servers ? "servers" : "cluster",
+                   .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale,
+                   .coord = c.coord != NULL};
+    /* The embedded shards' info lines (listening, table created, job installed) would mix
+     * into the trainer's own; GRANARY_LOG=info shows them (warnings show anyway). */
+    if (!getenv("GRANARY_LOG")) gr_log_set_level(GR_LOG_WARN);
+    gr_cli_stop_signals_install("train");
+    c.o.should_stop = gr_cli_stop_requested;
     gr_local_cluster *cluster = NULL;
     gr_client *client = NULL;
     gr_train_backend be;
-    int rc = make_backend(&c, &ri, &cluster, &client, &be);
+    memset(&be, 0, sizeof be);
+    tc_job *job = NULL;
+    bool took_over = false;
+    int rc = c.coord ? tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over) : 0;
+    if (job) {
+        c.servers = tc_servers(job);
+        if (took_over && c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
+        c.position_only = took_over && c.partial;
+        c.sync_reset = c.sync_reset || took_over;
+        if (took_over) c.tables = GR_PS_TABLES_REUSE; /* the job's rows, to continue */
+    }
+    if (!rc) rc = make_backend(&c, &ri, &cluster, &client, &be);
+    if (!rc && job) tc_attach(job, client);
     if (rc) {
+        tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
+        gr_cli_stop_signals_restore();
         gr_cli_parsed_fini(&p);
         return 1;
     }
@@ -620,23 +820,19 @@ int gr_cli_train(int argc, char **argv)
     if (cluster && c.publish_ms)
         fprintf(stderr, "train: publishing every %u ms to replicas: granary serve --from %s\n",
                 c.publish_ms, c.servers);
-    if (c.o.follow) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_stop_signal;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
-        c.o.stop = &g_follow_stop;
-        if (c.metrics) {
-            c.o.on_progress = on_progress;
-            c.o.progress_ctx = (void *)c.metrics;
-        }
+    /* Follow mode: the stop signals (should_stop above) end the stream, which is how a
+     * stream's training ends: the run is not "stopped", it saves its last checkpoint and exits
+     * 0. */
+    if (c.o.follow && c.metrics) {
+        c.o.on_progress = on_progress;
+        c.o.progress_ctx = (void *)c.metrics;
     }
     gr_train_result r;
     rc = gr_train_run(&c.o, &be, &r);
     char errbuf[600] = "";
     if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
+    while (rc && job && tc_recoverable(rc)) /* a shard was lost: heal, then go on */
+        rc = recover(&c, &ri, job, &client, &be, &r, errbuf, sizeof errbuf);
     if (client && c.o.mode != GR_MODE_ASYNC) {
         if (!rc) read_sync_stats(client, &ri);
         gr_ps_backend_finish(&be); /* drop the job from the shards */
@@ -644,8 +840,12 @@ int gr_cli_train(int argc, char **argv)
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
     gr_local_cluster_stop(cluster);
+    tc_close(job);
     if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
-    int status = rc ? 1 : report(&c, &r, &ri);
+    int status = 1;
+    if (!rc) status = exit_status(&r, report(&c, &r, &ri) == 0);
+    print_model(&c, &r, &ri, rc != 0, argc, argv);
+    gr_cli_stop_signals_restore();
     gr_cli_parsed_fini(&p);
     return status;
 }

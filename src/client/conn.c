@@ -21,36 +21,71 @@
 
 #define SOCK_BUF_BYTES (4 << 20)
 
+/* Splits "host:port" or "[v6]:port" into the connection's addr, host and port. */
+static int parse_addr(const char *addr, char *out, size_t outcap, char *host, size_t hostcap,
+                      char *port_out, size_t portcap)
+{
+    size_t n = strlen(addr);
+    if (n == 0 || n >= outcap) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+    const char *colon;
+    if (addr[0] == '[') { /* [v6]:port */
+        const char *close = strchr(addr, ']');
+        if (!close || close[1] != ':')
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want [host]:port)", addr);
+        if ((size_t)(close - addr - 1) >= hostcap)
+            return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+        snprintf(host, hostcap, "%.*s", (int)(close - addr - 1), addr + 1);
+        colon = close + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon || colon == addr)
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want host:port)", addr);
+        if ((size_t)(colon - addr) >= hostcap)
+            return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+        snprintf(host, hostcap, "%.*s", (int)(colon - addr), addr);
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535)
+        return gr_seterr(GR_EINVAL, "bad port in server address '%s'", addr);
+    snprintf(port_out, portcap, "%ld", port);
+    snprintf(out, outcap, "%s", addr);
+    return GR_OK;
+}
+
 int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr)
 {
     memset(k, 0, sizeof *k);
     k->link = link;
     k->shard = shard;
     k->fd = -1;
-    size_t n = strlen(addr);
-    if (n == 0 || n >= sizeof k->addr) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
-    snprintf(k->addr, sizeof k->addr, "%s", addr);
-    const char *colon;
-    if (addr[0] == '[') { /* [v6]:port */
-        const char *close = strchr(addr, ']');
-        if (!close || close[1] != ':')
-            return gr_seterr(GR_EINVAL, "bad server address '%s' (want [host]:port)", addr);
-        snprintf(k->host, sizeof k->host, "%.*s", (int)(close - addr - 1), addr + 1);
-        colon = close + 1;
-    } else {
-        colon = strrchr(addr, ':');
-        if (!colon || colon == addr)
-            return gr_seterr(GR_EINVAL, "bad server address '%s' (want host:port)", addr);
-        snprintf(k->host, sizeof k->host, "%.*s", (int)(colon - addr), addr);
-    }
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port <= 0 || port > 65535)
-        return gr_seterr(GR_EINVAL, "bad port in server address '%s'", addr);
-    snprintf(k->port, sizeof k->port, "%ld", port);
+    int rc = parse_addr(addr, k->addr, sizeof k->addr, k->host, sizeof k->host, k->port,
+                        sizeof k->port);
+    if (rc) return rc;
     pthread_mutex_init(&k->connect_mu, NULL);
     pthread_mutex_init(&k->wlock, NULL);
     pthread_mutex_init(&k->mu, NULL);
+    return GR_OK;
+}
+
+int cl_conn_set_addr(cl_conn *k, const char *addr)
+{
+    char a[sizeof k->addr], h[sizeof k->host], p[sizeof k->port];
+    int rc = parse_addr(addr, a, sizeof a, h, sizeof h, p, sizeof p);
+    if (rc) return rc;
+    /* Lock order as everywhere: connect_mu, wlock, mu. The reader sees the shutdown, fails
+     * whatever is pending and exits; the next cl_conn_ensure connects to the new address. */
+    pthread_mutex_lock(&k->connect_mu);
+    pthread_mutex_lock(&k->wlock);
+    pthread_mutex_lock(&k->mu);
+    memcpy(k->addr, a, sizeof a);
+    memcpy(k->host, h, sizeof h);
+    memcpy(k->port, p, sizeof p);
+    k->broken = true;
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&k->mu);
+    pthread_mutex_unlock(&k->wlock);
+    pthread_mutex_unlock(&k->connect_mu);
     return GR_OK;
 }
 
@@ -156,13 +191,44 @@ static int connect_fd(cl_conn *k, uint64_t deadline, int *out)
     return gr_seterr(err == ETIMEDOUT ? GR_ETIMEDOUT : GR_ECONN, "%s", why);
 }
 
+/* The error for a peer whose first reply bytes are not a granary frame (a web server, a
+ * database, a port mixed up), quoting the start of its reply's first line. */
+static int not_granary(const uint8_t *b, size_t n)
+{
+    char first[48];
+    size_t m = 0;
+    for (size_t i = 0; i < n && m + 1 < sizeof first && b[i] != '\r' && b[i] != '\n'; i++)
+        first[m++] = b[i] >= 32 && b[i] < 127 ? (char)b[i] : '?';
+    first[m] = '\0';
+    bool http = n >= 5 && !memcmp(b, "HTTP/", 5);
+    return gr_seterr(GR_EPROTO, "not a granary server: it answered %s\"%s\"%s",
+                     http ? "in HTTP: " : "", first, http ? " (is this the HTTP port?)" : "");
+}
+
 /* Reads one whole frame synchronously (handshake only). *body is malloc'd. */
 static int read_frame(cl_conn *k, int fd, gr_proto_header *h, uint8_t **body)
 {
     uint8_t hb[GR_PROTO_HEADER_SIZE];
-    ssize_t r = read_full(fd, hb, sizeof hb);
-    if (r <= 0)
-        return gr_seterr(GR_ECONN, "%s", r == 0 ? "connection closed during the handshake"
+    size_t got = 0;
+    ssize_t r = 1;
+    /* Byte by byte count: a peer that is no granary server often sends a reply shorter than a
+     * header and closes; what it sent tells the user what it is. */
+    while (got < sizeof hb) {
+        r = recv(fd, hb + got, sizeof hb - got, 0);
+        if (r > 0) got += (size_t)r;
+        else if (r < 0 && errno == EINTR) continue;
+        else break;
+        if (hb[0] != GR_PROTO_MAGIC0 || (got >= 2 && hb[1] != GR_PROTO_MAGIC1)) break;
+    }
+    if (got > 0 && (hb[0] != GR_PROTO_MAGIC0 || (got >= 2 && hb[1] != GR_PROTO_MAGIC1))) {
+        /* Read a little more of it for the message (it is short-lived: the timeout holds). */
+        uint8_t more[64];
+        memcpy(more, hb, got);
+        ssize_t x = got < sizeof more ? recv(fd, more + got, sizeof more - got, MSG_DONTWAIT) : 0;
+        return not_granary(more, got + (x > 0 ? (size_t)x : 0));
+    }
+    if (got < sizeof hb)
+        return gr_seterr(GR_ECONN, "%s", r == 0 && got == 0 ? "connection closed during the handshake"
                                                 : "no reply to the handshake (timed out or reset)");
     gr_proto_limits lim;
     gr_proto_limits_default(&lim);
@@ -595,6 +661,8 @@ int cl_conn_send(cl_conn *k, cl_req *r)
         return GR_ECONN;
     }
     int fd = k->fd;
+    r->epoch = atomic_load(&k->link->epoch);
+    gr_proto_stamp_epoch(r->frame.data, r->epoch);
     r->next = k->pending;
     k->pending = r;
     pthread_mutex_unlock(&k->mu);

@@ -32,6 +32,8 @@ struct gr_follow {
     size_t len;
     uint64_t line;
     const atomic_bool *stop;
+    bool (*stop_fn)(void *ctx); /* the trainer's should_stop, asked as often as stop is read */
+    void *stop_ctx;
     bool eof; /* a pipe ended */
     gr_criteo_stats st;
     pthread_mutex_t mu; /* workers take batches in turn */
@@ -89,7 +91,16 @@ void gr_follow_close(gr_follow *f)
     free(f);
 }
 
-static bool stopped(const gr_follow *f) { return f->stop && atomic_load(f->stop); }
+static bool stopped(const gr_follow *f)
+{
+    return (f->stop && atomic_load(f->stop)) || (f->stop_fn && f->stop_fn(f->stop_ctx));
+}
+
+void tr_follow_set_stop(gr_follow *f, bool (*fn)(void *ctx), void *ctx)
+{
+    f->stop_fn = fn;
+    f->stop_ctx = ctx;
+}
 
 /* A file that was rotated (the path names another file now) or truncated (shorter than what
  * was read). Only asked once the current file has nothing more to read. */

@@ -285,6 +285,8 @@ static int stage_push(tr_worker *w, tr_item *it)
     tr->examples += it->batch.n;
     tr->steps++;
     tr->dropped += dropped;
+    if (tr->loss_log)
+        fprintf(tr->loss_log, "%u %llu %.9g\n", w->id, (unsigned long long)w->steps, it->loss);
     tr->loss_sum += it->loss * (double)it->batch.n;
     tr->loss_n += it->batch.n;
     for (size_t i = 0; tr->win_cap && i < it->batch.n; i++) {

@@ -16,6 +16,31 @@ struct gr_saved_model {
     gr_table *table;
 };
 
+int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                              gr_saved_model_info *info)
+{
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return gr_seterr(GR_ECORRUPT, "%s/user.json: not a JSON object", where);
+    }
+    int rc;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!model)
+        rc = gr_seterr(GR_ENOENT, "%s/user.json: no \"model\": the checkpoint was written by a "
+                       "granary that did not record the model's shapes; it can be resumed but "
+                       "not opened as a model", where);
+    else rc = tr_model_meta_parse(model, where, info);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "workers");
+    if (cJSON_IsNumber(b) && b->valuedouble >= 1 && b->valuedouble <= (1u << 20))
+        info->batch = (uint64_t)b->valuedouble;
+    if (cJSON_IsNumber(w) && w->valuedouble >= 1 && w->valuedouble <= 256)
+        info->workers = (uint32_t)w->valuedouble;
+    cJSON_Delete(j);
+    return rc;
+}
+
 /* Reads the checkpoint's metadata: the model, and the training batch and worker count. */
 static int read_meta(const char *dir, gr_saved_model_info *info)
 {
@@ -25,25 +50,8 @@ static int read_meta(const char *dir, gr_saved_model_info *info)
     if (!txt)
         return gr_seterr(GR_ENOENT, "%s: no model metadata (no user.json): not written by "
                          "`granary train` or `granary ckpt export`", dir);
-    cJSON *j = cJSON_Parse(txt);
+    rc = gr_saved_model_parse_meta(txt, strlen(txt), dir, info);
     free(txt);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return gr_seterr(GR_ECORRUPT, "%s/user.json: not a JSON object", dir);
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
-    if (!model)
-        rc = gr_seterr(GR_ENOENT, "%s/user.json: no \"model\": the checkpoint was written by a "
-                       "granary that did not record the model's shapes; it can be resumed but "
-                       "not opened as a model", dir);
-    else rc = tr_model_meta_parse(model, dir, info);
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
-    const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "workers");
-    if (cJSON_IsNumber(b) && b->valuedouble >= 1 && b->valuedouble <= (1u << 20))
-        info->batch = (uint64_t)b->valuedouble;
-    if (cJSON_IsNumber(w) && w->valuedouble >= 1 && w->valuedouble <= 256)
-        info->workers = (uint32_t)w->valuedouble;
-    cJSON_Delete(j);
     return rc;
 }
 
