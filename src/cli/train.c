@@ -523,7 +523,8 @@ static int check_paths(const train_cmd *c)
 {
     const gr_train_opts *o = &c->o;
     char err[1024];
-    int bad = gr_cli_check_input("--train", o->train_path, err, sizeof err);
+    /* "-" is stdin (a stream, --follow implied): nothing to check. */
+    int bad = strcmp(o->train_path, "-") ? gr_cli_check_input("--train", o->train_path, err, sizeof err) : 0;
     if (!bad && o->test_path) bad = gr_cli_check_input("--test", o->test_path, err, sizeof err);
     if (!bad && c->auth_file) bad = gr_cli_check_input("--auth-file", c->auth_file, err, sizeof err);
     if (!bad && c->metrics)

@@ -116,6 +116,7 @@ static void test_online_follows_drift(void **state)
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);
     po.client = c;
+    po.tables = GR_PS_TABLES_REUSE; /* the online phase continues with the first phase's rows */
     gr_train_backend be;
     assert_int_equal(gr_ps_backend_create(&po, &be), 0);
     gr_train_opts o;
