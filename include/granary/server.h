@@ -47,6 +47,10 @@ typedef struct gr_server_config {
      * trusted process, e.g. the trainer's local cluster; `granary server` never passes NULL,
      * it defaults to its working directory). Copied by gr_server_create. */
     const char *ckpt_root;
+    /* Serving: every publish_interval_ms the shard publishes the rows changed since the last
+     * publication (weights only) and its changed dense parameters to subscribed replicas
+     * (SUBSCRIBE; docs/serving.md). 0 = no publishing (SUBSCRIBE is refused). */
+    uint32_t publish_interval_ms;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */
