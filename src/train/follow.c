@@ -174,8 +174,12 @@ static void take_lines(gr_follow *f, gr_batch *b, size_t max)
 
 int gr_follow_next(gr_follow *f, gr_batch *b, size_t max)
 {
+    /* A stream is read in the Criteo layout (the trainer refuses another schema with it). */
+    if (b->n_dense != GR_CRITEO_DENSE || b->n_sparse != GR_CRITEO_SPARSE || b->bag_off)
+        return gr_seterr(GR_EINVAL, "follow: streams are read in the Criteo layout only");
     if (max > b->cap) max = b->cap;
     b->n = 0;
+    b->n_ids = 0;
     pthread_mutex_lock(&f->mu);
     double last = gr_now_s();
     while (b->n < max && !stopped(f)) {
@@ -198,6 +202,7 @@ int gr_follow_next(gr_follow *f, gr_batch *b, size_t max)
         }
     }
     pthread_mutex_unlock(&f->mu);
+    b->n_ids = b->n * GR_CRITEO_SPARSE;
     return GR_OK;
 }
 

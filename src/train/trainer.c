@@ -294,8 +294,16 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     tr.max_ids = gr_schema_max_ids(tr.schema);
     if ((rc = tr_bags_init(&tr.bags, tr.schema))) goto out;
-    /* A file in the wrong format fails here, before any table exists or any step runs. */
-    if ((rc = tr_probe_file(o->train_path, tr.schema, o->min_valid)) ||
+    /* A file in the wrong format fails here, before any table exists or any step runs. A
+     * stream (stdin, a followed file) is not probed: reading ahead would take its lines or
+     * wait for them; its bad lines are counted as it goes. */
+    bool stream = o->follow || !strcmp(o->train_path, "-");
+    if (stream && !gr_schema_is_criteo(tr.schema)) {
+        rc = gr_seterr(GR_EINVAL, "train: a stream (--follow, --train -) is read in the Criteo "
+                       "layout only; drop --schema or train on a file");
+        goto out;
+    }
+    if ((!stream && (rc = tr_probe_file(o->train_path, tr.schema, o->min_valid))) ||
         (o->test_path && (rc = tr_probe_file(o->test_path, tr.schema, o->min_valid))))
         goto out;
     tr.dim = gr_model_emb_dim(tr.m);
