@@ -229,7 +229,8 @@ typedef struct gr_saved_model gr_saved_model;
  * and the dense parameters into memory, and builds the model from the recorded shapes.
  * Errors name the path and what is missing: no checkpoint, no model metadata (a checkpoint
  * written before models were recorded), a missing dense part, shapes that disagree with the
- * dense parameter's size. */
+ * dense parameter's size. Sets OpenBLAS to one thread, as gr_train_run does (the trainer
+ * evaluated that way, and threaded BLAS changes the last bits of a score). */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
 /* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
  * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,

@@ -248,7 +248,8 @@ int gr_cli_server(int argc, char **argv)
     status = replaced ? 3 : 0;
 out:
     gr_server_join_stop(join);
-    gr_coord_close(coord);
+    gr_coord_close(coord); /* no coordinator callback runs after this */
+    gr_server_join_destroy(join);
     gr_server_destroy(srv);
     if (secret) memset(secret, 0, strlen(secret));
     free(secret);
