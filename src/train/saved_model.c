@@ -185,10 +185,6 @@ int gr_saved_model_evaluate(gr_saved_model *sm, const char *path, size_t batch, 
 {
     if (!batch) batch = sm->info.batch ? sm->info.batch : 1024;
     if (!threads) threads = sm->info.workers ? sm->info.workers : 1;
-    /* As in training: the scoring threads are the parallelism. OpenBLAS threads under them
-     * also split some products differently from run to run (a busy pool computes alone), so
-     * the same model scored the same file gave AUCs a few ULPs apart. */
-    openblas_set_num_threads(1);
     return tr_eval_file(sm->m, sm->dense, table_rows, sm->table, path, batch, threads,
                         GR_TRAIN_MIN_VALID_DEFAULT, want_probs, res);
 }
