@@ -5,6 +5,7 @@
  * nothing. */
 #include "train/trainer_int.h"
 
+#include <cblas.h>
 #include <pthread.h>
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +98,10 @@ int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *
     res->auc = res->logloss = NAN;
     if (!gr_model_schema(m))
         return gr_seterr(GR_EINVAL, "evaluate: the model has no schema to read %s with", path);
+    /* One BLAS thread, as in training: the ranges are the parallelism, and a multi-threaded
+     * sgemm may sum in another order, so `granary eval` (a process that never trained) would
+     * score a few probabilities an ulp away from the trainer's own evaluation. */
+    openblas_set_num_threads(1);
     if (!threads) threads = 1;
     if (threads > 64) threads = 64;
     if (!batch) batch = 1024;
