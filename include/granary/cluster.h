@@ -9,10 +9,15 @@
 #define GRANARY_CLUSTER_H
 
 #include "granary/core.h"
+#include "granary/metrics.h"
 
 typedef struct gr_local_cluster gr_local_cluster;
 /* threads: worker threads per shard (0 = 2). */
 GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
+/* The same with every shard's series in metrics (labelled shard="I"; NULL = none), which must
+ * outlive the cluster. */
+GR_API int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_metrics *metrics,
+                                          gr_local_cluster **out);
 /* "127.0.0.1:PORT,..." in shard order; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */

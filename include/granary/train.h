@@ -8,6 +8,7 @@
 #define GRANARY_TRAIN_H
 
 #include "granary/core.h"
+#include "granary/metrics.h"
 #include "granary/table.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -377,6 +378,10 @@ typedef struct gr_train_opts {
      * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
      * before its own previous push lands are what costs accuracy (docs/train.md). */
     uint32_t emb_staleness;
+    /* Where the run's Prometheus series go (granary_train_*: examples, steps, loss,
+     * examples/s, dropped gradients, stage seconds, checkpoints; docs/operations.md); NULL =
+     * none. Not owned; it must outlive the run. */
+    gr_metrics *metrics;
 } gr_train_opts;
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u

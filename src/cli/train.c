@@ -9,6 +9,7 @@
 #include "cli/opts.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
+#include "granary/metrics.h"
 #include "granary/train.h"
 
 #include <cjson/cJSON.h>
@@ -115,7 +116,10 @@
     X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
       "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
       "DIR): parameters, optimizer state and data position; nothing there: start\n"           \
-      "from scratch")
+      "from scratch")                                                                          \
+    X(TO_PROM, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,                \
+      "serve Prometheus /metrics and /healthz here while training (the embedded\n"            \
+      "cluster's shards too; docs/operations.md)")
 
 enum { TRAIN_OPTIONS(GR_CLI_ENUM) TO_COUNT };
 static const gr_cli_opt train_opts[] = {TRAIN_OPTIONS(GR_CLI_ROW)};
@@ -251,6 +255,7 @@ typedef struct train_cmd {
     gr_train_opts o;
     gr_local_backend_opts bo; /* the dense optimizer (local backend, or the shards') */
     const char *metrics, *servers, *auth_file;
+    const char *prom;                     /* --metrics HOST:PORT */
     unsigned shards, shard_threads;
     long aggregate, backup, staleness; /* -1: not given */
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
@@ -358,6 +363,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
         fprintf(stderr, "granary train: --dim is ignored for lr (rows have dim 1)\n");
 
     c->metrics = v[TO_METRICS].s;
+    c->prom = v[TO_PROM].s;
     c->servers = v[TO_SERVERS].s;
     c->auth_file = v[TO_AUTH].s;
     c->shards = v[TO_LOCAL].b ? 0 : (unsigned)v[TO_SHARDS].i;
@@ -440,7 +446,8 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (c->local) return gr_local_backend_create(&c->bo, be);
     if (!c->servers) {
         /* The embedded cluster: S shards in this process on free loopback ports. */
-        int rc = gr_local_cluster_start(c->shards, c->shard_threads, cluster);
+        int rc = gr_local_cluster_start_metrics(c->shards, c->shard_threads, c->o.metrics,
+                                                cluster);
         if (rc) return rc;
         c->servers = gr_local_cluster_servers(*cluster);
     }
@@ -530,6 +537,17 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
     return 0;
 }
 
+/* --metrics: the registry (with the process's series) and its endpoint; /healthz answers ok
+ * while the process runs. */
+static int start_metrics(const char *listen, gr_metrics **reg, gr_metrics_http **http)
+{
+    int rc = gr_metrics_create(reg);
+    if (!rc) rc = gr_metrics_add_process(*reg);
+    if (!rc) rc = gr_metrics_http_start(*reg, listen, NULL, NULL, http);
+    if (!rc) fprintf(stderr, "train: metrics on port %u\n", gr_metrics_http_port(*http));
+    return rc;
+}
+
 int gr_cli_train(int argc, char **argv)
 {
     gr_cli_value v[TO_COUNT];
@@ -548,11 +566,17 @@ int gr_cli_train(int argc, char **argv)
     gr_local_cluster *cluster = NULL;
     gr_client *client = NULL;
     gr_train_backend be;
-    int rc = make_backend(&c, &ri, &cluster, &client, &be);
+    gr_metrics *metrics = NULL;
+    gr_metrics_http *metrics_http = NULL;
+    int rc = c.prom ? start_metrics(c.prom, &metrics, &metrics_http) : GR_OK;
+    c.o.metrics = metrics;
+    if (!rc) rc = make_backend(&c, &ri, &cluster, &client, &be);
     if (rc) {
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
+        gr_metrics_http_stop(metrics_http);
+        gr_metrics_destroy(metrics);
         gr_cli_parsed_fini(&p);
         return 1;
     }
@@ -570,6 +594,8 @@ int gr_cli_train(int argc, char **argv)
     gr_local_cluster_stop(cluster);
     if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
     int status = rc ? 1 : report(&c, &r, &ri);
+    gr_metrics_http_stop(metrics_http);
+    gr_metrics_destroy(metrics);
     gr_cli_parsed_fini(&p);
     return status;
 }

@@ -92,15 +92,18 @@ typedef struct progress {
 static void progress_line(trainer *tr, progress *pg)
 {
     double now = gr_now_s();
+    double dt = now - pg->last_t;
     pthread_mutex_lock(&tr->mu);
     uint64_t ex = tr->examples, steps = tr->steps;
     tr_stage_times t = tr->t;
     double loss = tr->loss_n ? tr->loss_sum / (double)tr->loss_n : NAN;
     tr->loss_sum = 0;
     tr->loss_n = 0;
+    if (!isnan(loss)) tr->window_loss = loss;
+    if (dt > 0) tr->window_rate = (double)(ex - pg->last_ex) / dt;
     pthread_mutex_unlock(&tr->mu);
     if (!isnan(loss)) pg->window_loss = loss;
-    double dt = now - pg->last_t, nb = (double)(steps - pg->last_steps);
+    double nb = (double)(steps - pg->last_steps);
     double k = nb > 0 ? 1e3 / nb : 0;
     fprintf(stderr, "train: %.1fs %llu examples, %.0f examples/s, loss %.5f; ms/batch read %.2f "
             "pull %.2f compute %.2f push %.2f wait %.2f\n", now - pg->t0, (unsigned long long)ex,
@@ -163,7 +166,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     /* The workers are the parallelism; OpenBLAS threads on top would fight them for cores. */
     openblas_set_num_threads(1);
 
-    trainer tr = {.o = o, .be = be, .res = res};
+    trainer tr = {.o = o, .be = be, .res = res, .window_loss = NAN};
     cJSON *resumed = NULL;
     pthread_mutex_init(&tr.mu, NULL);
     pthread_cond_init(&tr.cv, NULL);
@@ -213,7 +216,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
 
     double t0 = gr_now_s();
     progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
+    tr.t0 = t0;
     tr.running = o->workers;
+    if ((rc = tr_metrics_start(&tr))) goto out;
     for (; started < o->workers; started++) {
         if (pthread_create(&tids[started], NULL, o->pipeline ? tr_pipeline_main : tr_sequential_main,
                            &tr.workers[started]) != 0) {
@@ -280,6 +285,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
                                &res->test_auc, &res->test_logloss, &res->test_examples);
     }
 out:
+    tr_metrics_stop(&tr);
     if (tr.workers)
         for (unsigned i = 0; i < o->workers; i++) tr_worker_fini(&tr.workers[i]);
     free(tr.workers);
