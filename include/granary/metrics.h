@@ -30,9 +30,9 @@
 extern "C" {
 #endif
 
-typedef struct gr_metrics gr_metrics;               /* a registry */
-typedef struct gr_metric_family gr_metric_family;   /* one name: type, help, label names */
-typedef struct gr_metric gr_metric;                 /* one series: a family + label values */
+typedef struct gr_metrics gr_metrics;             /* a registry */
+typedef struct gr_metric_family gr_metric_family; /* one name: type, help, label names */
+typedef struct gr_metric gr_metric;               /* one series: a family + label values */
 
 typedef enum gr_metric_type {
     GR_METRIC_COUNTER = 0,   /* only goes up (or is mirrored from a counter kept elsewhere) */
@@ -69,9 +69,9 @@ GR_API void gr_metrics_destroy(gr_metrics *r);
  * bounds (the +Inf bucket is implied), NULL = gr_metric_latency_buckets. GR_EINVAL names a bad
  * name, label, bucket list, or a clash with an existing family of that name. The family lives
  * as long as the registry. */
-GR_API int gr_metrics_family(gr_metrics *r, gr_metric_type type, const char *name,
-                             const char *help, const char *labels, const double *buckets,
-                             size_t nbuckets, unsigned flags, gr_metric_family **out);
+GR_API int gr_metrics_family(gr_metrics *r, gr_metric_type type, const char *name, const char *help,
+                             const char *labels, const double *buckets, size_t nbuckets,
+                             unsigned flags, gr_metric_family **out);
 
 /* The series of a family for its label values: exactly as many const char * arguments as the
  * family has labels (none for a family without labels). Created (at zero) on first use;

@@ -21,7 +21,8 @@ static void put(mx_buf *b, const char *s, size_t n)
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (b->len + n + 1 > cap) cap *= 2;
+        while (b->len + n + 1 > cap)
+            cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) {
             b->oom = true;
@@ -35,15 +36,22 @@ static void put(mx_buf *b, const char *s, size_t n)
     b->p[b->len] = '\0';
 }
 
-static void puts_(mx_buf *b, const char *s) { put(b, s, strlen(s)); }
+static void puts_(mx_buf *b, const char *s)
+{
+    put(b, s, strlen(s));
+}
 
 static void escaped(mx_buf *b, const char *s, bool quote)
 {
     for (; *s; s++) {
-        if (*s == '\\') puts_(b, "\\\\");
-        else if (*s == '\n') puts_(b, "\\n");
-        else if (quote && *s == '"') puts_(b, "\\\"");
-        else put(b, s, 1);
+        if (*s == '\\')
+            puts_(b, "\\\\");
+        else if (*s == '\n')
+            puts_(b, "\\n");
+        else if (quote && *s == '"')
+            puts_(b, "\\\"");
+        else
+            put(b, s, 1);
     }
 }
 
@@ -51,9 +59,12 @@ static void escaped(mx_buf *b, const char *s, bool quote)
 static void number(mx_buf *b, double v)
 {
     char t[40];
-    if (isnan(v)) snprintf(t, sizeof t, "NaN");
-    else if (isinf(v)) snprintf(t, sizeof t, v > 0 ? "+Inf" : "-Inf");
-    else if (v == floor(v) && fabs(v) < 9007199254740992.0) snprintf(t, sizeof t, "%.0f", v);
+    if (isnan(v))
+        snprintf(t, sizeof t, "NaN");
+    else if (isinf(v))
+        snprintf(t, sizeof t, v > 0 ? "+Inf" : "-Inf");
+    else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+        snprintf(t, sizeof t, "%.0f", v);
     else {
         snprintf(t, sizeof t, "%.15g", v);
         if (strtod(t, NULL) != v) snprintf(t, sizeof t, "%.17g", v);
@@ -104,7 +115,8 @@ static void write_series(void *ctx, gr_metric *m)
     for (size_t i = 0; i <= f->nbuckets; i++) {
         cum += atomic_load_explicit(&m->buckets[i], memory_order_relaxed);
         char le[40];
-        if (i == f->nbuckets) snprintf(le, sizeof le, "+Inf");
+        if (i == f->nbuckets)
+            snprintf(le, sizeof le, "+Inf");
         else {
             mx_buf lb = {0};
             number(&lb, f->bounds[i]);
@@ -142,7 +154,8 @@ int gr_metrics_format(gr_metrics *r, char **out, size_t *len)
     mx_buf b = {0};
     pthread_mutex_lock(&r->collect_mu);
     mx_hide_mirrored(r);
-    for (mx_collector *c = r->collectors; c; c = c->next) c->fn(c->ctx, r);
+    for (mx_collector *c = r->collectors; c; c = c->next)
+        c->fn(c->ctx, r);
     /* Lock order: r->mu, then a family's mu (nothing takes them the other way round). */
     pthread_mutex_lock(&r->mu);
     for (gr_metric_family *f = r->head; f; f = f->next) {

@@ -23,8 +23,8 @@ static void handle(void *ctx, const gr_http_request *req, gr_http_response *resp
         return;
     }
     if (!get) {
-        gr_http_printf(resp, 405, "text/plain; charset=utf-8", "%s wants GET, not %s\n",
-                       req->path, req->method);
+        gr_http_printf(resp, 405, "text/plain; charset=utf-8", "%s wants GET, not %s\n", req->path,
+                       req->method);
         return;
     }
     if (!strcmp(req->path, "/healthz")) {
@@ -54,8 +54,12 @@ int gr_metrics_http_start(gr_metrics *r, const char *listen, gr_metrics_health_f
     h->r = r;
     h->health = health;
     h->health_ctx = health_ctx;
-    gr_http_config cfg = {.listen = listen, .threads = 1, .max_body = 4096, .timeout_s = 30,
-                          .handler = handle, .ctx = h};
+    gr_http_config cfg = {.listen = listen,
+                          .threads = 1,
+                          .max_body = 4096,
+                          .timeout_s = 30,
+                          .handler = handle,
+                          .ctx = h};
     int rc = gr_http_start(&cfg, &h->srv);
     if (rc) {
         free(h);

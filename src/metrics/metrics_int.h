@@ -14,17 +14,17 @@
  * sum; its count is the sum of the buckets, so _count and the +Inf bucket always agree. */
 struct gr_metric {
     gr_metric_family *f;
-    struct gr_metric *next;          /* the family's series, in creation order */
-    char **values;                   /* label values, f->nlabels of them */
+    struct gr_metric *next; /* the family's series, in creation order */
+    char **values;          /* label values, f->nlabels of them */
     atomic_uint_fast64_t whole;
-    atomic_uint_fast64_t frac_bits;  /* a double */
-    atomic_uint_fast64_t *buckets;   /* histograms: f->nbuckets + 1 */
-    atomic_bool present;             /* mirrored families: set during this collection */
+    atomic_uint_fast64_t frac_bits; /* a double */
+    atomic_uint_fast64_t *buckets;  /* histograms: f->nbuckets + 1 */
+    atomic_bool present;            /* mirrored families: set during this collection */
 };
 
 struct gr_metric_family {
     gr_metrics *r;
-    struct gr_metric_family *next;   /* the registry's families, in creation order */
+    struct gr_metric_family *next; /* the registry's families, in creation order */
     gr_metric_type type;
     unsigned flags;
     char name[GR_METRIC_NAME_MAX];
@@ -33,7 +33,7 @@ struct gr_metric_family {
     char *labels[GR_METRIC_MAX_LABELS];
     size_t nbuckets;
     double bounds[GR_METRIC_MAX_BUCKETS];
-    pthread_mutex_t mu;              /* the series list (not their values) */
+    pthread_mutex_t mu; /* the series list (not their values) */
     gr_metric *head, *tail;
 };
 
@@ -44,11 +44,11 @@ typedef struct mx_collector {
 } mx_collector;
 
 struct gr_metrics {
-    pthread_mutex_t mu;         /* the family list */
+    pthread_mutex_t mu; /* the family list */
     gr_metric_family *head, *tail;
     pthread_mutex_t collect_mu; /* collectors and one exposition at a time */
     mx_collector *collectors;
-    void *process;              /* process.c's series, when added */
+    void *process; /* process.c's series, when added */
 };
 
 /* Walks a family's series; the family's lock is held while fn runs. */

@@ -57,7 +57,8 @@ static void collect(void *ctx, gr_metrics *r)
         char line[256];
         while (fgets(line, sizeof line, f))
             if (!strncmp(line, "btime ", 6)) {
-                gr_metric_set(p->start, (double)strtoull(line + 6, NULL, 10) + (double)v[22] / tick);
+                gr_metric_set(p->start,
+                              (double)strtoull(line + 6, NULL, 10) + (double)v[22] / tick);
                 break;
             }
         fclose(f);
@@ -98,7 +99,9 @@ int gr_metrics_add_process(gr_metrics *r)
         *(gr_metric **)((char *)p + rows[i].off) = m;
     }
     int rc = gr_metrics_add_collector(r, collect, p);
-    if (rc) free(p);
-    else r->process = p; /* freed with the registry */
+    if (rc)
+        free(p);
+    else
+        r->process = p; /* freed with the registry */
     return rc;
 }

@@ -31,7 +31,8 @@ int gr_metrics_create(gr_metrics **out)
 
 static void series_free(gr_metric *m, unsigned nlabels)
 {
-    for (unsigned i = 0; i < nlabels; i++) free(m->values[i]);
+    for (unsigned i = 0; i < nlabels; i++)
+        free(m->values[i]);
     free(m->values);
     free(m->buckets);
     free(m);
@@ -46,7 +47,8 @@ void gr_metrics_destroy(gr_metrics *r)
             mn = m->next;
             series_free(m, f->nlabels);
         }
-        for (unsigned i = 0; i < f->nlabels; i++) free(f->labels[i]);
+        for (unsigned i = 0; i < f->nlabels; i++)
+            free(f->labels[i]);
         free(f->help);
         pthread_mutex_destroy(&f->mu);
         free(f);
@@ -112,7 +114,8 @@ static bool same_family(const gr_metric_family *a, const gr_metric_family *b)
 
 static void family_free(gr_metric_family *f)
 {
-    for (unsigned i = 0; i < f->nlabels; i++) free(f->labels[i]);
+    for (unsigned i = 0; i < f->nlabels; i++)
+        free(f->labels[i]);
     free(f->help);
     pthread_mutex_destroy(&f->mu);
     free(f);
@@ -146,8 +149,10 @@ int gr_metrics_family(gr_metrics *r, gr_metric_type type, const char *name, cons
                            GR_METRIC_MAX_BUCKETS);
         for (size_t i = 0; !rc && i < nbuckets; i++) {
             if (!isfinite(buckets[i]) || (i > 0 && buckets[i] <= buckets[i - 1]))
-                rc = gr_seterr(GR_EINVAL, "metric %s: bucket bounds must be finite and strictly "
-                               "increasing (bound %zu is %g)", name, i, buckets[i]);
+                rc = gr_seterr(GR_EINVAL,
+                               "metric %s: bucket bounds must be finite and strictly "
+                               "increasing (bound %zu is %g)",
+                               name, i, buckets[i]);
             else
                 f->bounds[i] = buckets[i];
         }
@@ -166,13 +171,17 @@ int gr_metrics_family(gr_metrics *r, gr_metric_type type, const char *name, cons
         pthread_mutex_unlock(&r->mu);
         family_free(f);
         if (!same)
-            return gr_seterr(GR_EINVAL, "metric %s is already declared with another type, "
-                             "labels, buckets or flags", name);
+            return gr_seterr(GR_EINVAL,
+                             "metric %s is already declared with another type, "
+                             "labels, buckets or flags",
+                             name);
         *out = e;
         return GR_OK;
     }
-    if (r->tail) r->tail->next = f;
-    else r->head = f;
+    if (r->tail)
+        r->tail->next = f;
+    else
+        r->head = f;
     r->tail = f;
     pthread_mutex_unlock(&r->mu);
     *out = f;
@@ -188,13 +197,15 @@ gr_metric *gr_metric_at_v(gr_metric_family *f, const char *const *values)
     gr_metric *m = f->head;
     for (; m; m = m->next) {
         unsigned i = 0;
-        while (i < f->nlabels && !strcmp(m->values[i], values[i])) i++;
+        while (i < f->nlabels && !strcmp(m->values[i], values[i]))
+            i++;
         if (i == f->nlabels) break;
     }
     if (!m && (m = calloc(1, sizeof *m))) {
         m->f = f;
         bool ok = (m->values = calloc(f->nlabels + 1, sizeof *m->values)) != NULL;
-        for (unsigned i = 0; ok && i < f->nlabels; i++) ok = (m->values[i] = strdup(values[i]));
+        for (unsigned i = 0; ok && i < f->nlabels; i++)
+            ok = (m->values[i] = strdup(values[i]));
         if (ok && f->type == GR_METRIC_HISTOGRAM)
             ok = (m->buckets = calloc(f->nbuckets + 1, sizeof *m->buckets)) != NULL;
         if (!ok) {
@@ -204,8 +215,10 @@ gr_metric *gr_metric_at_v(gr_metric_family *f, const char *const *values)
             /* A series counted here is always shown; a mirrored one once a collector sets it,
              * a lazy one once first counted. */
             atomic_store(&m->present, !(f->flags & (GR_METRIC_MIRRORED | GR_METRIC_LAZY)));
-            if (f->tail) f->tail->next = m;
-            else f->head = m;
+            if (f->tail)
+                f->tail->next = m;
+            else
+                f->head = m;
             f->tail = m;
         }
     }
@@ -219,7 +232,8 @@ gr_metric *gr_metric_at(gr_metric_family *f, ...)
     const char *values[GR_METRIC_MAX_LABELS + 1] = {0};
     va_list ap;
     va_start(ap, f);
-    for (unsigned i = 0; i < f->nlabels; i++) values[i] = va_arg(ap, const char *);
+    for (unsigned i = 0; i < f->nlabels; i++)
+        values[i] = va_arg(ap, const char *);
     va_end(ap);
     return gr_metric_at_v(f, values);
 }
@@ -250,8 +264,8 @@ static void add_double(atomic_uint_fast64_t *cell, double v)
 static void mark_present(gr_metric *m)
 {
     /* A load first: the store (a cache-line write) happens once per collection, not per call. */
-    if ((m->f->flags & (GR_METRIC_MIRRORED | GR_METRIC_LAZY)) && !atomic_load_explicit(&m->present,
-                                                                    memory_order_relaxed))
+    if ((m->f->flags & (GR_METRIC_MIRRORED | GR_METRIC_LAZY)) &&
+        !atomic_load_explicit(&m->present, memory_order_relaxed))
         atomic_store_explicit(&m->present, true, memory_order_relaxed);
 }
 
@@ -282,7 +296,8 @@ void gr_metric_observe(gr_metric *m, double v)
     if (!m || !m->buckets || isnan(v)) return;
     const gr_metric_family *f = m->f;
     size_t i = 0;
-    while (i < f->nbuckets && v > f->bounds[i]) i++;
+    while (i < f->nbuckets && v > f->bounds[i])
+        i++;
     atomic_fetch_add_explicit(&m->buckets[i], 1, memory_order_relaxed);
     add_double(&m->frac_bits, v);
     mark_present(m);
@@ -293,7 +308,8 @@ uint64_t gr_metric_bucket(const gr_metric *m, size_t i)
     if (!m || !m->buckets) return 0;
     if (i > m->f->nbuckets) i = m->f->nbuckets;
     uint64_t c = 0;
-    for (size_t j = 0; j <= i; j++) c += atomic_load_explicit(&m->buckets[j], memory_order_relaxed);
+    for (size_t j = 0; j <= i; j++)
+        c += atomic_load_explicit(&m->buckets[j], memory_order_relaxed);
     return c;
 }
 
@@ -312,7 +328,8 @@ double gr_metric_value(const gr_metric *m)
 void mx_family_each(gr_metric_family *f, void (*fn)(void *ctx, gr_metric *m), void *ctx)
 {
     pthread_mutex_lock(&f->mu);
-    for (gr_metric *m = f->head; m; m = m->next) fn(ctx, m);
+    for (gr_metric *m = f->head; m; m = m->next)
+        fn(ctx, m);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -339,7 +356,8 @@ int gr_metrics_add_collector(gr_metrics *r, gr_metrics_collect_fn fn, void *ctx)
     c->ctx = ctx;
     pthread_mutex_lock(&r->collect_mu);
     mx_collector **p = &r->collectors;
-    while (*p) p = &(*p)->next;
+    while (*p)
+        p = &(*p)->next;
     *p = c;
     pthread_mutex_unlock(&r->collect_mu);
     return GR_OK;

@@ -36,7 +36,8 @@ static const mirror_row shard_rows[] = {
      "Frames that did not decode (the connection was closed)."},
     {"", "auth_failures", C, "granary_server_auth_failures_total",
      "Failed or missing authentications."},
-    {"", "inflight", G, "granary_server_inflight_requests", "Requests queued or running on the pool."},
+    {"", "inflight", G, "granary_server_inflight_requests",
+     "Requests queued or running on the pool."},
     {"", "queued", G, "granary_server_queued_requests", "Requests waiting for a pool thread."},
     {"", "rows", G, "granary_server_rows", "Embedding rows held by the shard, all tables."},
     {"", "memory_bytes", G, "granary_server_memory_bytes",
@@ -52,12 +53,14 @@ static const mirror_row shard_rows[] = {
      "Steps applied with fewer than K pushes because workers had left."},
     {"sync", "waiting", G, "granary_sync_waiting_workers", "Step acquires parked on this shard."},
     {"sync", "waits", C, "granary_sync_waits_total", "Step acquires that had to wait."},
-    {"sync", "wait_s", C, "granary_sync_wait_seconds_total", "Seconds step acquires waited, summed."},
+    {"sync", "wait_s", C, "granary_sync_wait_seconds_total",
+     "Seconds step acquires waited, summed."},
     {"sync", "staleness", G, "granary_sync_staleness_bound",
      "The job's staleness bound (semisync: drop older gradients; ssp: steps ahead)."},
     {"sync", "workers", G, "granary_sync_workers", "Workers in the sync job."},
     {"ckpt", "saves", C, "granary_checkpoint_saves_total", "Checkpoint shard files written."},
-    {"ckpt", "save_errors", C, "granary_checkpoint_save_errors_total", "Checkpoint saves that failed."},
+    {"ckpt", "save_errors", C, "granary_checkpoint_save_errors_total",
+     "Checkpoint saves that failed."},
     {"ckpt", "commits", C, "granary_checkpoint_commits_total", "Checkpoints committed (manifest)."},
     {"ckpt", "commit_errors", C, "granary_checkpoint_commit_errors_total",
      "Checkpoint commits that failed."},
@@ -94,7 +97,8 @@ static const mirror_row op_rows[] = {
     {"requests", "keys", C, "granary_server_request_keys_total", "Keys carried, by operation."},
     {"requests", "bytes_in", C, "granary_server_received_bytes_total",
      "Request bytes received (header and body), by operation."},
-    {"requests", "bytes_out", C, "granary_server_sent_bytes_total", "Reply bytes sent, by operation."},
+    {"requests", "bytes_out", C, "granary_server_sent_bytes_total",
+     "Reply bytes sent, by operation."},
 };
 #undef C
 #undef G
@@ -138,8 +142,8 @@ static void collect(void *ctx, gr_metrics *r)
     char shard[16];
     snprintf(shard, sizeof shard, "%u", s->cfg.shard);
     for (size_t i = 0; i < NROWS(shard_rows); i++) {
-        cJSON *v = cJSON_GetObjectItemCaseSensitive(member(root, shard_rows[i].obj),
-                                                    shard_rows[i].key);
+        cJSON *v =
+            cJSON_GetObjectItemCaseSensitive(member(root, shard_rows[i].obj), shard_rows[i].key);
         if (cJSON_IsNumber(v))
             gr_metric_set(gr_metric_at(family(r, &shard_rows[i], "shard"), shard), v->valuedouble);
     }
@@ -147,7 +151,8 @@ static void collect(void *ctx, gr_metrics *r)
         const char *label = !strcmp(table_rows[i].obj, "dense") ? "shard,dense" : "shard,table";
         gr_metric_family *f = family(r, &table_rows[i], label);
         cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, table_rows[i].obj)) {
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, table_rows[i].obj))
+        {
             cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
             cJSON *v = cJSON_GetObjectItemCaseSensitive(t, table_rows[i].key);
             if (cJSON_IsString(name) && cJSON_IsNumber(v))
@@ -158,7 +163,8 @@ static void collect(void *ctx, gr_metrics *r)
     for (size_t i = 0; i < NROWS(op_rows); i++) {
         gr_metric_family *f = family(r, &op_rows[i], "shard,op");
         cJSON *op;
-        cJSON_ArrayForEach(op, reqs) {
+        cJSON_ArrayForEach(op, reqs)
+        {
             cJSON *v = cJSON_GetObjectItemCaseSensitive(op, op_rows[i].key);
             /* Operations never used stay out of the exposition (there are dozens). */
             cJSON *count = cJSON_GetObjectItemCaseSensitive(op, "count");

@@ -15,7 +15,8 @@ static double part_bytes(const gr_table_geometry *g, uint64_t r)
     if (r == 0) return 0;
     uint64_t chunks = (r + g->chunk_rows - 1) / g->chunk_rows;
     uint64_t ids_cap = 4;
-    while (ids_cap < chunks) ids_cap *= 2;
+    while (ids_cap < chunks)
+        ids_cap *= 2;
     double b = (double)chunks * (double)gr_chunk_bytes(g->chunk_rows, g->stride) +
                (double)ids_cap * sizeof(uint32_t);
     /* The index grows before the insert that would pass the load factor; a retired block
@@ -24,7 +25,8 @@ static double part_bytes(const gr_table_geometry *g, uint64_t r)
     while (r * GR_IDX_LOAD_DEN > (uint64_t)cap * GR_IDX_LOAD_NUM) {
         uint32_t next = gr_idx_next_cap(cap);
         if (next <= cap) break;
-        if (cap && gr_idx_block_bytes(cap) < GR_IDX_PAGE_ALIGN) b += (double)gr_idx_block_bytes(cap);
+        if (cap && gr_idx_block_bytes(cap) < GR_IDX_PAGE_ALIGN)
+            b += (double)gr_idx_block_bytes(cap);
         cap = next;
     }
     return b + (double)gr_idx_block_bytes(cap);

@@ -37,14 +37,15 @@ static void collect(void *ctx, gr_metrics *r)
     gr_metric_set(mx->loss, tr->loss_n ? tr->loss_sum / (double)tr->loss_n : tr->window_loss);
     /* The last progress window's rate; without progress lines, the run's average. */
     double elapsed = gr_now_s() - tr->t0;
-    gr_metric_set(mx->rate, tr->o->progress_s > 0 || elapsed <= 0
-                                ? tr->window_rate : (double)tr->examples / elapsed);
+    gr_metric_set(mx->rate, tr->o->progress_s > 0 || elapsed <= 0 ? tr->window_rate
+                                                                  : (double)tr->examples / elapsed);
     gr_metric_set(mx->dropped, (double)tr->dropped);
     gr_metric_set(mx->bad_lines, (double)tr->bad_lines);
     gr_metric_set(mx->wait, tr->wait_s);
     gr_metric_set(mx->running, tr->running);
     const double stage[5] = {tr->t.read, tr->t.pull, tr->t.compute, tr->t.push, tr->t.wait};
-    for (int i = 0; i < 5; i++) gr_metric_set(mx->stage[i], stage[i]);
+    for (int i = 0; i < 5; i++)
+        gr_metric_set(mx->stage[i], stage[i]);
     if (tr->hybrid) {
         gr_metric_set(mx->stale_max, (double)tr->stale_max);
         gr_metric_set(mx->stale_mean, tr->steps ? (double)tr->stale_sum / (double)tr->steps : 0);
@@ -63,7 +64,8 @@ int tr_metrics_start(trainer *tr)
     mx->r = r;
     int rc = GR_OK;
     const gr_metric_type C = GR_METRIC_COUNTER, G = GR_METRIC_GAUGE;
-    mx->examples = series(r, C, "granary_train_examples_total", "Training examples processed.", &rc);
+    mx->examples =
+        series(r, C, "granary_train_examples_total", "Training examples processed.", &rc);
     mx->steps = series(r, C, "granary_train_steps_total", "Batches pushed, all workers.", &rc);
     mx->loss = series(r, G, "granary_train_loss",
                       "Mean training loss (logloss) over the recent batches.", &rc);
@@ -71,7 +73,8 @@ int tr_metrics_start(trainer *tr)
                       "Examples per second over the last progress window.", &rc);
     mx->dropped = series(r, C, "granary_train_dropped_gradients_total",
                          "Gradient commits refused as stale (semisync).", &rc);
-    mx->bad_lines = series(r, C, "granary_train_bad_lines_total", "Input lines skipped as bad.", &rc);
+    mx->bad_lines =
+        series(r, C, "granary_train_bad_lines_total", "Input lines skipped as bad.", &rc);
     mx->wait = series(r, C, "granary_train_step_wait_seconds_total",
                       "Seconds workers waited for step tokens, summed.", &rc);
     mx->running = series(r, G, "granary_train_workers_running", "Workers still training.", &rc);
@@ -80,7 +83,8 @@ int tr_metrics_start(trainer *tr)
     if (!rc)
         rc = gr_metrics_family(r, C, "granary_train_stage_seconds_total",
                                "Seconds per pipeline stage, summed over every batch of every "
-                               "worker.", "stage", NULL, 0, 0, &sf);
+                               "worker.",
+                               "stage", NULL, 0, 0, &sf);
     static const char *const stages[5] = {"read", "pull", "compute", "push", "wait"};
     for (int i = 0; i < 5 && !rc; i++)
         if (!(mx->stage[i] = gr_metric_at(sf, stages[i])))

@@ -47,7 +47,8 @@ static void scan_expr(names *ns, const char *e)
     for (const char *p = e; *p;) {
         if (isalpha((unsigned char)*p) || *p == '_') {
             const char *s = p;
-            while (isalnum((unsigned char)*p) || *p == '_' || *p == ':') p++;
+            while (isalnum((unsigned char)*p) || *p == '_' || *p == ':')
+                p++;
             size_t len = (size_t)(p - s);
             bool quoted = s > e && (s[-1] == '"' || s[-1] == '$' || s[-1] == '{' || s[-1] == '=');
             if (!quoted && ((len > 8 && !strncmp(s, "granary_", 8)) ||
@@ -62,7 +63,8 @@ static void scan_expr(names *ns, const char *e)
 static void walk(names *ns, cJSON *j)
 {
     cJSON *c;
-    cJSON_ArrayForEach(c, j) {
+    cJSON_ArrayForEach(c, j)
+    {
         if (c->string && !strcmp(c->string, "expr") && cJSON_IsString(c)) {
             ns->exprs++;
             scan_expr(ns, c->valuestring);
@@ -161,7 +163,10 @@ static void test_dashboard_series_exist(void **state)
     size_t missing = 0;
     for (size_t i = 0; i < ns.n; i++)
         if (!declared(text, ns.v[i])) {
-            fprintf(stderr, "a dashboard or alert query names %s, which granary does not export\n", ns.v[i]);
+            fprintf(stderr,
+                    "a dashboard or alert query names %s, which granary does not "
+                    "export\n",
+                    ns.v[i]);
             missing++;
         }
     free(text);

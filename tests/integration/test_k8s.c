@@ -49,10 +49,10 @@ static void test_prod_plan_is_the_planners(void **state)
     const char *gr = ps_test_granary_bin();
     snprintf(cmd, sizeof cmd,
              "%s plan --tables deploy/k8s/overlays/prod/tables.json --memory-per-shard 128G "
-             "--cpus 8 --emit-kustomize %s/plan --base ../../../base 2>&1", gr, dir);
+             "--cpus 8 --emit-kustomize %s/plan --base ../../../base 2>&1",
+             gr, dir);
     assert_int_equal(run(cmd), 0);
-    static const char *const files[] = {"kustomization.yaml", "shard-resources.yaml",
-                                        "plan.json"};
+    static const char *const files[] = {"kustomization.yaml", "shard-resources.yaml", "plan.json"};
     for (size_t i = 0; i < 3; i++) {
         char a[256], b[256], *ta, *tb;
         size_t la, lb;
@@ -62,7 +62,8 @@ static void test_prod_plan_is_the_planners(void **state)
         assert_int_equal(gr_read_file(b, &tb, &lb), 0);
         if (la != lb || memcmp(ta, tb, la))
             fail_msg("%s differs from what `granary plan` writes now: regenerate it (the "
-                     "command is in deploy/k8s/overlays/prod/kustomization.yaml)", a);
+                     "command is in deploy/k8s/overlays/prod/kustomization.yaml)",
+                     a);
         free(ta);
         free(tb);
     }
@@ -93,11 +94,19 @@ static void test_overlays_render_and_validate(void **state)
     /* Every kind the issue asks for is there. */
     snprintf(cmd, sizeof cmd, "kubectl kustomize deploy/k8s/overlays/prod 2>&1");
     assert_int_equal(run(cmd), 0);
-    static const char *const kinds[] = {
-        "kind: StatefulSet", "kind: Job", "kind: Deployment", "kind: HorizontalPodAutoscaler",
-        "kind: PodDisruptionBudget", "kind: PriorityClass", "kind: PersistentVolumeClaim",
-        "clusterIP: None", "completionMode: Indexed", "volumeClaimTemplates:",
-        "path: /healthz", "prometheus.io/scrape: \"true\"", "secretName: granary-auth"};
+    static const char *const kinds[] = {"kind: StatefulSet",
+                                        "kind: Job",
+                                        "kind: Deployment",
+                                        "kind: HorizontalPodAutoscaler",
+                                        "kind: PodDisruptionBudget",
+                                        "kind: PriorityClass",
+                                        "kind: PersistentVolumeClaim",
+                                        "clusterIP: None",
+                                        "completionMode: Indexed",
+                                        "volumeClaimTemplates:",
+                                        "path: /healthz",
+                                        "prometheus.io/scrape: \"true\"",
+                                        "secretName: granary-auth"};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (!strstr(g_out, kinds[i])) fail_msg("prod overlay lacks '%s'", kinds[i]);
 

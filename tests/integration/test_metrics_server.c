@@ -64,7 +64,8 @@ static void test_server_series(void **state)
     assert_int_equal(gr_client_create_table(c, "{\"name\":\"user\",\"id\":1,\"dim\":8}"), 0);
     enum { N = 1000 };
     uint64_t keys[N];
-    for (size_t i = 0; i < N; i++) keys[i] = 7919 * i + 3;
+    for (size_t i = 0; i < N; i++)
+        keys[i] = 7919 * i + 3;
     float *rows = calloc(N * 8, sizeof *rows);
     assert_int_equal(gr_client_pull(c, 1, 8, keys, N, rows), 0);
     assert_int_equal(gr_client_push(c, 1, 8, keys, N, rows), 0);
@@ -100,12 +101,13 @@ static void test_server_series(void **state)
         snprintf(name, sizeof name,
                  "granary_server_request_duration_seconds_count{shard=\"%u\",op=\"pull\"}", s);
         assert_true(value_of(txt, name) == 2);
-        snprintf(name, sizeof name,
-                 "granary_server_request_duration_seconds_bucket{shard=\"%u\",op=\"pull\",le=\"+Inf\"}",
-                 s);
+        snprintf(
+            name, sizeof name,
+            "granary_server_request_duration_seconds_bucket{shard=\"%u\",op=\"pull\",le=\"+Inf\"}",
+            s);
         assert_true(value_of(txt, name) == 2);
-        snprintf(name, sizeof name,
-                 "granary_server_request_keys_total{shard=\"%u\",op=\"pull\"}", s);
+        snprintf(name, sizeof name, "granary_server_request_keys_total{shard=\"%u\",op=\"pull\"}",
+                 s);
         assert_true(value_of(txt, name) == 2 * rows_s);
         snprintf(name, sizeof name, "granary_server_memory_bytes{shard=\"%u\"}", s);
         assert_true(value_of(txt, name) == stats_number(c, s, NULL, "memory_bytes"));

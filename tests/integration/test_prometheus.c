@@ -102,12 +102,13 @@ static int query(uint16_t port, const char *promql, double *vals, int cap)
     int status = http_get(port, path, &body);
     int got = -1;
     cJSON *root = status == 200 ? cJSON_Parse(body) : NULL;
-    cJSON *result = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(root, "data"), "result");
+    cJSON *result =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "data"), "result");
     if (cJSON_IsArray(result)) {
         got = 0;
         cJSON *r;
-        cJSON_ArrayForEach(r, result) {
+        cJSON_ArrayForEach(r, result)
+        {
             cJSON *v = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "value"), 1);
             if (got < cap && cJSON_IsString(v)) vals[got++] = strtod(v->valuestring, NULL);
         }
@@ -165,12 +166,13 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
     snprintf(path, sizeof path, "%s/prometheus.yml", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fprintf(f, "global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n"
-               "scrape_configs:\n"
-               "  - job_name: granary-server\n    static_configs:\n"
-               "      - targets: ['127.0.0.1:%u', '127.0.0.1:%u']\n"
-               "  - job_name: granary-train\n    static_configs:\n"
-               "      - targets: ['127.0.0.1:%u']\n",
+    fprintf(f,
+            "global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n"
+            "scrape_configs:\n"
+            "  - job_name: granary-server\n    static_configs:\n"
+            "      - targets: ['127.0.0.1:%u', '127.0.0.1:%u']\n"
+            "  - job_name: granary-train\n    static_configs:\n"
+            "      - targets: ['127.0.0.1:%u']\n",
             srv[0].metrics_port, srv[1].metrics_port, train_port);
     fclose(f);
     pid_t prom = start_prometheus(dir, prom_port);
@@ -180,9 +182,10 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
 
     char listen[64];
     snprintf(listen, sizeof listen, "127.0.0.1:%u", train_port);
-    const char *args[] = {"train", "--train", fx.train, "--servers", list, "--workers", "2",
-                          "--mode", "async", "--dim", "8", "--batch", "256", "--epochs", "4",
-                          "--progress", "0.5", "--metrics", listen, NULL};
+    const char *args[] = {"train",      "--train", fx.train,    "--servers", list,
+                          "--workers",  "2",       "--mode",    "async",     "--dim",
+                          "8",          "--batch", "256",       "--epochs",  "4",
+                          "--progress", "0.5",     "--metrics", listen,      NULL};
     train_run t = {.args = args};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, train_thread, &t), 0);
@@ -201,10 +204,11 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
     /* What Prometheus kept of the run: at most what it trained, all 4 epochs' worth of
      * batches when the last scrape came late enough; a rate and a loss in range. */
     double vals[8];
-    assert_int_equal(query(prom_port, "max_over_time(granary_train_examples_total[10m])", vals, 8), 1);
+    assert_int_equal(query(prom_port, "max_over_time(granary_train_examples_total[10m])", vals, 8),
+                     1);
     assert_true(vals[0] > 0 && vals[0] <= examples);
-    assert_int_equal(query(prom_port, "max_over_time(granary_train_examples_per_second[10m])",
-                           vals, 8), 1);
+    assert_int_equal(
+        query(prom_port, "max_over_time(granary_train_examples_per_second[10m])", vals, 8), 1);
     assert_true(vals[0] > 100 && vals[0] < 1e7);
     assert_int_equal(query(prom_port, "min_over_time(granary_train_loss[10m])", vals, 8), 1);
     assert_true(vals[0] > 0 && vals[0] < 1.0);
@@ -232,17 +236,19 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
     char q[256];
     snprintf(q, sizeof q, "sum(granary_table_rows{table=\"embeddings\"}) == %.0f", rows);
     assert_true(wait_query(prom_port, q, 1, 30) == rows);
-    assert_int_equal(query(prom_port, "sum(granary_server_requests_total{op=\"pull\"}) > 0", vals,
-                           8), 1);
+    assert_int_equal(
+        query(prom_port, "sum(granary_server_requests_total{op=\"pull\"}) > 0", vals, 8), 1);
     /* A latency quantile over the run: a duration, under the 10 s top bucket. */
     assert_int_equal(query(prom_port,
                            "histogram_quantile(0.99, sum by (le) (increase("
                            "granary_server_request_duration_seconds_bucket{op=\"pull\"}[10m])))",
-                           vals, 8), 1);
+                           vals, 8),
+                     1);
     assert_true(vals[0] > 0 && vals[0] < 10);
     assert_int_equal(query(prom_port, "granary_server_memory_bytes > 0", vals, 8), 2);
-    assert_int_equal(query(prom_port, "process_resident_memory_bytes{job=\"granary-server\"} > 1e6",
-                           vals, 8), 2);
+    assert_int_equal(
+        query(prom_port, "process_resident_memory_bytes{job=\"granary-server\"} > 1e6", vals, 8),
+        2);
 
     kill(prom, SIGTERM);
     int st;

@@ -59,7 +59,8 @@ static uint64_t filled_bytes(const plan_input *in, const plan_result *r)
         unsigned looks = t->spec.admit_min_count > 1 ? t->spec.admit_min_count : 1;
         for (uint64_t k = 0; k < rows; k += B) {
             size_t n = rows - k < B ? (size_t)(rows - k) : B;
-            for (size_t j = 0; j < n; j++) keys[j] = (k + j) * 0x9E3779B97F4A7C15ull + i;
+            for (size_t j = 0; j < n; j++)
+                keys[j] = (k + j) * 0x9E3779B97F4A7C15ull + i;
             for (unsigned l = 0; l < looks; l++)
                 assert_int_equal(gr_table_lookup(tab, keys, n, out, 0), GR_OK);
         }
@@ -143,13 +144,19 @@ static void test_bad_input(void **state)
     assert_int_equal(plan_read_spec("{\"tables\": []}", &in), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "non-empty \"tables\""));
     assert_int_equal(plan_read_spec("{\"tables\": [{\"name\": \"a\", \"id\": 1, \"dim\": 4, "
-                                    "\"colour\": 1}]}", &in), GR_EINVAL);
+                                    "\"colour\": 1}]}",
+                                    &in),
+                     GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "colour"));
     assert_int_equal(plan_read_spec("{\"tables\": [{\"name\": \"a\", \"id\": 1, \"dim\": 4, "
-                                    "\"rows\": -5}]}", &in), GR_EINVAL);
+                                    "\"rows\": -5}]}",
+                                    &in),
+                     GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "\"rows\""));
     assert_int_equal(plan_read_spec("{\"tables\": [{\"name\": \"a\", \"id\": 1, \"dim\": 4}, "
-                                    "{\"name\": \"a\", \"id\": 2, \"dim\": 4}]}", &in), GR_EINVAL);
+                                    "{\"name\": \"a\", \"id\": 2, \"dim\": 4}]}",
+                                    &in),
+                     GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "listed twice"));
     assert_int_equal(plan_read_spec("[1]", &in), GR_EINVAL);
     read_input(&in);
@@ -175,8 +182,9 @@ static void test_command_json_and_overlay(void **state)
     fputs(spec_json, f);
     fclose(f);
     static char out[65536];
-    const char *args[] = {"plan", "--tables", spec, "--memory-per-shard", "64M", "--mode",
-                          "async", "--json", "--emit-kustomize", ov, NULL};
+    const char *args[] = {"plan",   "--tables", spec,     "--memory-per-shard", "64M",
+                          "--mode", "async",    "--json", "--emit-kustomize",   ov,
+                          NULL};
     assert_int_equal(ps_test_run_granary(args, out, sizeof out), 0);
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);

@@ -34,12 +34,15 @@ static void test_exposition_exact(void **state)
     gr_metric_family *req, *mem, *lat;
     assert_int_equal(gr_metrics_family(r, GR_METRIC_COUNTER, "granary_requests_total",
                                        "Requests by \\op.\nSecond line.", "shard,op", NULL, 0, 0,
-                                       &req), GR_OK);
-    assert_int_equal(gr_metrics_family(r, GR_METRIC_GAUGE, "granary_memory_bytes", "Memory.",
-                                       NULL, NULL, 0, 0, &mem), GR_OK);
+                                       &req),
+                     GR_OK);
+    assert_int_equal(gr_metrics_family(r, GR_METRIC_GAUGE, "granary_memory_bytes", "Memory.", NULL,
+                                       NULL, 0, 0, &mem),
+                     GR_OK);
     const double b[] = {0.001, 0.01, 0.1};
     assert_int_equal(gr_metrics_family(r, GR_METRIC_HISTOGRAM, "granary_latency_seconds", "Lat.",
-                                       "op", b, 3, 0, &lat), GR_OK);
+                                       "op", b, 3, 0, &lat),
+                     GR_OK);
     gr_metric_inc(gr_metric_at(req, "0", "pull"), 3);
     gr_metric_inc(gr_metric_at(req, "0", "pull"), 2);
     gr_metric_inc(gr_metric_at(req, "1", "we\"ird\\\nop"), 1);
@@ -52,22 +55,21 @@ static void test_exposition_exact(void **state)
     gr_metric_observe(l, 7);
     gr_metric_observe(l, NAN); /* ignored */
     char *txt = format(r);
-    const char *want =
-        "# HELP granary_requests_total Requests by \\\\op.\\nSecond line.\n"
-        "# TYPE granary_requests_total counter\n"
-        "granary_requests_total{shard=\"0\",op=\"pull\"} 5\n"
-        "granary_requests_total{shard=\"1\",op=\"we\\\"ird\\\\\\nop\"} 1\n"
-        "# HELP granary_memory_bytes Memory.\n"
-        "# TYPE granary_memory_bytes gauge\n"
-        "granary_memory_bytes 1500000000.25\n"
-        "# HELP granary_latency_seconds Lat.\n"
-        "# TYPE granary_latency_seconds histogram\n"
-        "granary_latency_seconds_bucket{op=\"pull\",le=\"0.001\"} 2\n"
-        "granary_latency_seconds_bucket{op=\"pull\",le=\"0.01\"} 2\n"
-        "granary_latency_seconds_bucket{op=\"pull\",le=\"0.1\"} 3\n"
-        "granary_latency_seconds_bucket{op=\"pull\",le=\"+Inf\"} 4\n"
-        "granary_latency_seconds_sum{op=\"pull\"} 7.0515\n"
-        "granary_latency_seconds_count{op=\"pull\"} 4\n";
+    const char *want = "# HELP granary_requests_total Requests by \\\\op.\\nSecond line.\n"
+                       "# TYPE granary_requests_total counter\n"
+                       "granary_requests_total{shard=\"0\",op=\"pull\"} 5\n"
+                       "granary_requests_total{shard=\"1\",op=\"we\\\"ird\\\\\\nop\"} 1\n"
+                       "# HELP granary_memory_bytes Memory.\n"
+                       "# TYPE granary_memory_bytes gauge\n"
+                       "granary_memory_bytes 1500000000.25\n"
+                       "# HELP granary_latency_seconds Lat.\n"
+                       "# TYPE granary_latency_seconds histogram\n"
+                       "granary_latency_seconds_bucket{op=\"pull\",le=\"0.001\"} 2\n"
+                       "granary_latency_seconds_bucket{op=\"pull\",le=\"0.01\"} 2\n"
+                       "granary_latency_seconds_bucket{op=\"pull\",le=\"0.1\"} 3\n"
+                       "granary_latency_seconds_bucket{op=\"pull\",le=\"+Inf\"} 4\n"
+                       "granary_latency_seconds_sum{op=\"pull\"} 7.0515\n"
+                       "granary_latency_seconds_count{op=\"pull\"} 4\n";
     assert_string_equal(txt, want);
     assert_int_equal(gr_metric_bucket(l, 0), 2);
     assert_int_equal(gr_metric_bucket(l, 3), 4);
@@ -120,8 +122,8 @@ static void test_declarations(void **state)
     assert_null(gr_metric_at(a, NULL));
     /* A family with no series is left out of the exposition. */
     gr_metric_family *empty;
-    assert_int_equal(gr_metrics_family(r, GR_METRIC_COUNTER, "never_total", "", "x", NULL, 0, 0,
-                                       &empty), 0);
+    assert_int_equal(
+        gr_metrics_family(r, GR_METRIC_COUNTER, "never_total", "", "x", NULL, 0, 0, &empty), 0);
     char *txt = format(r);
     assert_null(strstr(txt, "never_total"));
     free(txt);
@@ -151,20 +153,23 @@ static void test_concurrent_counts_exact(void **state)
     gr_metrics *r;
     assert_int_equal(gr_metrics_create(&r), GR_OK);
     gr_metric_family *c, *h, *g;
-    assert_int_equal(gr_metrics_family(r, GR_METRIC_COUNTER, "c_total", "", NULL, NULL, 0, 0, &c), 0);
+    assert_int_equal(gr_metrics_family(r, GR_METRIC_COUNTER, "c_total", "", NULL, NULL, 0, 0, &c),
+                     0);
     const double b[] = {0.0005, 0.0015, 0.0025};
     assert_int_equal(gr_metrics_family(r, GR_METRIC_HISTOGRAM, "h", "", NULL, b, 3, 0, &h), 0);
     assert_int_equal(gr_metrics_family(r, GR_METRIC_GAUGE, "g", "", NULL, NULL, 0, 0, &g), 0);
     counting k = {gr_metric_at(c), gr_metric_at(h), gr_metric_at(g)};
     pthread_t t[4];
-    for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&t[i], NULL, count_thread, &k), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, count_thread, &k), 0);
     /* Scrapes while counting: each sees a consistent histogram (count = +Inf bucket). */
     for (int s = 0; s < 20; s++) {
         char *txt = format(r);
         assert_non_null(strstr(txt, "h_bucket{le=\"+Inf\"}"));
         free(txt);
     }
-    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
     assert_true(gr_metric_value(k.c) == 800000);
     assert_true(gr_metric_value(k.h) == 800000);
     assert_int_equal(gr_metric_bucket(k.h, 0), 200000); /* the zeros */
@@ -198,10 +203,12 @@ static void test_mirrored_and_lazy(void **state)
     assert_int_equal(gr_metrics_create(&r), GR_OK);
     mirror m = {0};
     assert_int_equal(gr_metrics_family(r, GR_METRIC_GAUGE, "rows", "Rows.", "table", NULL, 0,
-                                       GR_METRIC_MIRRORED, &m.rows), 0);
+                                       GR_METRIC_MIRRORED, &m.rows),
+                     0);
     gr_metric_family *lazy;
-    assert_int_equal(gr_metrics_family(r, GR_METRIC_HISTOGRAM, "lat_seconds", "L.", "op", NULL,
-                                       0, GR_METRIC_LAZY, &lazy), 0);
+    assert_int_equal(gr_metrics_family(r, GR_METRIC_HISTOGRAM, "lat_seconds", "L.", "op", NULL, 0,
+                                       GR_METRIC_LAZY, &lazy),
+                     0);
     gr_metric *pull = gr_metric_at(lazy, "pull");
     gr_metric_at(lazy, "push"); /* made ahead, never used */
     assert_int_equal(gr_metrics_add_collector(r, mirror_collect, &m), 0);
@@ -275,8 +282,8 @@ static void test_http_endpoint(void **state)
     gr_metrics *r;
     assert_int_equal(gr_metrics_create(&r), GR_OK);
     gr_metric_family *f;
-    assert_int_equal(gr_metrics_family(r, GR_METRIC_COUNTER, "granary_x_total", "X.", NULL, NULL,
-                                       0, 0, &f), 0);
+    assert_int_equal(
+        gr_metrics_family(r, GR_METRIC_COUNTER, "granary_x_total", "X.", NULL, NULL, 0, 0, &f), 0);
     gr_metric_inc(gr_metric_at(f), 42);
     bool healthy = true;
     gr_metrics_http *h;
@@ -320,12 +327,9 @@ static void test_http_endpoint(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exposition_exact),
-        cmocka_unit_test(test_declarations),
-        cmocka_unit_test(test_concurrent_counts_exact),
-        cmocka_unit_test(test_mirrored_and_lazy),
-        cmocka_unit_test(test_process_series),
-        cmocka_unit_test(test_http_endpoint),
+        cmocka_unit_test(test_exposition_exact),        cmocka_unit_test(test_declarations),
+        cmocka_unit_test(test_concurrent_counts_exact), cmocka_unit_test(test_mirrored_and_lazy),
+        cmocka_unit_test(test_process_series),          cmocka_unit_test(test_http_endpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
