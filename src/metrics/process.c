@@ -43,7 +43,9 @@ static void collect(void *ctx, gr_metrics *r)
     if (!s) return;
     unsigned long long v[26] = {0};
     int field = 3;
-    for (char *tok = strtok(s + 2, " "); tok && field < 26; tok = strtok(NULL, " "), field++)
+    char *save = NULL;
+    for (char *tok = strtok_r(s + 2, " ", &save); tok && field < 26;
+         tok = strtok_r(NULL, " ", &save), field++)
         v[field] = strtoull(tok, NULL, 10);
     double tick = (double)sysconf(_SC_CLK_TCK), page = (double)sysconf(_SC_PAGESIZE);
     gr_metric_set(p->cpu, (double)(v[14] + v[15]) / tick);

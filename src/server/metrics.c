@@ -8,10 +8,13 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-/* One number of the STATS document and its series. obj: the member object holding it ("" for
- * the top level, "sync", "ckpt", "ckpt.last_save"). */
+/* One number of the STATS document and its series. obj: the member holding it: an object
+ * ("" for the top level, "sync", "ckpt", "ckpt.last_save"; labels shard), or, in the second
+ * and third tables, the array "tables" (labels shard, table), "dense" (shard, dense), or the
+ * per-opcode object "requests" (shard, op). */
 typedef struct mirror_row {
     const char *obj, *key;
     gr_metric_type type;
@@ -104,24 +107,25 @@ static const mirror_row op_rows[] = {
 #undef G
 
 #define NROWS(a) (sizeof(a) / sizeof((a)[0]))
+#define NSHARD NROWS(shard_rows)
+#define NTABLE NROWS(table_rows)
+#define NOP NROWS(op_rows)
 
-static int declare(gr_metrics *r, const mirror_row *rows, size_t n, const char *labels)
+/* The families of the rows above, looked up once (srv_metrics_init). */
+struct srv_metrics {
+    gr_metric_family *shard[NSHARD], *table[NTABLE], *op[NOP], *staleness;
+    char label[16]; /* this shard's index, the value of its "shard" label */
+};
+
+static int declare(gr_metrics *r, const mirror_row *row, const char *labels, gr_metric_family **out)
 {
-    for (size_t i = 0; i < n; i++) {
-        gr_metric_family *f;
-        int rc = gr_metrics_family(r, rows[i].type, rows[i].name, rows[i].help, labels, NULL, 0,
-                                   GR_METRIC_MIRRORED, &f);
-        if (rc) return rc;
-    }
-    return GR_OK;
+    return gr_metrics_family(r, row->type, row->name, row->help, labels, NULL, 0,
+                             GR_METRIC_MIRRORED, out);
 }
 
-/* The family of a row (declared by srv_metrics_init, so this only finds it). */
-static gr_metric_family *family(gr_metrics *r, const mirror_row *row, const char *labels)
+static const char *table_labels(const mirror_row *row)
 {
-    gr_metric_family *f = NULL;
-    gr_metrics_family(r, row->type, row->name, row->help, labels, NULL, 0, GR_METRIC_MIRRORED, &f);
-    return f;
+    return !strcmp(row->obj, "dense") ? "shard,dense" : "shard,table";
 }
 
 static cJSON *member(cJSON *root, const char *path)
@@ -136,32 +140,29 @@ static cJSON *member(cJSON *root, const char *path)
 
 static void collect(void *ctx, gr_metrics *r)
 {
+    (void)r;
     gr_server *s = ctx;
+    struct srv_metrics *mx = s->mx;
     cJSON *root = srv_stats_build(s);
     if (!root) return;
-    char shard[16];
-    snprintf(shard, sizeof shard, "%u", s->cfg.shard);
-    for (size_t i = 0; i < NROWS(shard_rows); i++) {
+    const char *shard = mx->label;
+    for (size_t i = 0; i < NSHARD; i++) {
         cJSON *v =
             cJSON_GetObjectItemCaseSensitive(member(root, shard_rows[i].obj), shard_rows[i].key);
-        if (cJSON_IsNumber(v))
-            gr_metric_set(gr_metric_at(family(r, &shard_rows[i], "shard"), shard), v->valuedouble);
+        if (cJSON_IsNumber(v)) gr_metric_set(gr_metric_at(mx->shard[i], shard), v->valuedouble);
     }
-    for (size_t i = 0; i < NROWS(table_rows); i++) {
-        const char *label = !strcmp(table_rows[i].obj, "dense") ? "shard,dense" : "shard,table";
-        gr_metric_family *f = family(r, &table_rows[i], label);
+    for (size_t i = 0; i < NTABLE; i++) {
         cJSON *t;
         cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, table_rows[i].obj))
         {
             cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
             cJSON *v = cJSON_GetObjectItemCaseSensitive(t, table_rows[i].key);
             if (cJSON_IsString(name) && cJSON_IsNumber(v))
-                gr_metric_set(gr_metric_at(f, shard, name->valuestring), v->valuedouble);
+                gr_metric_set(gr_metric_at(mx->table[i], shard, name->valuestring), v->valuedouble);
         }
     }
     cJSON *reqs = cJSON_GetObjectItemCaseSensitive(root, "requests");
-    for (size_t i = 0; i < NROWS(op_rows); i++) {
-        gr_metric_family *f = family(r, &op_rows[i], "shard,op");
+    for (size_t i = 0; i < NOP; i++) {
         cJSON *op;
         cJSON_ArrayForEach(op, reqs)
         {
@@ -169,22 +170,17 @@ static void collect(void *ctx, gr_metrics *r)
             /* Operations never used stay out of the exposition (there are dozens). */
             cJSON *count = cJSON_GetObjectItemCaseSensitive(op, "count");
             if (cJSON_IsNumber(v) && cJSON_IsNumber(count) && count->valuedouble > 0)
-                gr_metric_set(gr_metric_at(f, shard, op->string), v->valuedouble);
+                gr_metric_set(gr_metric_at(mx->op[i], shard, op->string), v->valuedouble);
         }
     }
     /* Admitted pushes by staleness (G - the step they were computed at), in the step
      * machine's own bins. */
     static const char *const bins[8] = {"0", "1", "2", "3", "4-7", "8-15", "16-31", "32+"};
     cJSON *hist = cJSON_GetObjectItemCaseSensitive(member(root, "sync"), "staleness_hist");
-    if (cJSON_GetArraySize(hist) == 8) {
-        gr_metric_family *f = NULL;
-        gr_metrics_family(r, GR_METRIC_COUNTER, "granary_sync_pushes_by_staleness_total",
-                          "Admitted gradient pushes by staleness in steps (G - their step).",
-                          "shard,staleness", NULL, 0, GR_METRIC_MIRRORED, &f);
+    if (cJSON_GetArraySize(hist) == 8)
         for (int b = 0; b < 8; b++)
-            gr_metric_set(gr_metric_at(f, shard, bins[b]),
+            gr_metric_set(gr_metric_at(mx->staleness, shard, bins[b]),
                           cJSON_GetArrayItem(hist, b)->valuedouble);
-    }
     cJSON_Delete(root);
 }
 
@@ -192,10 +188,21 @@ int srv_metrics_init(gr_server *s)
 {
     gr_metrics *r = s->cfg.metrics;
     if (!r) return GR_OK;
-    int rc = declare(r, shard_rows, NROWS(shard_rows), "shard");
-    if (!rc) rc = declare(r, table_rows, NROWS(table_rows) - 1, "shard,table");
-    if (!rc) rc = declare(r, &table_rows[NROWS(table_rows) - 1], 1, "shard,dense");
-    if (!rc) rc = declare(r, op_rows, NROWS(op_rows), "shard,op");
+    struct srv_metrics *mx = calloc(1, sizeof *mx);
+    if (!mx) return gr_seterr(GR_ENOMEM, "metrics: out of memory");
+    s->mx = mx;
+    snprintf(mx->label, sizeof mx->label, "%u", s->cfg.shard);
+    int rc = GR_OK;
+    for (size_t i = 0; i < NSHARD && !rc; i++)
+        rc = declare(r, &shard_rows[i], "shard", &mx->shard[i]);
+    for (size_t i = 0; i < NTABLE && !rc; i++)
+        rc = declare(r, &table_rows[i], table_labels(&table_rows[i]), &mx->table[i]);
+    for (size_t i = 0; i < NOP && !rc; i++)
+        rc = declare(r, &op_rows[i], "shard,op", &mx->op[i]);
+    if (!rc)
+        rc = gr_metrics_family(r, GR_METRIC_COUNTER, "granary_sync_pushes_by_staleness_total",
+                               "Admitted gradient pushes by staleness in steps (G - their step).",
+                               "shard,staleness", NULL, 0, GR_METRIC_MIRRORED, &mx->staleness);
     gr_metric_family *lat = NULL;
     if (!rc)
         rc = gr_metrics_family(r, GR_METRIC_HISTOGRAM, "granary_server_request_duration_seconds",
@@ -204,14 +211,12 @@ int srv_metrics_init(gr_server *s)
                                "checkpoints, are not included).",
                                "shard,op", NULL, 0, GR_METRIC_LAZY, &lat);
     if (rc) return rc;
-    char shard[16];
-    snprintf(shard, sizeof shard, "%u", s->cfg.shard);
     /* Series for the operations that run through run_request (loop or pool), made now so the
      * hot path only follows a pointer. */
     for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
         const srv_op_row *row = srv_op_row_of(op);
         if (row && row->handle && gr_proto_op_name(op))
-            s->latency[op] = gr_metric_at(lat, shard, gr_proto_op_name(op));
+            s->latency[op] = gr_metric_at(lat, mx->label, gr_proto_op_name(op));
     }
     return GR_OK;
 }
@@ -228,4 +233,6 @@ void srv_metrics_fini(gr_server *s)
 {
     if (s->metrics_on) gr_metrics_remove_collector(s->cfg.metrics, collect, s);
     s->metrics_on = false;
+    free(s->mx);
+    s->mx = NULL;
 }

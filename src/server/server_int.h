@@ -139,6 +139,7 @@ struct gr_server {
     /* metrics.c: cfg.metrics's series of this shard: request latency per opcode (observed by
      * run_request; NULL without a registry), and whether the collector is installed. */
     gr_metric *latency[GR_PROTO_OP_LIMIT];
+    struct srv_metrics *mx; /* the mirrored families (metrics.c) */
     bool metrics_on;
 };
 
