@@ -8,7 +8,8 @@
     X("ps", gr_bench_ps)       \
     X("train", gr_bench_train) \
     X("ckpt", gr_bench_ckpt)   \
-    X("soak", gr_bench_soak)
+    X("soak", gr_bench_soak)   \
+    X("metrics", gr_bench_metrics)
 
 #define GR_BENCH_DECLARE(name, fn) int fn(int argc, char **argv);
 GR_BENCHES(GR_BENCH_DECLARE)
