@@ -53,6 +53,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+# The dashboard page is built into the program (.incbin in page.c).
+$(BUILD)/obj/src/platform/page.o: src/platform/web/index.html
+build/fuzz/obj/src/platform/page.o: src/platform/web/index.html
+
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

@@ -20,6 +20,8 @@ typedef struct gr_cli_command {
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
     X("ckpt", gr_cli_ckpt, "inspect, verify or reshard a checkpoint: granary ckpt inspect|verify|reshard") \
     X("plan", gr_cli_plan, "size a job: shards, memory, network, checkpoints: granary plan --tables SPEC.json") \
+    X("controller", gr_cli_controller, "the control plane: job API, scheduler and dashboard (docs/platform.md)") \
+    X("job", gr_cli_job, "submit, list, watch and stop jobs on a controller: granary job submit|list|status|stop|logs") \
     X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt [--json] [--full]")
 
 #define GR_CLI_DECLARE(name, fn, summary) int fn(int argc, char **argv);

@@ -599,3 +599,7 @@ int gr_cli_train(int argc, char **argv)
     gr_cli_parsed_fini(&p);
     return status;
 }
+
+/* The option table, for the controller's checks of job arguments (cli/job_args.c). */
+const gr_cli_spec *gr_cli_train_spec(void);
+const gr_cli_spec *gr_cli_train_spec(void) { return &train_spec; }
