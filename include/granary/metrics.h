@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "granary/core.h"
+#include "granary/http.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -128,6 +129,12 @@ GR_API int gr_metrics_http_start(gr_metrics *r, const char *listen, gr_metrics_h
 GR_API uint16_t gr_metrics_http_port(const gr_metrics_http *h);
 /* Stops serving and waits for requests in flight. NULL: no-op. */
 GR_API void gr_metrics_http_stop(gr_metrics_http *h);
+
+/* For a part with an HTTP server of its own (serving replicas, the controller): answers
+ * GET /metrics and GET /healthz exactly as the endpoint above does and returns true, or
+ * returns false (resp untouched) for any other path, which the caller answers. */
+GR_API bool gr_metrics_http_answer(gr_metrics *r, gr_metrics_health_fn health, void *health_ctx,
+                                   const gr_http_request *req, gr_http_response *resp);
 
 #ifdef __cplusplus
 }

@@ -13,36 +13,41 @@ struct gr_metrics_http {
     gr_http_server *srv;
 };
 
-static void handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
+bool gr_metrics_http_answer(gr_metrics *r, gr_metrics_health_fn health, void *health_ctx,
+                            const gr_http_request *req, gr_http_response *resp)
 {
-    gr_metrics_http *h = ctx;
-    bool get = !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD");
-    if (strcmp(req->path, "/metrics") && strcmp(req->path, "/healthz")) {
-        gr_http_printf(resp, 404, "text/plain; charset=utf-8",
-                       "not found: this endpoint serves /metrics and /healthz\n");
-        return;
-    }
-    if (!get) {
+    bool metrics = !strcmp(req->path, "/metrics"), healthz = !strcmp(req->path, "/healthz");
+    if (!metrics && !healthz) return false;
+    if (strcmp(req->method, "GET") && strcmp(req->method, "HEAD")) {
         gr_http_printf(resp, 405, "text/plain; charset=utf-8", "%s wants GET, not %s\n", req->path,
                        req->method);
-        return;
+        return true;
     }
-    if (!strcmp(req->path, "/healthz")) {
+    if (healthz) {
         char why[256] = "";
-        if (h->health && !h->health(h->health_ctx, why, sizeof why))
+        if (health && !health(health_ctx, why, sizeof why))
             gr_http_printf(resp, 503, "text/plain; charset=utf-8", "unhealthy: %s\n",
                            why[0] ? why : "no reason given");
         else
             gr_http_printf(resp, 200, "text/plain; charset=utf-8", "ok\n");
-        return;
+        return true;
     }
     char *text = NULL;
     size_t len = 0;
-    if (gr_metrics_format(h->r, &text, &len)) {
+    if (gr_metrics_format(r, &text, &len)) {
         gr_http_printf(resp, 500, "text/plain; charset=utf-8", "%s\n", gr_errmsg());
-        return;
+        return true;
     }
     gr_http_take(resp, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    return true;
+}
+
+static void handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    gr_metrics_http *h = ctx;
+    if (!gr_metrics_http_answer(h->r, h->health, h->health_ctx, req, resp))
+        gr_http_printf(resp, 404, "text/plain; charset=utf-8",
+                       "not found: this endpoint serves /metrics and /healthz\n");
 }
 
 int gr_metrics_http_start(gr_metrics *r, const char *listen, gr_metrics_health_fn health,

@@ -324,12 +324,59 @@ static void test_http_endpoint(void **state)
     gr_metrics_destroy(r);
 }
 
+typedef struct own_server {
+    gr_metrics *r;
+} own_server;
+
+static void own_handler(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    own_server *o = ctx;
+    if (!gr_metrics_http_answer(o->r, NULL, NULL, req, resp))
+        gr_http_printf(resp, 200, "text/plain", "app %s\n", req->path);
+}
+
+/* A part with its own HTTP server answers /metrics and /healthz through the registry and
+ * everything else itself. */
+static void test_answer_in_own_server(void **state)
+{
+    (void)state;
+    own_server o;
+    assert_int_equal(gr_metrics_create(&o.r), GR_OK);
+    gr_metric_family *f;
+    assert_int_equal(
+        gr_metrics_family(o.r, GR_METRIC_GAUGE, "granary_serve_x", "X.", NULL, NULL, 0, 0, &f), 0);
+    gr_metric_set(gr_metric_at(f), 2.5);
+    gr_http_config cfg = {.listen = "127.0.0.1:0", .handler = own_handler, .ctx = &o};
+    gr_http_server *srv;
+    assert_int_equal(gr_http_start(&cfg, &srv), GR_OK);
+    uint16_t port = gr_http_port(srv);
+    gr_http_result res;
+    fetch("GET", port, "/metrics", &res);
+    assert_int_equal(res.status, 200);
+    assert_non_null(strstr(res.body, "\ngranary_serve_x 2.5\n"));
+    gr_http_result_free(&res);
+    fetch("GET", port, "/healthz", &res);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(res.body, "ok\n");
+    gr_http_result_free(&res);
+    fetch("DELETE", port, "/metrics", &res);
+    assert_int_equal(res.status, 405);
+    gr_http_result_free(&res);
+    fetch("GET", port, "/v1/model", &res);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(res.body, "app /v1/model\n");
+    gr_http_result_free(&res);
+    gr_http_stop(srv);
+    gr_metrics_destroy(o.r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exposition_exact),        cmocka_unit_test(test_declarations),
         cmocka_unit_test(test_concurrent_counts_exact), cmocka_unit_test(test_mirrored_and_lazy),
         cmocka_unit_test(test_process_series),          cmocka_unit_test(test_http_endpoint),
+        cmocka_unit_test(test_answer_in_own_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
