@@ -43,7 +43,7 @@ STATIC := $(BUILD)/libgranary.a
 SHARED := $(BUILD)/libgranary.so
 PROG   := $(BUILD)/granary
 
-.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests check-deps
+.PHONY: all lib test unit-tests demo clean fuzz fuzz-replay setup tests check-deps python
 all: $(STATIC) $(SHARED) $(PROG) tests
 
 lib: $(STATIC) $(SHARED)
@@ -77,14 +77,35 @@ $(BUILD)/tests/unit/cli/%: tests/unit/cli/%.c $(STATIC) $(TEST_HELPER_OBJ) $(CLI
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(CLI_TEST_OBJ) $(TEST_HELPER_OBJ) $(STATIC) $(TESTLIBS) $(LDLIBS)
 
+# The Python extension and the PyTorch module (docs/python.md): $(BUILD)/python/granary is an
+# importable package (PYTHONPATH=$(BUILD)/python), built against Debian's python3-dev and
+# linked with this build's libgranary.a (so SANITIZER=address gives an ASan extension).
+PYTHON  ?= /usr/bin/python3
+PY_SRC  := $(wildcard python/src/*.c)
+PY_OBJ  := $(PY_SRC:%.c=$(BUILD)/obj/%.o)
+PY_PKG  := $(patsubst python/%,$(BUILD)/python/%,$(wildcard python/granary/*.py))
+PY_EXT  := $(BUILD)/python/granary/_granary.so
+PY_TESTS := $(wildcard tests/python/test_*.py)
+python: $(PY_EXT) $(PY_PKG)
+$(BUILD)/obj/python/src/%.o: python/src/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(shell $(PYTHON)-config --includes) $(CFLAGS) -c $< -o $@
+$(PY_EXT): $(PY_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -o $@ $(PY_OBJ) $(STATIC) $(LDLIBS)
+$(BUILD)/python/granary/%.py: python/granary/%.py
+	@mkdir -p $(dir $@)
+	cp $< $@
+
 # The two README commands install what they need first.
 setup:
 	@bash scripts/setup
 
 # Unit + integration tests; prints a final "N passed, N failed" line.
+# The Python tests (tests/python) run too, except under ThreadSanitizer.
 test: setup
-	@$(MAKE) --no-print-directory all
-	@bash scripts/run-tests $(BUILD) $(TEST_BIN)
+	@$(MAKE) --no-print-directory all python
+	@bash scripts/run-tests $(BUILD) $(TEST_BIN) $(if $(filter thread,$(SANITIZER)),,$(PY_TESTS))
 
 # Includes between parts must follow the table in docs/architecture.md (make test runs it too,
 # through tests/integration/test_check_deps.c).

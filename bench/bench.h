@@ -9,7 +9,8 @@
     X("train", gr_bench_train) \
     X("ckpt", gr_bench_ckpt)   \
     X("soak", gr_bench_soak)   \
-    X("metrics", gr_bench_metrics)
+    X("metrics", gr_bench_metrics) \
+    X("torch", gr_bench_torch)
 
 #define GR_BENCH_DECLARE(name, fn) int fn(int argc, char **argv);
 GR_BENCHES(GR_BENCH_DECLARE)

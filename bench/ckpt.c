@@ -38,7 +38,7 @@ typedef struct opts {
 #define CKPT_BENCH_OPTIONS(X)                                                                  \
     X(CB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")    \
     X(CB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "10M rows unless --rows")     \
-    X(CB_ROWS, "rows", GR_CLI_SIZE, NULL, 1, 4294967295.0, NULL, "N", NULL,                     \
+    X(CB_ROWS, "rows", GR_CLI_INT, NULL, 1, 4294967295.0, NULL, "N", NULL,                     \
       "rows (default 2M; --full 10M)")                                                         \
     X(CB_ZSTD, "zstd", GR_CLI_INT, NULL, 0, 19, NULL, "L",                                      \
       "0", "compress sections with zstd level L (0: raw)")                                     \
@@ -265,7 +265,7 @@ int gr_bench_ckpt(int argc, char **argv)
     opts o = {.json = v[CB_JSON].b,
               .full = v[CB_FULL].b,
               .keep = v[CB_KEEP].b,
-              .rows = v[CB_ROWS].u,
+              .rows = (uint64_t)v[CB_ROWS].i,
               .zstd = (int)v[CB_ZSTD].i,
               .dir = v[CB_DIR].s};
     if (!o.rows) o.rows = o.full ? 10000000ull : 2000000ull;

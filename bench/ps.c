@@ -57,7 +57,7 @@ typedef struct opts {
     X(PB_INFLIGHT, "inflight", GR_CLI_INT, NULL, 1, 64, NULL, "K", "2", "batches in flight")    \
     X(PB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "1",                          \
       "worker threads per shard")                                                             \
-    X(PB_VOCAB, "vocab", GR_CLI_SIZE, NULL, 1, 1099511627776.0, NULL, "V", NULL,                \
+    X(PB_VOCAB, "vocab", GR_CLI_INT, NULL, 1, 1099511627776.0, NULL, "V", NULL,                \
       "Zipf ranks per column (default 1M; --full 10M)")                                        \
     X(PB_NO_BASELINES, "no-baselines", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,               \
       "skip Redis and raw TCP (for profiling)")
@@ -569,7 +569,7 @@ int gr_bench_ps(int argc, char **argv)
               .rounds = (unsigned)v[PB_ROUNDS].i,
               .inflight = (unsigned)v[PB_INFLIGHT].i,
               .threads = (unsigned)v[PB_THREADS].i,
-              .vocab = v[PB_VOCAB].u,
+              .vocab = (uint64_t)v[PB_VOCAB].i,
               .no_baselines = v[PB_NO_BASELINES].b};
     if (!v[PB_BATCHES].given) o.batches = o.full ? 128 : 32;
     if (!v[PB_VOCAB].given) o.vocab = o.full ? 10000000 : 1000000;

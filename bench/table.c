@@ -34,7 +34,7 @@
     X(TB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                               \
       "print a final JSON line with the figures")                                             \
     X(TB_FULL, "full", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "50M rows unless --rows")     \
-    X(TB_ROWS, "rows", GR_CLI_SIZE, NULL, 1, 4294967295.0, NULL, "N", "10M", "table rows")      \
+    X(TB_ROWS, "rows", GR_CLI_INT, NULL, 1, 4294967295.0, NULL, "N", "10M", "table rows")      \
     X(TB_BATCHES, "batches", GR_CLI_INT, NULL, 1, 1000000, NULL, "B", "100",                    \
       "batches of 4096 x 26 ids per thread per measurement")                                  \
     X(TB_THREADS, "threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                           \
@@ -279,7 +279,7 @@ int gr_bench_table(int argc, char **argv)
     int exit_now = gr_cli_parse_or_exit(&table_bench_spec, argc, argv, v, &parsed);
     gr_cli_parsed_fini(&parsed);
     if (exit_now >= 0) return exit_now;
-    opts o = {.rows = v[TB_ROWS].u,
+    opts o = {.rows = (uint64_t)v[TB_ROWS].i,
               .batches = (unsigned)v[TB_BATCHES].i,
               .threads = (unsigned)v[TB_THREADS].i,
               .repeat = (unsigned)v[TB_REPEAT].i,

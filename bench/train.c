@@ -174,6 +174,8 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
             po.aggregate = rs->aggregate;
             po.staleness = rs->mode == GR_MODE_SSP ? 2 : 0;
             po.reset = true;
+            /* Runs over the relay share one cluster: each starts from new tables. */
+            po.tables = GR_PS_TABLES_FRESH;
             /* As granary train does: the one-worker dense rate, scaled by the trainer's rule. */
             po.dense_lr = gr_train_dense_lr(rs->mode, rs->workers, po.dense_lr);
             rc = gr_ps_backend_create(&po, &be);

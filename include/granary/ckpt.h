@@ -231,6 +231,67 @@ GR_API int gr_ckpt_latest(const char *root, char *name_out, uint64_t *step_out);
  * (still cleans). *deleted (may be NULL) gets how many checkpoints were removed. */
 GR_API int gr_ckpt_retain(const char *root, uint32_t keep, uint32_t *deleted);
 
+/* What a path names, as `granary train --resume` reads it: a checkpoint directory itself
+ * (it holds manifest.json) or a root of checkpoints (its newest complete one). dir_out (cap
+ * bytes) gets the checkpoint directory. GR_ENOENT naming the path when it does not exist or
+ * holds no complete checkpoint. */
+GR_API int gr_ckpt_resolve(const char *path, char *dir_out, size_t cap);
+
+/* One "step-N" directory of a root, as gr_ckpt_list reports it. */
+typedef struct gr_ckpt_entry {
+    char name[GR_CKPT_NAME_MAX];
+    uint64_t step;
+    bool complete;     /* manifest present and, for a delta, its whole chain present */
+    bool has_manifest; /* false: a save that never committed (or was interrupted) */
+    gr_ckpt_kind kind; /* from the manifest (FULL when there is none) */
+    uint64_t created;  /* manifest time, unix seconds (0 without a manifest) */
+    uint64_t bytes;    /* bytes on disk: every regular file in it and its subdirectories */
+    char parent[GR_CKPT_NAME_MAX];
+} gr_ckpt_entry;
+
+/* Every "step-N" directory under root, newest first (*out: free() it). */
+GR_API int gr_ckpt_list(const char *root, gr_ckpt_entry **out, size_t *n);
+
+/* ---- Dense parameters (the servers' "dense-I-of-N" parts) ---- */
+
+/* A dense parameter of a checkpoint: a named flat float array. The servers store each one in
+ * the dense part of the shard that owns it, as a table of chunk rows (keys 0, 1, ...; the
+ * chunk is min(size, GR_TABLE_DIM_MAX) floats), named with its size in the part's dense.json. */
+typedef struct gr_ckpt_dense_info {
+    char name[GR_TABLE_NAME_MAX];
+    uint64_t size;               /* floats */
+    char part[GR_CKPT_NAME_MAX]; /* the part (subdirectory) that holds it */
+} gr_ckpt_dense_info;
+
+/* Every dense parameter of checkpoint dir, over all its parts (*out: free() it; *n may be 0:
+ * a checkpoint written without dense parts). A dense part listed in dense.json but missing,
+ * or a malformed dense.json, is an error naming the file. */
+GR_API int gr_ckpt_dense_list(const char *dir, gr_ckpt_dense_info **out, size_t *n);
+/* Reads the dense parameter `name` of checkpoint dir into a malloc'd array (*values, *n
+ * floats). GR_ENOENT when the checkpoint has no dense parameter of that name. */
+GR_API int gr_ckpt_dense_read(const char *dir, const char *name, float **values, uint64_t *n);
+
+/* A complete export for serving (docs/checkpoints.md, "Export for serving"): from checkpoint
+ * src (a checkpoint or a root: its newest), writes into dst (which must not hold a manifest)
+ * every embedding table weights only (f16 on request), every dense parameter in f32 as the
+ * part dense-00000-of-00001 (weights only), and the trainer's metadata (user.json: the
+ * model's kind, shapes and settings), then the manifest, last. */
+typedef struct gr_ckpt_export_info {
+    uint64_t step;
+    uint64_t rows;        /* embedding rows written */
+    uint64_t bytes;       /* bytes written, dense part included */
+    uint32_t dense;       /* dense parameters written */
+    uint64_t dense_floats;
+    bool has_meta;        /* the trainer's metadata was copied */
+} gr_ckpt_export_info;
+
+GR_API int gr_ckpt_export_dir(const char *src, const char *dst, bool f16, int zstd_level,
+                              gr_ckpt_export_info *info);
+
+/* The trainer's metadata beside checkpoint dir (user.json) as a malloc'd string, or *out NULL
+ * when there is none. */
+GR_API int gr_ckpt_read_user(const char *dir, char **out);
+
 /* ---- The saver: full/delta policy with automatic recovery ---- */
 
 typedef struct gr_ckpt_saver_opts {

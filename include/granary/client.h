@@ -149,11 +149,28 @@ typedef struct gr_client_sync_config {
                                  * one at a time, errors ignored (returns 0) — for a clean-up
                                  * that must not wait on a dead shard's reconnect */
 
-/* Installs the job on every shard. Idempotent: the same config again is fine (every worker
- * process of a job may call it); a different one while a job is installed is GR_EBUSY, unless
- * flags has GR_CLIENT_SYNC_RESET. *step (may be NULL) gets the highest shard step. */
+/* Installs the job on every shard. Idempotent: the same config (and owner) again is fine
+ * (every worker process of a job may call it); a different one, or another owner's, while a
+ * job is installed is GR_EBUSY, unless flags has GR_CLIENT_SYNC_RESET. *step (may be NULL)
+ * gets the highest shard step. */
 GR_API int gr_client_sync_configure(gr_client *c, const gr_client_sync_config *cfg,
                                     unsigned flags, uint64_t *step);
+
+/* Who runs a job. A shard that runs another owner's job refuses a config with GR_EBUSY and a
+ * message naming the running job (owner, mode, workers, started when, step), unless
+ * GR_CLIENT_SYNC_RESET; a CLEAR with an owner clears only that owner's job. Every process of
+ * one job passes the same owner. */
+typedef struct gr_client_sync_owner {
+    uint64_t id;         /* nonzero: a trainer's random id */
+    uint64_t started_ms; /* unix ms, for the message */
+    const char *label;   /* for people, e.g. "host:pid" (at most 127 bytes; NULL: none) */
+} gr_client_sync_owner;
+
+/* gr_client_sync_configure with an owner (owner NULL: none, as gr_client_sync_configure). With
+ * CLEAR, cfg may be NULL. */
+GR_API int gr_client_sync_configure_owned(gr_client *c, const gr_client_sync_config *cfg,
+                                          const gr_client_sync_owner *owner, unsigned flags,
+                                          uint64_t *step);
 
 /* Starts an acquire: on every shard s, waits (on the shard, holding no thread there) until
  * worker may start step want[s] (for a worker's first step 0, then its last tag there + 1).

@@ -229,9 +229,17 @@ GR_API uint32_t gr_proto_dense_slot(const char *name, size_t len);
 #define GR_PROTO_SYNC_CLEAR 2u /* drop the current job and install nothing */
 
 /* SYNC_CONFIG request body (24 bytes): u32 mode, u32 workers, u32 aggregate, u32 staleness,
- * u32 flags, u32 reserved (0). */
+ * u32 flags, u32 reserved (0); with an owner (owner != 0) the body goes on: u64 owner,
+ * u64 started_ms, u32 label_len (<= GR_PROTO_SYNC_LABEL_MAX), u32 reserved (0), the label's
+ * bytes, zero padding to 8. A body without an owner is the 24-byte form older clients send. */
+#define GR_PROTO_SYNC_LABEL_MAX 127
 typedef struct gr_proto_sync_config {
     uint32_t mode, workers, aggregate, staleness, flags;
+    uint32_t label_len; /* bytes of label (the decoder sets it; the encoder uses strlen) */
+    /* Who runs the job: a trainer's random id (0: nobody said), when it started (unix ms) and
+     * a label for people ("host:pid"). A shard refuses a second owner's job. */
+    uint64_t owner, started_ms;
+    char label[GR_PROTO_SYNC_LABEL_MAX + 1];
 } gr_proto_sync_config;
 GR_API int gr_proto_put_sync_config(gr_proto_buf *b, const gr_proto_sync_config *c);
 GR_API int gr_proto_decode_sync_config(const void *body, size_t len, gr_proto_sync_config *out);

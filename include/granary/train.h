@@ -177,6 +177,100 @@ GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *par
                             const float *dense, const float *emb, float *probs);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Scoring: the one forward path of evaluation, saved models and serving                       */
+
+/* Where scoring gets embedding rows: the n unique keys' rows into rows (n * emb_dim floats).
+ * A key the source does not hold must read as the trainer's evaluation reads it: zeros
+ * (GR_PULL_READONLY on a backend, GR_LOOKUP_READONLY on a gr_table). 0 or a negative gr_err. */
+typedef int (*gr_rows_fn)(void *ctx, const uint64_t *keys, size_t n, float *rows);
+
+typedef struct gr_score_ws gr_score_ws; /* per-thread scratch for gr_model_score */
+
+GR_API int gr_score_ws_create(const gr_model *m, gr_score_ws **out);
+GR_API void gr_score_ws_destroy(gr_score_ws *ws);
+
+/* Scores n examples (dense: n * 13 features, ids: n * 26 feature ids, as gr_batch holds them)
+ * into probs[n]: dedups the ids, fetches the unique rows through `rows`, scatters them to the
+ * occurrences and runs gr_model_predict with the dense parameters `params`. The trainer's
+ * test evaluation, gr_saved_model_predict and `granary eval` all score through this, so the
+ * same parameters give bitwise the same probabilities for the same batches. */
+GR_API int gr_model_score(const gr_model *m, gr_score_ws *ws, const float *params,
+                          gr_rows_fn rows, void *ctx, size_t n, const float *dense,
+                          const uint64_t *ids, float *probs);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Saved models: a checkpoint or an export, ready for inference                                */
+
+/* What a saved model is, read from the metadata the trainer stores with every checkpoint
+ * (user.json, member "model"; docs/train.md "Saved models"): explicit shapes, not a data set's
+ * name. */
+typedef struct gr_saved_model_info {
+    gr_model_config model;         /* kind, dim, bottom and top layer sizes, seed */
+    uint32_t n_dense, n_sparse;    /* dense features and categorical columns per example */
+    char table[GR_TABLE_NAME_MAX]; /* the embedding table (all categorical columns share it) */
+    uint32_t table_id;
+    char dense_name[GR_TABLE_NAME_MAX]; /* the dense parameter ("dlrm.dense" / "lr.dense") */
+    uint64_t dense_size;           /* its floats */
+    uint64_t rows;                 /* embedding rows loaded */
+    uint64_t step;                 /* the checkpoint's step */
+    char kind[16];                 /* "full", "delta" or "export" */
+    char dir[4096];                /* the checkpoint directory that was opened */
+    /* Training settings recorded with it (0 when unknown): the batch per worker and the
+     * worker count. `granary eval` scores with these so that its batches, hence its bitwise
+     * results, are the trainer's own final evaluation's. */
+    uint64_t batch;
+    uint32_t workers;
+} gr_saved_model_info;
+
+typedef struct gr_saved_model gr_saved_model;
+
+/* Opens a saved model: path is a checkpoint root (its newest complete checkpoint), one
+ * checkpoint (a delta with its chain) or an export (`granary ckpt export`). Loads the
+ * embedding table into a local gr_table (weights; optimizer state too for a full checkpoint)
+ * and the dense parameters into memory, and builds the model from the recorded shapes.
+ * Errors name the path and what is missing: no checkpoint, no model metadata (a checkpoint
+ * written before models were recorded), a missing dense part, shapes that disagree with the
+ * dense parameter's size. */
+GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
+/* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
+ * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,
+ * batch, workers); messages start with `where`. Every field is checked (kinds, layer counts
+ * and sizes, the table spec); GR_ENOENT when there is no "model" member. */
+GR_API int gr_saved_model_parse_meta(const char *json, size_t len, const char *where,
+                                     gr_saved_model_info *info);
+/* What gr_saved_model_open would build, without loading any rows: the checkpoint directory,
+ * its kind and step, and the recorded model (info.rows stays 0). Same errors. */
+GR_API int gr_saved_model_read_info(const char *path, gr_saved_model_info *info);
+/* NULL is a no-op. */
+GR_API void gr_saved_model_close(gr_saved_model *sm);
+GR_API const gr_saved_model_info *gr_saved_model_get_info(const gr_saved_model *sm);
+/* The model (shapes; valid until close). */
+GR_API const gr_model *gr_saved_model_model(const gr_saved_model *sm);
+/* The dense parameters: info.dense_size floats (valid until close). */
+GR_API const float *gr_saved_model_dense(const gr_saved_model *sm);
+/* The embedding table (valid until close; safe for concurrent lookups). */
+GR_API gr_table *gr_saved_model_table(gr_saved_model *sm);
+/* Scores n examples (gr_model_score over the saved table, unknown ids reading zeros as in
+ * the trainer's evaluation). One ws per thread; calls from several threads are fine. */
+GR_API int gr_saved_model_predict(gr_saved_model *sm, gr_score_ws *ws, size_t n,
+                                  const float *dense, const uint64_t *ids, float *probs);
+
+/* The result of scoring a file. */
+typedef struct gr_eval_result {
+    double auc, logloss; /* NaN when undefined (no examples, or one class for the AUC) */
+    uint64_t examples;
+    uint64_t bad_lines;
+    float *probs;        /* with want_probs: every example's probability in file order
+                            (caller frees), else NULL */
+} gr_eval_result;
+
+/* Scores a file with a saved model exactly as the trainer's final evaluation does: `threads`
+ * byte ranges (0 = the recorded worker count, else 1), batches of `batch` (0 = the recorded
+ * batch, else 1024). */
+GR_API int gr_saved_model_evaluate(gr_saved_model *sm, const char *path, size_t batch,
+                                   unsigned threads, bool want_probs, gr_eval_result *res);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Backends: where embedding rows and dense parameters live                                    */
 
 #define GR_PULL_READONLY GR_READONLY /* do not create missing rows (evaluation); they read zeros */
@@ -287,9 +381,19 @@ typedef struct gr_ps_backend_opts {
     uint32_t staleness;    /* semisync: drop bound; ssp: the bound */
     uint32_t timeout_ms;   /* how long a step may wait for the others; 0 = 60000 */
     bool reset;            /* replace a different job the shards run (else that is an error) */
+    /* Tables the servers already hold with rows, from an earlier run (table_init):
+     * GR_PS_TABLES_REFUSE (the default) fails with GR_EEXIST naming the table and its row
+     * count; REUSE continues with them (a resume, whose restore replaces them anyway); FRESH
+     * drops and recreates them. */
+    int tables;
+    uint64_t owner;        /* the sync job's owner id (0: a fresh random one; processes of one
+                              job pass the same); a shard running another owner's job refuses
+                              this backend with GR_EBUSY naming that job */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
 } gr_ps_backend_opts;
+
+enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };
 
 /* Fills o with defaults: async, Adam lr 1e-3 (0.9, 0.999, 1e-8) for dense parameters. */
 GR_API void gr_ps_backend_opts_default(gr_ps_backend_opts *o);
@@ -368,7 +472,9 @@ typedef struct gr_train_opts {
     /* Resume: restore the newest complete checkpoint under this root (or this checkpoint
      * directory) before training: tables, dense parameters and their optimizer state, and
      * where every worker was in the data; training continues from there. A root without any
-     * checkpoint starts from scratch. NULL = no resume. */
+     * checkpoint starts from scratch; a root that does not exist is refused (GR_ENOENT: a
+     * mistyped path must not silently train from scratch) unless it is ckpt_dir too, so one
+     * command both starts a job and restarts it. NULL = no resume. */
     const char *resume;
     /* Stop once every worker has done this many steps (batches), counting those done before
      * a resume; 0 = no limit. With sync mode and checkpoints, a clean stop at a step. */
@@ -378,6 +484,19 @@ typedef struct gr_train_opts {
      * Default GR_TRAIN_STALENESS_DEFAULT = 0: measured, the rows a pipelined worker prefetches
      * before its own previous push lands are what costs accuracy (docs/train.md). */
     uint32_t emb_staleness;
+    /* Every step's training loss written to this file as it is pushed, one line "WORKER
+     * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
+     * %.9g): to compare runs step by step (the PyTorch path's consistency test,
+     * docs/python.md). NULL = none. */
+    const char *loss_log;
+    /* Asked before each batch is handed on (from reader threads; it must be thread-safe and
+     * cheap): once it returns true, training stops at the next step boundary. In sync and
+     * hybrid mode every worker then stops after the same step (the most any worker had begun),
+     * so the shards stay at one step; in the other modes each worker stops after its batches in
+     * flight. The last checkpoint is written as at the end of the data; the test file is not
+     * scored. NULL: never (`granary train` asks whether SIGINT or SIGTERM came). */
+    bool (*should_stop)(void *ctx);
+    void *stop_ctx;
     /* Where the run's Prometheus series go (granary_train_*: examples, steps, loss,
      * examples/s, dropped gradients, stage seconds, checkpoints; docs/operations.md); NULL =
      * none. Not owned; it must outlive the run. */
@@ -424,6 +543,11 @@ typedef struct gr_train_result {
     uint32_t ckpt_failures;   /* checkpoints that failed (training went on; the next is full) */
     double ckpt_seconds;      /* wall time of the saves, summed (workers stand paused meanwhile) */
     char ckpt_last[64];       /* the last one committed ("" when none) */
+    /* The checkpoint of the final state failed: the trained model is not saved (ckpt_last,
+     * if any, is older), and ckpt_final_error says why. */
+    bool ckpt_final_failed;
+    char ckpt_final_error[256];
+    bool stopped;             /* should_stop ended the run early (the test file was not scored) */
     /* Seconds per pipeline stage, summed over all batches of all workers: read (parse), pull
      * (the fetch stage: rows; sync/semisync/ssp: with the dense parameters), compute (the
      * compute stage: the model; async/hybrid: with the dense round trips), push (the push

@@ -258,6 +258,80 @@ int gr_ckpt_latest(const char *root, char *name_out, uint64_t *step_out)
     return rc;
 }
 
+int gr_ckpt_resolve(const char *path, char *dir_out, size_t cap)
+{
+    if (!path || !dir_out) return gr_seterr(GR_EINVAL, "gr_ckpt_resolve: NULL argument");
+    char mp[4096];
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gr_seterr(GR_ENOENT, "%s: no such checkpoint directory or checkpoint root", path);
+    if (!S_ISDIR(st.st_mode))
+        return gr_seterr(GR_EINVAL, "%s is not a directory (want a checkpoint or a root of them)",
+                         path);
+    int rc = ck_path(mp, sizeof mp, path, "manifest.json");
+    if (rc != GR_OK) return rc;
+    if (stat(mp, &st) == 0) {
+        if ((size_t)snprintf(dir_out, cap, "%s", path) >= cap)
+            return gr_seterr(GR_EINVAL, "checkpoint path is too long");
+        return GR_OK;
+    }
+    char name[GR_CKPT_NAME_MAX];
+    if ((rc = gr_ckpt_latest(path, name, NULL)) != GR_OK)
+        return gr_seterr(rc, "%s: neither a checkpoint (no manifest.json) nor a root holding a "
+                         "complete one", path);
+    return ck_path(dir_out, cap, path, name);
+}
+
+/* Bytes of the regular files in dir and its subdirectories (one level: the parts). */
+static uint64_t dir_bytes(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char p[4096];
+        struct stat st;
+        if (ck_path(p, sizeof p, dir, de->d_name) != GR_OK || lstat(p, &st) != 0) continue;
+        if (S_ISREG(st.st_mode)) sum += (uint64_t)st.st_size;
+        else if (S_ISDIR(st.st_mode) && depth < 2) sum += dir_bytes(p, depth + 1);
+    }
+    closedir(d);
+    return sum;
+}
+
+int gr_ckpt_list(const char *root, gr_ckpt_entry **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    entry *e;
+    size_t n;
+    int rc = list_root(root, &e, &n);
+    if (rc != GR_OK) return rc;
+    gr_ckpt_entry *v = calloc(n ? n : 1, sizeof *v);
+    if (!v) {
+        free_entries(e, n);
+        return gr_seterr(GR_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        gr_ckpt_entry *x = &v[i];
+        snprintf(x->name, sizeof x->name, "%s", e[i].name);
+        x->step = e[i].step;
+        x->has_manifest = e[i].m != NULL;
+        x->complete = e[i].m && chain_complete(e, n, &e[i]);
+        x->kind = e[i].m ? e[i].m->kind : GR_CKPT_FULL;
+        x->created = e[i].m ? e[i].m->created : 0;
+        if (e[i].m) snprintf(x->parent, sizeof x->parent, "%s", e[i].m->parent);
+        char p[4096];
+        if (ck_path(p, sizeof p, root, e[i].name) == GR_OK) x->bytes = dir_bytes(p, 0);
+    }
+    free_entries(e, n);
+    *out = v;
+    *n_out = n;
+    return GR_OK;
+}
+
 /* Deletes a complete checkpoint so that no reader can ever see it half-deleted: the manifest
  * goes first (and is made durable), then the files. */
 static int delete_checkpoint(const char *root, const char *name)

@@ -1,7 +1,8 @@
-/* `granary ckpt inspect|verify|reshard|export|latest|retain`: offline tools over checkpoint
+/* `granary ckpt inspect|list|verify|reshard|export|latest|retain`: offline tools over checkpoint
  * directories (the format is in docs/checkpoints.md). Errors print the library's message,
  * which names the file and what is wrong, and exit 1. */
 #include "cli/cli.h"
+#include "cli/ckpt_show.h"
 #include "cli/opts.h"
 #include "granary/ckpt.h"
 
@@ -14,20 +15,25 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: granary ckpt inspect DIR [--json]\n"
+            "usage: granary ckpt inspect DIR|ROOT [--json]\n"
+            "       granary ckpt list ROOT [--json]\n"
             "       granary ckpt verify DIR [--json] [--no-chain]\n"
             "       granary ckpt reshard DIR --shards N --out DIR2 [--zstd LEVEL]\n"
             "       granary ckpt export DIR --out DIR2 [--f16] [--zstd LEVEL]\n"
-            "       granary ckpt latest ROOT [--json]\n"
+            "       granary ckpt latest ROOT|DIR [--json]\n"
             "       granary ckpt retain ROOT --keep N\n"
-            "  inspect  manifest summary: kind, step, parent chain, tables, rows per table and shard\n"
+            "  inspect  manifest summary: kind, step, parent chain, tables, rows per table and shard;\n"
+            "           the trainer's position and settings, the model, the dense parameters\n"
+            "           (sizes, checksum, summary); a root shows its newest checkpoint\n"
+            "  list     every checkpoint of a root: step, time, kind, size, complete or not\n"
             "  verify   read every byte of every file the manifest names (dense parts too) and\n"
             "           of the metadata beside it: sizes, checksums, every section, row counts;\n"
             "           a named file that is missing fails; follows the delta chain unless\n"
             "           --no-chain; exit 1 on failure\n"
             "  reshard  rewrite a checkpoint (its delta chain flattened) as N shards\n"
-            "  export   weights only (no optimizer state), optionally as f16, for serving\n"
-            "  latest   print the newest complete checkpoint under ROOT\n"
+            "  export   a complete model for serving: embeddings (weights only, f16 on request),\n"
+            "           dense parameters (f32), the model's kind and shapes; DIR may be a root\n"
+            "  latest   print the newest complete checkpoint under ROOT (a checkpoint: itself)\n"
             "  retain   keep the newest N checkpoints under ROOT (and the chains they need)\n");
 }
 
@@ -100,10 +106,14 @@ static cJSON *chain_names(const char *dir, const gr_ckpt_manifest *m, char *text
     return a;
 }
 
-static int cmd_inspect(const char *dir, bool json)
+static int cmd_inspect(const char *path, bool json)
 {
+    /* A root shows its newest checkpoint, as --resume would take it. */
+    char dir[4096];
+    int rc = gr_ckpt_resolve(path, dir, sizeof dir);
+    if (rc != GR_OK) return fail("inspect", rc, json);
     gr_ckpt_manifest *m;
-    int rc = gr_ckpt_manifest_read(dir, &m);
+    rc = gr_ckpt_manifest_read(dir, &m);
     if (rc != GR_OK) return fail("inspect", rc, json);
     char chain_text[2048];
     cJSON *chain = chain_names(dir, m, chain_text, sizeof chain_text);
@@ -118,11 +128,15 @@ static int cmd_inspect(const char *dir, bool json)
         cJSON_AddItemToObject(o, "parents", chain);
         cJSON_AddItemToObject(o, "manifest", mj ? cJSON_Parse(mj) : cJSON_CreateNull());
         free(mj);
+        gr_ckpt_manifest_destroy(m);
+        if ((rc = ckpt_show_model(dir, o)) != GR_OK) {
+            cJSON_Delete(o);
+            return fail("inspect", rc, json);
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         free(s);
         cJSON_Delete(o);
-        gr_ckpt_manifest_destroy(m);
         return 0;
     }
     cJSON_Delete(chain);
@@ -160,7 +174,9 @@ static int cmd_inspect(const char *dir, bool json)
         printf("\n");
     }
     gr_ckpt_manifest_destroy(m);
-    return 0;
+    fflush(stdout);
+    rc = ckpt_show_model(dir, NULL);
+    return rc != GR_OK ? fail("inspect", rc, json) : 0;
 }
 
 static int cmd_verify(const char *dir, bool json, bool chain)
@@ -211,7 +227,7 @@ enum { CKPT_OPTIONS(GR_CLI_ENUM) CO_COUNT };
 static const gr_cli_opt ckpt_opts[] = {CKPT_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec ckpt_spec = {
     .command = "ckpt",
-    .synopsis = "granary ckpt inspect|verify|reshard|export|latest|retain DIR [options]",
+    .synopsis = "granary ckpt inspect|list|verify|reshard|export|latest|retain DIR [options]",
     .opts = ckpt_opts,
     .n_opts = CO_COUNT,
     .max_args = 1,
@@ -265,32 +281,62 @@ static int ckpt_run(const char *sub, const gr_cli_value *v, const char *dir)
             fprintf(stderr, "granary ckpt export: --out DIR2 is required\n");
             return 2;
         }
-        gr_ckpt_manifest *m;
-        int rc = gr_ckpt_manifest_read(dir, &m);
+        gr_ckpt_export_info ei;
+        int rc = gr_ckpt_export_dir(dir, out, f16, (int)zstd, &ei);
         if (rc != GR_OK) return fail("export", rc, json);
-        uint64_t step = m->step;
-        gr_ckpt_manifest_destroy(m);
-        gr_table **t;
-        size_t n;
-        rc = gr_ckpt_load_new(dir, NULL, &t, &n, NULL);
-        if (rc != GR_OK) return fail("export", rc, json);
-        gr_ckpt_file_info fi;
-        rc = gr_ckpt_export(out, t, n, step, f16, (int)zstd, &fi);
-        for (size_t i = 0; i < n; i++) gr_table_destroy(t[i]);
-        free(t);
-        if (rc != GR_OK) return fail("export", rc, json);
-        printf("%s: %" PRIu64 " rows, %" PRIu64 " bytes (%s weights)\n", out, fi.rows, fi.size,
-               f16 ? "f16" : "f32");
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "ok", 1);
+            cJSON_AddStringToObject(o, "dir", out);
+            cJSON_AddNumberToObject(o, "step", (double)ei.step);
+            cJSON_AddNumberToObject(o, "rows", (double)ei.rows);
+            cJSON_AddNumberToObject(o, "bytes", (double)ei.bytes);
+            cJSON_AddNumberToObject(o, "dense", ei.dense);
+            cJSON_AddNumberToObject(o, "dense_floats", (double)ei.dense_floats);
+            cJSON_AddBoolToObject(o, "model", ei.has_meta);
+            cJSON_AddStringToObject(o, "weights", f16 ? "f16" : "f32");
+            char *s = cJSON_PrintUnformatted(o);
+            printf("%s\n", s);
+            free(s);
+            cJSON_Delete(o);
+        } else {
+            printf("%s: %" PRIu64 " rows, %" PRIu64 " bytes (%s weights); %u dense parameter(s), "
+                   "%" PRIu64 " floats (f32); %s\n", out, ei.rows, ei.bytes, f16 ? "f16" : "f32",
+                   ei.dense, ei.dense_floats,
+                   ei.has_meta ? "model settings included" : "no model settings (not written by "
+                                                             "granary train)");
+        }
         return 0;
     }
     if (!strcmp(sub, "latest")) {
-        char name[GR_CKPT_NAME_MAX];
-        uint64_t step;
-        int rc = gr_ckpt_latest(dir, name, &step);
+        /* A root (its newest complete checkpoint) or one checkpoint (itself), as --resume. */
+        char path[4096];
+        gr_ckpt_manifest *m;
+        int rc = gr_ckpt_resolve(dir, path, sizeof path);
+        if (rc == GR_OK) rc = gr_ckpt_manifest_read(path, &m);
         if (rc != GR_OK) return fail("latest", rc, json);
-        if (json) printf("{\"ok\":true,\"name\":\"%s\",\"step\":%" PRIu64 "}\n", name, step);
-        else printf("%s/%s\n", dir, name);
+        uint64_t step = m->step;
+        gr_ckpt_manifest_destroy(m);
+        const char *slash = strrchr(path, '/');
+        const char *name = slash && slash[1] ? slash + 1 : path;
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddBoolToObject(o, "ok", 1);
+            cJSON_AddStringToObject(o, "name", name);
+            cJSON_AddNumberToObject(o, "step", (double)step);
+            cJSON_AddStringToObject(o, "dir", path);
+            char *s = cJSON_PrintUnformatted(o);
+            printf("%s\n", s);
+            free(s);
+            cJSON_Delete(o);
+        } else {
+            printf("%s\n", path);
+        }
         return 0;
+    }
+    if (!strcmp(sub, "list")) {
+        int rc = ckpt_list(dir, json);
+        return rc != GR_OK ? fail("list", rc, json) : 0;
     }
     if (!strcmp(sub, "retain")) {
         if (!have_keep) {

@@ -18,11 +18,12 @@ typedef struct gr_cli_command {
     X("stats", gr_cli_stats, "print a shard's tables and counters: granary stats --server HOST:PORT")    \
     X("datagen", gr_cli_datagen, "generate synthetic Criteo-layout data with a known teacher")           \
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
-    X("ckpt", gr_cli_ckpt, "inspect, verify or reshard a checkpoint: granary ckpt inspect|verify|reshard") \
+    X("eval", gr_cli_eval, "score a file with a saved model: granary eval --model DIR --test FILE") \
+    X("ckpt", gr_cli_ckpt, "checkpoints: granary ckpt list|inspect|verify|reshard|export|latest|retain") \
     X("plan", gr_cli_plan, "size a job: shards, memory, network, checkpoints: granary plan --tables SPEC.json") \
     X("controller", gr_cli_controller, "the control plane: job API, scheduler and dashboard (docs/platform.md)") \
     X("job", gr_cli_job, "submit, list, watch and stop jobs on a controller: granary job submit|list|status|stop|logs") \
-    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt [--json] [--full]")
+    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt|soak [--json]")
 
 #define GR_CLI_DECLARE(name, fn, summary) int fn(int argc, char **argv);
 GR_CLI_COMMANDS(GR_CLI_DECLARE)

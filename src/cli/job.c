@@ -244,6 +244,15 @@ int gr_cli_job(int argc, char **argv)
             split = i;
             break;
         }
+    /* --help after the job's arguments still means this command's help (a job may not take
+     * --help: the controller refuses it). */
+    char *help_argv[] = {argv[0], (char *)"--help", NULL};
+    for (int i = split; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            argv = help_argv;
+            argc = split = 2;
+            break;
+        }
     gr_cli_value v[JO_COUNT];
     gr_cli_parsed p;
     int status = gr_cli_parse_or_exit(&job_spec, split, argv, v, &p);

@@ -37,24 +37,55 @@ static int choice_index(const char *choices, const char *word)
 
 static void range_text(const gr_cli_opt *o, char *buf, size_t cap)
 {
-    /* Whole bounds print in full (1..4294967295, not 4.29e+09); others as short as exact. */
-    const char *lf = o->lo == floor(o->lo) && fabs(o->lo) < 1e17 ? "%.0f" : "%.15g";
-    const char *hf = o->hi == floor(o->hi) && fabs(o->hi) < 1e17 ? "%.0f" : "%.15g";
+    /* Whole bounds print in full (1..4294967295 and 0..1000000000000000000, never 4.29e+09 or
+     * 1e+18: a user copies them); others as short as exact. */
+    const char *lf = o->lo == floor(o->lo) && fabs(o->lo) <= 9.3e18 ? "%.0f" : "%.15g";
+    const char *hf = o->hi == floor(o->hi) && fabs(o->hi) <= 9.3e18 ? "%.0f" : "%.15g";
     char lo[40], hi[40];
     snprintf(lo, sizeof lo, lf, o->lo);
     snprintf(hi, sizeof hi, hf, o->hi);
     snprintf(buf, cap, "%s..%s", lo, hi);
 }
 
-/* A whole decimal integer: optional sign, digits, nothing else. */
+/* A whole number, the one way every count of every command is read: decimal digits with an
+ * optional sign (exact to 2^63), or a decimal number with an exponent and/or one suffix k, M,
+ * G, T (x 1000 each: counts are not bytes, see GR_CLI_SIZE) whose value is whole: 10k, 2.5M,
+ * 1e6. Those go through a double, so they are exact below 2^53 and refused above it. */
 static int parse_int(const char *s, int64_t *out)
 {
     if (!*s || (*s != '-' && *s != '+' && (*s < '0' || *s > '9'))) return -1;
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s) return -1;
-    *out = v;
+    if (end != s && !*end) {
+        if (errno) return -1;
+        *out = v;
+        return 0;
+    }
+    /* Only digits, one '.', an exponent and a suffix: strtod alone would take "0x1p4",
+     * "infinity" or "nan". */
+    size_t len = strlen(s);
+    double mul = 1;
+    switch (s[len - 1]) {
+    case 'k': case 'K': mul = 1e3; break;
+    case 'M': mul = 1e6; break;
+    case 'G': mul = 1e9; break;
+    case 'T': mul = 1e12; break;
+    default: break;
+    }
+    size_t numlen = mul > 1 ? len - 1 : len;
+    for (size_t i = 0; i < numlen; i++)
+        if (!strchr("0123456789.eE+-", s[i])) return -1;
+    char num[64];
+    if (numlen == 0 || numlen >= sizeof num) return -1;
+    memcpy(num, s, numlen);
+    num[numlen] = '\0';
+    errno = 0;
+    double d = strtod(num, &end);
+    if (errno || *end || end == num || !isfinite(d)) return -1;
+    d *= mul;
+    if (d != floor(d) || fabs(d) > 9007199254740992.0) return -1;
+    *out = (int64_t)d;
     return 0;
 }
 
@@ -93,7 +124,8 @@ int gr_cli_set_text(const gr_cli_opt *o, const char *text, gr_cli_value *v, char
     case GR_CLI_INT: {
         int64_t x;
         if (parse_int(text, &x))
-            return bad(err, errcap, "%s wants a whole number in %s, got '%s'", flag, range, text);
+            return bad(err, errcap, "%s wants a whole number in %s (like 5000, 5k, 2.5M or 1e6), "
+                       "got '%s'", flag, range, text);
         if ((double)x < o->lo || (double)x > o->hi)
             return bad(err, errcap, "%s must be in %s, got %s", flag, range, text);
         v->i = x;

@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "granary/client.h"
+#include "granary/http.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -31,6 +32,33 @@ static void human_bytes(double b, char *out, size_t cap)
     snprintf(out, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
+/* The sync job and the checkpoint counters (operations.md promises both in `stats`). */
+static void print_sync_ckpt(const cJSON *root)
+{
+    const cJSON *sy = cJSON_GetObjectItemCaseSensitive(root, "sync");
+    if (sy && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sy, "job")))
+        printf("sync job: mode %s, %.0f workers, K %.0f, staleness %.0f; step %.0f, %.0f applied, "
+               "%.0f dropped, %.0f waiting\n", str(sy, "mode"), num(sy, "workers"),
+               num(sy, "aggregate"), num(sy, "staleness"), num(sy, "step"),
+               num(sy, "applied_steps"), num(sy, "dropped"), num(sy, "waiting"));
+    else if (sy)
+        printf("sync job: none (%.0f installed since start, %.0f reset)\n", num(sy, "jobs"),
+               num(sy, "resets"));
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(root, "ckpt");
+    if (!ck) return;
+    printf("checkpoints: %.0f saves (%.0f errors), %.0f commits (%.0f errors), %.0f loads (%.0f "
+           "errors)%s\n", num(ck, "saves"), num(ck, "save_errors"), num(ck, "commits"),
+           num(ck, "commit_errors"), num(ck, "loads"), num(ck, "load_errors"),
+           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ck, "running")) ? ", one running" : "");
+    const cJSON *last = cJSON_GetObjectItemCaseSensitive(ck, "last_save");
+    if (cJSON_IsObject(last)) {
+        char b[32];
+        human_bytes(num(last, "bytes"), b, sizeof b);
+        printf("last save: %s (step %.0f, %s, %.0f rows, %s, %.2f s)\n", str(last, "name"),
+               num(last, "step"), str(last, "kind"), num(last, "rows"), b, num(last, "seconds"));
+    }
+}
+
 static void print_human(const cJSON *root)
 {
     char mem[32];
@@ -42,8 +70,10 @@ static void print_human(const cJSON *root)
     printf("connections %.0f now, %.0f total, %.0f refused; bad frames %.0f; auth failures %.0f\n",
            num(root, "connections"), num(root, "connections_total"),
            num(root, "connections_rejected"), num(root, "bad_frames"), num(root, "auth_failures"));
-    printf("rows %.0f, memory %s, requests in flight %.0f (queued %.0f)\n\n", num(root, "rows"), mem,
+    printf("rows %.0f, memory %s, requests in flight %.0f (queued %.0f)\n", num(root, "rows"), mem,
            num(root, "inflight"), num(root, "queued"));
+    print_sync_ckpt(root);
+    printf("\n");
     const cJSON *t;
     printf("%-24s %6s %5s %14s %12s %14s %14s\n", "table", "id", "dim", "rows", "memory", "hits",
            "applies");
@@ -89,6 +119,21 @@ static const gr_cli_spec stats_spec = {
     .config_section = "",
 };
 
+/* A peer that took the connection but never answered the handshake: HTTP servers wait for a
+ * request line that granary's binary hello never sends. Asking it in HTTP tells the user what
+ * the address really is. */
+static void say_if_http(const char *server)
+{
+    char url[300];
+    snprintf(url, sizeof url, "http://%s/", server);
+    gr_http_result r;
+    memset(&r, 0, sizeof r);
+    if (gr_http_fetch("GET", url, NULL, NULL, 0, 3000, &r) == GR_OK)
+        fprintf(stderr, "granary stats: %s is not a granary server: it answered in HTTP (status "
+                        "%d); is this the HTTP port?\n", server, r.status);
+    gr_http_result_free(&r);
+}
+
 static int stats_run(const gr_cli_value *v)
 {
     const char *server = v[STO_SERVER].s, *auth = v[STO_AUTH_FILE].s;
@@ -107,6 +152,7 @@ static int stats_run(const gr_cli_value *v)
     gr_client *c;
     if (gr_client_create(&cfg, &c)) {
         fprintf(stderr, "granary stats: %s\n", gr_errmsg());
+        if (strstr(gr_errmsg(), "no reply to the handshake")) say_if_http(server);
         return 1;
     }
     char *txt = NULL;

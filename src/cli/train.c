@@ -6,6 +6,7 @@
  * turn the values into the trainer's options, check combinations, build the backend, run,
  * report. */
 #include "cli/cli.h"
+#include "cli/guard.h"
 #include "cli/opts.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
@@ -113,10 +114,17 @@
       "with deltas: a full checkpoint at least every N")                                       \
     X(TO_CKZSTD, "ckpt-zstd", GR_CLI_INT, "ckpt_zstd", 0, 19, NULL, "L", "0",                  \
       "compress sections with zstd level L (0: raw)")                                          \
+    X(TO_LOSSLOG, "loss-log", GR_CLI_STR, "loss_log", 0, 0, NULL, "FILE", NULL,                \
+      "write every step's loss to FILE as 'WORKER STEP LOSS' lines (docs/python.md)")          \
     X(TO_RESUME, "resume", GR_CLI_STR, "resume", 0, 0, NULL, "DIR", NULL,                      \
       "continue from the newest complete checkpoint under DIR (or the checkpoint\n"           \
-      "DIR): parameters, optimizer state and data position; nothing there: start\n"           \
-      "from scratch")                                                                          \
+      "DIR): parameters, optimizer state and data position; nothing there yet: start\n"      \
+      "from scratch; a DIR that does not exist is refused unless it is --ckpt-dir")          \
+    X(TO_REUSE, "reuse-tables", GR_CLI_FLAG, "reuse_tables", 0, 0, NULL, NULL, NULL,           \
+      "--servers: continue with the rows the servers' tables already hold (a run\n"          \
+      "that is not a resume refuses them by default)")                                        \
+    X(TO_FRESH, "fresh", GR_CLI_FLAG, "fresh", 0, 0, NULL, NULL, NULL,                         \
+      "--servers: drop the tables the servers already hold and start from new ones") \
     X(TO_PROM, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,                \
       "serve Prometheus /metrics and /healthz here while training (the embedded\n"            \
       "cluster's shards too; docs/operations.md)")
@@ -226,7 +234,17 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "ckpt_failures", r->ckpt_failures);
         cJSON_AddNumberToObject(j, "ckpt_seconds", r->ckpt_seconds);
         cJSON_AddStringToObject(j, "ckpt_last", r->ckpt_last);
+        cJSON_AddBoolToObject(j, "ckpt_final_failed", r->ckpt_final_failed);
     }
+    /* Where the trained model is (the checkpoint of the final state), or null: not saved. */
+    if (o->ckpt_dir && r->ckpt_last[0] && !r->ckpt_final_failed) {
+        char saved[1200];
+        snprintf(saved, sizeof saved, "%s/%s", o->ckpt_dir, r->ckpt_last);
+        cJSON_AddStringToObject(j, "model_saved", saved);
+    } else {
+        cJSON_AddNullToObject(j, "model_saved");
+    }
+    cJSON_AddBoolToObject(j, "stopped", r->stopped);
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)r->worker_steps[i]));
@@ -261,6 +279,7 @@ typedef struct train_cmd {
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
+    int tables; /* GR_PS_TABLES_*: rows an earlier run left on the servers */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -355,6 +374,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->ckpt_full_every = (uint32_t)v[TO_CKFULL].i;
     o->ckpt_zstd = (int)v[TO_CKZSTD].i;
     o->resume = v[TO_RESUME].s;
+    o->loss_log = v[TO_LOSSLOG].s;
     uint64_t seed = (uint64_t)v[TO_SEED].i;
     o->model.seed = seed;
     o->emb.seed = seed ^ 0x656d62;
@@ -373,6 +393,14 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
     c->sync_timeout_ms = (uint32_t)v[TO_STIMEOUT].i;
     c->sync_reset = v[TO_SRESET].b;
+    /* A resume replaces the tables with the checkpoint's: whatever they hold is fine. */
+    c->tables = v[TO_FRESH].b ? GR_PS_TABLES_FRESH
+              : v[TO_REUSE].b || o->resume ? GR_PS_TABLES_REUSE : GR_PS_TABLES_REFUSE;
+    if (v[TO_FRESH].b && (v[TO_REUSE].b || o->resume)) {
+        fprintf(stderr, "granary train: --fresh drops the servers' tables; it cannot go with %s\n",
+                v[TO_REUSE].b ? "--reuse-tables" : "--resume (which restores them)");
+        return 2;
+    }
     c->local = !c->servers && c->shards == 0;
     /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
     if (v[TO_MODE].given) {
@@ -437,6 +465,37 @@ static int check_combinations(train_cmd *c)
     return -1;
 }
 
+/* Every path the run reads or writes, before anything starts: a missing test file or an
+ * unwritable metrics file found after training would cost the whole run. Checkpoint paths
+ * are checked here only for the embedded cluster, whose shards share this process's
+ * filesystem and directory; remote shards resolve them under their own --ckpt-root (a
+ * --resume root they do not have is refused by the trainer before the first step). */
+static int check_paths(const train_cmd *c)
+{
+    const gr_train_opts *o = &c->o;
+    char err[1024];
+    int bad = gr_cli_check_input("--train", o->train_path, err, sizeof err);
+    if (!bad && o->test_path) bad = gr_cli_check_input("--test", o->test_path, err, sizeof err);
+    if (!bad && c->auth_file) bad = gr_cli_check_input("--auth-file", c->auth_file, err, sizeof err);
+    if (!bad && c->metrics)
+        bad = gr_cli_check_output_file("--metrics-out", c->metrics, err, sizeof err);
+    bool embedded = !c->local && !c->servers;
+    if (!bad && embedded && o->resume && !gr_cli_path_exists(o->resume) &&
+        !(o->ckpt_dir && !strcmp(o->resume, o->ckpt_dir))) {
+        snprintf(err, sizeof err, "--resume %s: no such checkpoint root or checkpoint (to start "
+                 "a job that later resumes from there, give the same directory as --ckpt-dir)",
+                 o->resume);
+        bad = -1;
+    }
+    if (!bad && embedded && o->ckpt_dir)
+        bad = gr_cli_check_output_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err);
+    if (bad) {
+        fprintf(stderr, "granary train: %s\n", err);
+        return 2;
+    }
+    return -1;
+}
+
 /* The backend: the local one, or the parameter-server one over remote servers or an embedded
  * cluster (started here). Prints the error itself. */
 static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, gr_client **client,
@@ -467,6 +526,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.staleness = c->stale;
     po.timeout_ms = c->sync_timeout_ms;
     po.reset = c->sync_reset;
+    po.tables = c->tables;
     po.dense_opt = c->bo.dense_opt;
     /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
      * several workers' dense gradients. */
@@ -501,6 +561,56 @@ static void print_start(const train_cmd *c, const run_info *ri, bool cluster)
                 o->straggler_factor);
 }
 
+/* The run's last words: where the model is and the command that continues from it, or that
+ * it was not saved and why. `failed`: training itself failed (then only checkpoints written
+ * before the failure exist). */
+static void print_model(const train_cmd *c, const gr_train_result *r, const run_info *ri,
+                        bool failed, int argc, char **argv)
+{
+    const gr_train_opts *o = &c->o;
+    const char *remote = !strcmp(ri->backend, "servers") ? " (on the servers, under their --ckpt-root)" : "";
+    if (!o->ckpt_dir) {
+        if (c->local)
+            fprintf(stderr, "train: the model was not saved (--local keeps no checkpoints; drop "
+                            "--local and give --ckpt-dir DIR to keep it)\n");
+        else
+            fprintf(stderr, "train: the model was not saved (give --ckpt-dir DIR to keep it)\n");
+        return;
+    }
+    if (r->ckpt_final_failed)
+        fprintf(stderr, "granary train: the final checkpoint failed: %s\n"
+                        "granary train: the model of this run is NOT saved%s%s%s%s\n",
+                r->ckpt_final_error, r->ckpt_last[0] ? "; the newest checkpoint, older than the "
+                                                       "end of training, is " : "",
+                r->ckpt_last[0] ? o->ckpt_dir : "", r->ckpt_last[0] ? "/" : "", r->ckpt_last);
+    if (!r->ckpt_last[0]) {
+        if (!r->ckpt_final_failed)
+            fprintf(stderr, "train: no checkpoint was written under %s%s (%s)\n", o->ckpt_dir,
+                    remote, r->resumed_from[0] ? "the model is as resumed" : "nothing was trained");
+        return;
+    }
+    if (!r->ckpt_final_failed)
+        fprintf(stderr, "train: %s %s/%s%s; resume with:\n  ",
+                failed ? "the newest checkpoint of this run is" : "model saved to", o->ckpt_dir,
+                r->ckpt_last, remote);
+    else
+        fprintf(stderr, "train: to continue from that checkpoint:\n  ");
+    gr_cli_print_command(stderr, argc, argv, "resume", o->ckpt_dir);
+}
+
+/* The exit status of a run that trained to its end or to a stop: 1 when the model of the
+ * final state is not saved (its checkpoint failed) or the metrics file could not be written;
+ * 128 + N when signal N stopped it (130 SIGINT, 143 SIGTERM: the shell's status for a process
+ * that signal ended, so a script sees the run did not finish, although its checkpoint and
+ * metrics are written); else 0. A check of the result that should fail the run (too few valid
+ * examples, say) goes here. */
+static int exit_status(const gr_train_result *r, bool metrics_ok)
+{
+    if (r->ckpt_final_failed || !metrics_ok) return 1;
+    if (r->stopped) return gr_cli_signal_status(gr_cli_stop_signal());
+    return 0;
+}
+
 static int report(const train_cmd *c, const gr_train_result *r, const run_info *ri)
 {
     const gr_train_opts *o = &c->o;
@@ -524,12 +634,18 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
             "%llu bad lines\n",
             (unsigned long long)r->examples, r->train_seconds, r->examples_per_sec, r->last_loss,
             (unsigned long long)r->bad_lines);
-    if (o->test_path)
+    if (o->test_path && !r->stopped)
         fprintf(stderr, "test: %llu examples, AUC %.5f, logloss %.5f\n",
                 (unsigned long long)r->test_examples, r->test_auc, r->test_logloss);
+    else if (o->test_path && r->stopped)
+        fprintf(stderr, "test: not scored (the run was stopped)\n");
     printf("auc %.6f logloss %.6f examples_per_sec %.1f examples %llu mode %s\n", r->test_auc,
            r->test_logloss, r->examples_per_sec, (unsigned long long)r->examples,
            gr_train_mode_name(o->mode));
+    if (r->stopped)
+        fprintf(stderr, "train: stopped by %s after %llu steps (exit status %d)\n",
+                gr_cli_signal_name(gr_cli_stop_signal()), (unsigned long long)r->steps,
+                gr_cli_signal_status(gr_cli_stop_signal()));
     if (c->metrics && write_metrics(c->metrics, o, r, ri)) {
         fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
         return 1;
@@ -557,12 +673,18 @@ int gr_cli_train(int argc, char **argv)
     memset(&c, 0, sizeof c);
     if (exit_now < 0) exit_now = apply_opts(v, &c);
     if (exit_now < 0) exit_now = check_combinations(&c);
+    if (exit_now < 0) exit_now = check_paths(&c);
     if (exit_now >= 0) {
         gr_cli_parsed_fini(&p);
         return exit_now;
     }
     run_info ri = {.backend = c.local ? "local" : c.servers ? "servers" : "cluster",
                    .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale};
+    /* The embedded shards' info lines (listening, table created, job installed) would mix
+     * into the trainer's own; GRANARY_LOG=info shows them (warnings show anyway). */
+    if (!getenv("GRANARY_LOG")) gr_log_set_level(GR_LOG_WARN);
+    gr_cli_stop_signals_install("train");
+    c.o.should_stop = gr_cli_stop_requested;
     gr_local_cluster *cluster = NULL;
     gr_client *client = NULL;
     gr_train_backend be;
@@ -577,6 +699,7 @@ int gr_cli_train(int argc, char **argv)
         gr_local_cluster_stop(cluster);
         gr_metrics_http_stop(metrics_http);
         gr_metrics_destroy(metrics);
+        gr_cli_stop_signals_restore();
         gr_cli_parsed_fini(&p);
         return 1;
     }
@@ -593,7 +716,10 @@ int gr_cli_train(int argc, char **argv)
     gr_client_destroy(client);
     gr_local_cluster_stop(cluster);
     if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
-    int status = rc ? 1 : report(&c, &r, &ri);
+    int status = 1;
+    if (!rc) status = exit_status(&r, report(&c, &r, &ri) == 0);
+    print_model(&c, &r, &ri, rc != 0, argc, argv);
+    gr_cli_stop_signals_restore();
     gr_metrics_http_stop(metrics_http);
     gr_metrics_destroy(metrics);
     gr_cli_parsed_fini(&p);

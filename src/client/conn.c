@@ -156,13 +156,44 @@ static int connect_fd(cl_conn *k, uint64_t deadline, int *out)
     return gr_seterr(err == ETIMEDOUT ? GR_ETIMEDOUT : GR_ECONN, "%s", why);
 }
 
+/* The error for a peer whose first reply bytes are not a granary frame (a web server, a
+ * database, a port mixed up), quoting the start of its reply's first line. */
+static int not_granary(const uint8_t *b, size_t n)
+{
+    char first[48];
+    size_t m = 0;
+    for (size_t i = 0; i < n && m + 1 < sizeof first && b[i] != '\r' && b[i] != '\n'; i++)
+        first[m++] = b[i] >= 32 && b[i] < 127 ? (char)b[i] : '?';
+    first[m] = '\0';
+    bool http = n >= 5 && !memcmp(b, "HTTP/", 5);
+    return gr_seterr(GR_EPROTO, "not a granary server: it answered %s\"%s\"%s",
+                     http ? "in HTTP: " : "", first, http ? " (is this the HTTP port?)" : "");
+}
+
 /* Reads one whole frame synchronously (handshake only). *body is malloc'd. */
 static int read_frame(cl_conn *k, int fd, gr_proto_header *h, uint8_t **body)
 {
     uint8_t hb[GR_PROTO_HEADER_SIZE];
-    ssize_t r = read_full(fd, hb, sizeof hb);
-    if (r <= 0)
-        return gr_seterr(GR_ECONN, "%s", r == 0 ? "connection closed during the handshake"
+    size_t got = 0;
+    ssize_t r = 1;
+    /* Byte by byte count: a peer that is no granary server often sends a reply shorter than a
+     * header and closes; what it sent tells the user what it is. */
+    while (got < sizeof hb) {
+        r = recv(fd, hb + got, sizeof hb - got, 0);
+        if (r > 0) got += (size_t)r;
+        else if (r < 0 && errno == EINTR) continue;
+        else break;
+        if (hb[0] != GR_PROTO_MAGIC0 || (got >= 2 && hb[1] != GR_PROTO_MAGIC1)) break;
+    }
+    if (got > 0 && (hb[0] != GR_PROTO_MAGIC0 || (got >= 2 && hb[1] != GR_PROTO_MAGIC1))) {
+        /* Read a little more of it for the message (it is short-lived: the timeout holds). */
+        uint8_t more[64];
+        memcpy(more, hb, got);
+        ssize_t x = got < sizeof more ? recv(fd, more + got, sizeof more - got, MSG_DONTWAIT) : 0;
+        return not_granary(more, got + (x > 0 ? (size_t)x : 0));
+    }
+    if (got < sizeof hb)
+        return gr_seterr(GR_ECONN, "%s", r == 0 && got == 0 ? "connection closed during the handshake"
                                                 : "no reply to the handshake (timed out or reset)");
     gr_proto_limits lim;
     gr_proto_limits_default(&lim);

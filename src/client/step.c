@@ -5,6 +5,7 @@
 #include "client/check.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 /* A SYNC_ACQUIRE reply (tag, current step) or a PUSH_STEP reply (outcome, step), per shard. */
@@ -29,9 +30,30 @@ static int pair_reply(cl_req *r, const gr_proto_header *h, uint8_t *body, bool *
 int gr_client_sync_configure(gr_client *c, const gr_client_sync_config *cfg, unsigned flags,
                              uint64_t *step)
 {
+    return gr_client_sync_configure_owned(c, cfg, NULL, flags, step);
+}
+
+int gr_client_sync_configure_owned(gr_client *c, const gr_client_sync_config *cfg,
+                                   const gr_client_sync_owner *owner, unsigned flags,
+                                   uint64_t *step)
+{
     if (!cfg && !(flags & GR_CLIENT_SYNC_CLEAR)) return gr_seterr(GR_EINVAL, "NULL sync config");
-    gr_proto_sync_config pc = {0};
-    if (cfg) pc = (gr_proto_sync_config){cfg->mode, cfg->workers, cfg->aggregate, cfg->staleness, 0};
+    gr_proto_sync_config pc;
+    memset(&pc, 0, sizeof pc);
+    if (cfg) {
+        pc.mode = cfg->mode;
+        pc.workers = cfg->workers;
+        pc.aggregate = cfg->aggregate;
+        pc.staleness = cfg->staleness;
+    }
+    if (owner && owner->id) {
+        pc.owner = owner->id;
+        pc.started_ms = owner->started_ms;
+        if (owner->label && strlen(owner->label) > GR_PROTO_SYNC_LABEL_MAX)
+            return gr_seterr(GR_EINVAL, "sync job label longer than %d bytes",
+                             GR_PROTO_SYNC_LABEL_MAX);
+        if (owner->label) snprintf(pc.label, sizeof pc.label, "%s", owner->label);
+    }
     pc.flags = (flags & GR_CLIENT_SYNC_RESET ? GR_PROTO_SYNC_RESET : 0) |
                (flags & GR_CLIENT_SYNC_CLEAR ? GR_PROTO_SYNC_CLEAR : 0);
     gr_proto_buf body;

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char err_detail[512];
 
@@ -23,9 +24,14 @@ void gr_clearerr(void) { err_detail[0] = '\0'; }
 
 int gr_seterr(int err, const char *fmt, ...)
 {
+    /* Formatted aside first: callers often wrap the current message ("cannot read X: %s",
+     * gr_errmsg()), and formatting straight into err_detail would read it while overwriting it
+     * (seen as "cannot read the auth file: cannot read the auth file: uch file or directory"). */
+    char buf[sizeof err_detail];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_detail, sizeof err_detail, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(err_detail, buf, sizeof err_detail);
     return err;
 }

@@ -11,13 +11,27 @@
 int gr_proto_put_sync_config(gr_proto_buf *b, const gr_proto_sync_config *c)
 {
     uint32_t w[6] = {c->mode, c->workers, c->aggregate, c->staleness, c->flags, 0};
-    return gr_proto_put_bytes(b, w, sizeof w);
+    int rc = gr_proto_put_bytes(b, w, sizeof w);
+    if (rc || !c->owner) return rc;
+    size_t n = strnlen(c->label, sizeof c->label);
+    if (n > GR_PROTO_SYNC_LABEL_MAX)
+        return gr_seterr(GR_EINVAL, "sync job label longer than %d bytes", GR_PROTO_SYNC_LABEL_MAX);
+    uint32_t head[2] = {(uint32_t)n, 0};
+    if (!rc) rc = gr_proto_put_u64(b, c->owner);
+    if (!rc) rc = gr_proto_put_u64(b, c->started_ms);
+    if (!rc) rc = gr_proto_put_bytes(b, head, sizeof head);
+    /* put_bytes zero-pads to 8. */
+    if (!rc && n) rc = gr_proto_put_bytes(b, c->label, n);
+    return rc;
 }
 
 int gr_proto_decode_sync_config(const void *body, size_t len, gr_proto_sync_config *out)
 {
     const uint8_t *p = body;
-    if (len != 24) return gr_seterr(GR_EPROTO, "sync_config body has %zu bytes, expected 24", len);
+    memset(out, 0, sizeof *out);
+    if (len != 24 && len < 48)
+        return gr_seterr(GR_EPROTO, "sync_config body has %zu bytes, expected 24 (or 48 and more "
+                         "with an owner)", len);
     if (rd32(p + 20) != 0) return gr_seterr(GR_EPROTO, "sync_config reserved field is not 0");
     out->mode = rd32(p);
     out->workers = rd32(p + 4);
@@ -26,6 +40,24 @@ int gr_proto_decode_sync_config(const void *body, size_t len, gr_proto_sync_conf
     out->flags = rd32(p + 16);
     if (out->flags & ~(GR_PROTO_SYNC_RESET | GR_PROTO_SYNC_CLEAR))
         return gr_seterr(GR_EPROTO, "sync_config has unknown flags 0x%x", out->flags);
+    if (len == 24) return GR_OK;
+    uint32_t n = rd32(p + 40);
+    if (n > GR_PROTO_SYNC_LABEL_MAX)
+        return gr_seterr(GR_EPROTO, "sync_config owner label of %u bytes (at most %d)", n,
+                         GR_PROTO_SYNC_LABEL_MAX);
+    size_t want = 48 + (((size_t)n + 7) & ~(size_t)7);
+    if (len != want)
+        return gr_seterr(GR_EPROTO, "sync_config body has %zu bytes, its %u-byte label needs %zu",
+                         len, n, want);
+    if (rd32(p + 44) != 0) return gr_seterr(GR_EPROTO, "sync_config reserved field is not 0");
+    for (size_t i = 48 + n; i < len; i++)
+        if (p[i]) return gr_seterr(GR_EPROTO, "sync_config label padding is not 0");
+    if (memchr(p + 48, 0, n)) return gr_seterr(GR_EPROTO, "sync_config label holds a NUL byte");
+    out->owner = rd64(p + 24);
+    if (!out->owner) return gr_seterr(GR_EPROTO, "sync_config owner section with owner 0");
+    out->started_ms = rd64(p + 32);
+    out->label_len = n;
+    memcpy(out->label, p + 48, n);
     return GR_OK;
 }
 

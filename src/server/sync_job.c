@@ -28,6 +28,9 @@ typedef struct sync_job {
     struct srv_sync *sy;
     gr_step_machine *ss;
     gr_sync_config cfg; /* as normalised by the step machine */
+    /* Who installed it (docs/protocol.md, SYNC_CONFIG): 0 = nobody said (an older client). */
+    uint64_t owner, started_ms;
+    char label[GR_PROTO_SYNC_LABEL_MAX + 1];
     atomic_int refs;
 } sync_job;
 
@@ -473,6 +476,33 @@ static void describe_config(const gr_sync_config *c, char *buf, size_t len)
              c->aggregate, c->staleness);
 }
 
+/* The running job for a refusal: owner, its settings, when it started and where it is. */
+static void describe_job(const sync_job *j, char *buf, size_t len)
+{
+    char cfg[128], when[64] = "at an unknown time";
+    describe_config(&j->cfg, cfg, sizeof cfg);
+    if (j->started_ms) {
+        time_t t = (time_t)(j->started_ms / 1000);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        double ago = (double)now.tv_sec + now.tv_nsec * 1e-9 - (double)j->started_ms / 1e3;
+        char iso[32];
+        strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        snprintf(when, sizeof when, "%s, %.1f s ago", iso, ago);
+    }
+    gr_sync_stats st;
+    gr_step_machine_get_stats(j->ss, &st);
+    if (j->owner)
+        snprintf(buf, len, "%s; owner %s (id %016llx), started %s, at step %llu", cfg,
+                 j->label[0] ? j->label : "(no label)", (unsigned long long)j->owner, when,
+                 (unsigned long long)st.step);
+    else
+        snprintf(buf, len, "%s; owner unknown (an older client), at step %llu", cfg,
+                 (unsigned long long)st.step);
+}
+
 /* Drops the installed job: its parked acquires fail, its state machine is shut down. */
 static void drop_job(srv_sync *sy, const char *why)
 {
@@ -498,6 +528,18 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
         return rc;
     }
     if (pc.flags & GR_PROTO_SYNC_CLEAR) {
+        /* A clear that names its owner clears only that owner's job: a trainer cleaning up
+         * never takes another trainer's job away. */
+        if (pc.owner) {
+            pthread_mutex_lock(&sy->mu);
+            sync_job *cur = sy->job;
+            char d[512] = "";
+            if (cur && cur->owner && cur->owner != pc.owner) describe_job(cur, d, sizeof d);
+            pthread_mutex_unlock(&sy->mu);
+            if (d[0])
+                return gr_seterr(GR_EBUSY, "shard %u runs another trainer's sync job (%s): not "
+                                 "cleared", s->cfg.shard, d);
+        }
         drop_job(sy, "the sync job was cleared");
         GR_LOGI("shard %u: sync job cleared", s->cfg.shard);
         return reply_pair(h, out, 2, 0);
@@ -515,6 +557,9 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
         return rc;
     }
     nj->cfg = *gr_step_machine_config(nj->ss);
+    nj->owner = pc.owner;
+    nj->started_ms = pc.started_ms;
+    memcpy(nj->label, pc.label, sizeof nj->label);
     gr_step_machine_set_notify(nj->ss, job_notify, nj);
     if (pc.flags & GR_PROTO_SYNC_RESET) drop_job(sy, "the sync job was reset");
     pthread_mutex_lock(&sy->mu);
@@ -524,14 +569,22 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
         sy->job = nj;
         nj = NULL;
         atomic_fetch_add(&sy->jobs, 1);
+    } else if (cur->owner && nj->owner && cur->owner != nj->owner) {
+        /* Two trainers must never share a job: the second would take the first's steps. */
+        char have[512];
+        describe_job(cur, have, sizeof have);
+        rc = gr_seterr(GR_EBUSY,
+                       "shard %u runs the sync job of another trainer (%s): wait for it to "
+                       "finish, or replace it with granary train --sync-reset (that trainer then "
+                       "fails)", s->cfg.shard, have);
     } else if (same_config(&cur->cfg, &nj->cfg)) {
         gr_sync_stats st;
         gr_step_machine_get_stats(cur->ss, &st);
         result = 1;
         step = st.step;
     } else {
-        char have[128], want[128];
-        describe_config(&cur->cfg, have, sizeof have);
+        char have[512], want[128];
+        describe_job(cur, have, sizeof have);
         describe_config(&nj->cfg, want, sizeof want);
         rc = gr_seterr(GR_EBUSY,
                        "shard %u runs another sync job (%s); this one asks for %s: let it finish "
@@ -758,6 +811,13 @@ static void srv_sync_stats_json(gr_server *s, void *root_json)
     if (j) {
         gr_sync_stats st;
         gr_step_machine_get_stats(j->ss, &st);
+        if (j->owner) {
+            char id[17];
+            snprintf(id, sizeof id, "%016llx", (unsigned long long)j->owner);
+            cJSON_AddStringToObject(o, "owner", id);
+            cJSON_AddStringToObject(o, "owner_label", j->label);
+            cJSON_AddNumberToObject(o, "started_ms", (double)j->started_ms);
+        }
         cJSON_AddStringToObject(o, "mode", mode_name(j->cfg.mode));
         cJSON_AddNumberToObject(o, "workers", j->cfg.workers);
         cJSON_AddNumberToObject(o, "aggregate", j->cfg.aggregate);

@@ -99,6 +99,9 @@ static char *ck_meta(const trainer *tr, uint64_t step)
     cJSON_AddNumberToObject(j, "train_bytes", (double)file_size(o->train_path));
     cJSON_AddNumberToObject(j, "examples", (double)(tr->base_examples + tr->examples));
     cJSON_AddNumberToObject(j, "batches", (double)tr_total_pushed(tr));
+    /* What the checkpoint is a model of: a saved-model loader rebuilds it from this. */
+    cJSON *model = tr_model_meta(tr->m, &o->emb);
+    if (model) cJSON_AddItemToObject(j, "model", model);
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)(tr->workers[i].base + tr->workers[i].steps)));
@@ -108,6 +111,8 @@ static char *ck_meta(const trainer *tr, uint64_t step)
          * order, and its items are pushed in order). */
         cJSON *ch = cJSON_AddObjectToObject(j, "chunks");
         cJSON_AddNumberToObject(ch, "count", tr->data.nchunks);
+        /* Chunks of whole batches (absent: cut at byte offsets, as before this field). */
+        if (tr->data.by_batch) cJSON_AddStringToObject(ch, "cut", "batch");
         cJSON *pr = cJSON_AddArrayToObject(ch, "progress");
         uint64_t last = 0;
         for (uint64_t c = 0; c < tr->data.nchunk_total; c++)
@@ -126,8 +131,9 @@ static char *ck_meta(const trainer *tr, uint64_t step)
 }
 
 /* Saves checkpoint `step` (every worker is parked or finished). A failure is reported and
- * training goes on; the shards make the next one full. */
-static void ck_save(trainer *tr, uint64_t step)
+ * training goes on; the shards make the next one full. Returns the save's error (its message
+ * in gr_errmsg()). */
+static int ck_save(trainer *tr, uint64_t step)
 {
     const gr_train_opts *o = tr->o;
     pthread_mutex_lock(&tr->mu);
@@ -169,7 +175,9 @@ static void ck_save(trainer *tr, uint64_t step)
                     (double)k.bytes / 1e6, secs);
     }
     tr->ck.saved_total = total;
+    tr->ck.last_failed = rc != GR_OK;
     pthread_mutex_unlock(&tr->mu);
+    return rc;
 }
 
 /* The coordinator's turn (the run's main thread, holding mu): start a pause when one is due,
@@ -200,6 +208,16 @@ bool tr_ck_turn(trainer *tr)
     return true;
 }
 
+/* The same directory as far as the text says ("a/b/" is "a/b"). */
+static bool same_path(const char *a, const char *b)
+{
+    if (!a || !b) return false;
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 1 && a[la - 1] == '/') la--;
+    while (lb > 1 && b[lb - 1] == '/') lb--;
+    return la == lb && !strncmp(a, b, la);
+}
+
 static uint64_t json_u64(const cJSON *o, const char *k, bool *ok)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -221,6 +239,16 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
     gr_train_ckpt ld;
     memset(&ld, 0, sizeof ld);
     int rc = be->ckpt_load(be->ctx, o->resume, NULL, &ld);
+    /* A root that does not exist is a mistyped path, unless this run also writes its
+     * checkpoints there (one command that starts a job and restarts it). The shards say which
+     * ENOENT it is only in the message ("no such checkpoint root", or "... directory" for a
+     * checkpoint path), as it travels over the wire. */
+    if (rc == GR_ENOENT && (strstr(gr_errmsg(), "no such checkpoint root") ||
+                            strstr(gr_errmsg(), "no such checkpoint directory")) &&
+        !same_path(o->resume, o->ckpt_dir))
+        return gr_seterr(GR_ENOENT, "--resume %s: no such checkpoint root or checkpoint (%s); "
+                         "to start a job that later resumes from there, give the same directory "
+                         "as --ckpt-dir", o->resume, gr_errmsg());
     if (rc == GR_ENOENT) {
         fprintf(stderr, "train: nothing to resume under %s (%s): starting from scratch\n",
                 o->resume, gr_errmsg());
@@ -269,6 +297,9 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
             rc = gr_seterr(GR_ECORRUPT, "%s: bad chunk count in the training position", ld.name);
         else
             tr->data.nchunks = (unsigned)n;
+        /* A checkpoint from before chunks held whole batches resumes with its byte chunks. */
+        const cJSON *cut = cJSON_GetObjectItemCaseSensitive(ch, "cut");
+        tr->data.by_batch = cJSON_IsString(cut) && !strcmp(cut->valuestring, "batch");
     }
     if (rc) {
         cJSON_Delete(j);
@@ -338,7 +369,10 @@ void tr_ck_setup(trainer *tr)
 
 void tr_ck_finish(trainer *tr)
 {
-    if (!tr->ck.on || tr->err || tr_total_pushed(tr) == tr->ck.saved_total) return;
+    /* The last periodic checkpoint already holds the final state, unless it failed (then
+     * this is the last chance to keep the model). */
+    if (!tr->ck.on || tr->err || (tr_total_pushed(tr) == tr->ck.saved_total && !tr->ck.last_failed))
+        return;
     uint64_t step = tr_total_pushed(tr);
     if (tr->ck.rounds) {
         step = 0;
@@ -346,5 +380,8 @@ void tr_ck_finish(trainer *tr)
             if (tr->workers[i].base + tr->workers[i].steps > step)
                 step = tr->workers[i].base + tr->workers[i].steps;
     }
-    ck_save(tr, step);
+    if (ck_save(tr, step) != GR_OK) {
+        tr->res->ckpt_final_failed = true;
+        snprintf(tr->res->ckpt_final_error, sizeof tr->res->ckpt_final_error, "%s", gr_errmsg());
+    }
 }

@@ -1,4 +1,6 @@
-/* Scoring a file with the current parameters: W threads over byte ranges, then exact AUC. */
+/* Scoring a file with given parameters: W threads over byte ranges, each scoring its batches
+ * through gr_model_score, then exact AUC and logloss over the whole file. The trainer's
+ * final evaluation and saved models (`granary eval`) both run this. */
 #include "train/trainer_int.h"
 
 #include <pthread.h>
@@ -9,22 +11,35 @@
 
 typedef struct eval_part {
     const gr_model *m;
-    gr_train_backend *be;
-    uint32_t table;
+    const float *params;
+    gr_rows_fn rows;
+    void *ctx;
     const char *path;
     size_t batch;
     uint64_t start, end, first_line;
     float *probs, *labels;
     size_t n, cap;
+    uint64_t bad_lines;
     int rc;
     char errmsg[512];
 } eval_part;
 
+static int grow(eval_part *p, size_t more)
+{
+    if (p->n + more <= p->cap) return GR_OK;
+    size_t cap = p->cap ? p->cap * 2 : 65536;
+    while (cap < p->n + more) cap *= 2;
+    float *np1 = realloc(p->probs, cap * sizeof *np1);
+    if (np1) p->probs = np1;
+    float *nl = realloc(p->labels, cap * sizeof *nl);
+    if (nl) p->labels = nl;
+    if (!np1 || !nl) return gr_seterr(GR_ENOMEM, "evaluate: out of memory");
+    p->cap = cap;
+    return GR_OK;
+}
+
 static int eval_range(eval_part *p)
 {
-    const gr_model *m = p->m;
-    uint32_t d = gr_model_emb_dim(m);
-    size_t np = gr_model_dense_size(m), occ = p->batch * GR_CRITEO_SPARSE;
     gr_criteo_opts ro;
     gr_criteo_opts_default(&ro);
     ro.batch = p->batch;
@@ -32,59 +47,29 @@ static int eval_range(eval_part *p)
     ro.end = p->end;
     ro.first_line = p->first_line;
     gr_criteo_reader *r = NULL;
-    gr_model_ws *ws = NULL;
-    gr_dedup_scratch ds = {0};
+    gr_score_ws *ws = NULL;
     gr_batch b = {0};
-    float *params = malloc(np * sizeof *params), *rows = malloc(occ * d * sizeof *rows),
-          *emb = malloc(occ * d * sizeof *emb);
-    uint64_t *uniq = malloc(occ * sizeof *uniq);
-    uint32_t *inv = malloc(occ * sizeof *inv);
     int rc;
-    if (!params || !rows || !emb || !uniq || !inv) {
-        rc = gr_seterr(GR_ENOMEM, "evaluate: out of memory");
-        goto out;
-    }
-    if ((rc = gr_batch_init(&b, p->batch)) || (rc = gr_model_ws_create(m, &ws))) goto out;
-    if ((rc = p->be->dense_pull(p->be->ctx, gr_model_dense_name(m), params, np))) goto out;
+    if ((rc = gr_batch_init(&b, p->batch)) || (rc = gr_score_ws_create(p->m, &ws))) goto out;
     if ((rc = gr_criteo_open(p->path, &ro, &r))) goto out;
     for (;;) {
         if ((rc = gr_criteo_next(r, &b)) || b.n == 0) break;
-        long nu = gr_dedup(b.ids, b.n * GR_CRITEO_SPARSE, uniq, inv, &ds);
-        if (nu < 0) {
-            rc = (int)nu;
-            break;
-        }
-        rc = p->be->pull(p->be->ctx, p->table, uniq, (size_t)nu, rows, GR_PULL_READONLY);
+        if ((rc = grow(p, b.n))) break;
+        rc = gr_model_score(p->m, ws, p->params, p->rows, p->ctx, b.n, b.dense, b.ids,
+                            p->probs + p->n);
         if (rc) break;
-        for (size_t i = 0; i < b.n * GR_CRITEO_SPARSE; i++)
-            memcpy(emb + i * d, rows + (size_t)inv[i] * d, d * sizeof *emb);
-        if (p->n + b.n > p->cap) {
-            size_t cap = p->cap ? p->cap * 2 : 65536;
-            while (cap < p->n + b.n) cap *= 2;
-            float *np1 = realloc(p->probs, cap * sizeof *np1);
-            if (np1) p->probs = np1;
-            float *nl = realloc(p->labels, cap * sizeof *nl);
-            if (nl) p->labels = nl;
-            if (!np1 || !nl) {
-                rc = gr_seterr(GR_ENOMEM, "evaluate: out of memory");
-                break;
-            }
-            p->cap = cap;
-        }
-        if ((rc = gr_model_predict(m, ws, params, b.n, b.dense, emb, p->probs + p->n))) break;
         memcpy(p->labels + p->n, b.labels, b.n * sizeof *p->labels);
         p->n += b.n;
     }
+    if (r) {
+        gr_criteo_stats st;
+        gr_criteo_get_stats(r, &st);
+        p->bad_lines = st.bad_lines;
+    }
 out:
     gr_criteo_close(r);
-    gr_model_ws_destroy(ws);
-    gr_dedup_scratch_fini(&ds);
+    gr_score_ws_destroy(ws);
     gr_batch_fini(&b);
-    free(params);
-    free(rows);
-    free(emb);
-    free(uniq);
-    free(inv);
     return rc;
 }
 
@@ -96,12 +81,12 @@ static void *eval_main(void *arg)
     return NULL;
 }
 
-int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, const char *path,
-                      size_t batch, unsigned threads, double *auc, double *logloss,
-                      uint64_t *examples)
+int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
+                 const char *path, size_t batch, unsigned threads, bool want_probs,
+                 gr_eval_result *res)
 {
-    *auc = *logloss = NAN;
-    *examples = 0;
+    memset(res, 0, sizeof *res);
+    res->auc = res->logloss = NAN;
     if (!threads) threads = 1;
     if (threads > 64) threads = 64;
     if (!batch) batch = 1024;
@@ -112,8 +97,9 @@ int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, c
     pthread_t tids[64];
     unsigned started = 0;
     for (unsigned i = 0; i < threads; i++) {
-        parts[i] = (eval_part){.m = m, .be = be, .table = table, .path = path, .batch = batch,
-                               .start = off[i], .end = off[i + 1], .first_line = first[i]};
+        parts[i] = (eval_part){.m = m, .params = params, .rows = rows, .ctx = ctx, .path = path,
+                               .batch = batch, .start = off[i], .end = off[i + 1],
+                               .first_line = first[i]};
     }
     for (unsigned i = 1; i < threads; i++, started++)
         if (pthread_create(&tids[i], NULL, eval_main, &parts[i]) != 0) {
@@ -127,6 +113,7 @@ int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, c
     for (unsigned i = 0; i < threads; i++) {
         if (parts[i].rc && !rc) rc = gr_seterr(parts[i].rc, "%s", parts[i].errmsg);
         n += parts[i].n;
+        res->bad_lines += parts[i].bad_lines;
     }
     float *probs = NULL, *labels = NULL;
     if (!rc && n) {
@@ -141,16 +128,52 @@ int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, c
             memcpy(labels + at, parts[i].labels, parts[i].n * sizeof *labels);
             at += parts[i].n;
         }
-        rc = gr_auc(probs, labels, n, auc);
-        *logloss = gr_logloss(probs, labels, n);
-        *examples = n;
+        rc = gr_auc(probs, labels, n, &res->auc);
+        res->logloss = gr_logloss(probs, labels, n);
+        res->examples = n;
     }
     for (unsigned i = 0; i < threads; i++) {
         free(parts[i].probs);
         free(parts[i].labels);
+    }
+    if (!rc && want_probs) {
+        res->probs = probs;
+        probs = NULL;
     }
     free(probs);
     free(labels);
     return rc;
 }
 
+typedef struct be_rows {
+    gr_train_backend *be;
+    uint32_t table;
+} be_rows;
+
+/* Evaluation reads rows without creating any: unknown ids read zeros. */
+static int backend_rows(void *ctx, const uint64_t *keys, size_t n, float *rows)
+{
+    be_rows *b = ctx;
+    return b->be->pull(b->be->ctx, b->table, keys, n, rows, GR_PULL_READONLY);
+}
+
+int gr_train_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, const char *path,
+                      size_t batch, unsigned threads, double *auc, double *logloss,
+                      uint64_t *examples)
+{
+    *auc = *logloss = NAN;
+    *examples = 0;
+    size_t np = gr_model_dense_size(m);
+    float *params = malloc(np * sizeof *params);
+    if (!params) return gr_seterr(GR_ENOMEM, "evaluate: out of memory");
+    int rc = be->dense_pull(be->ctx, gr_model_dense_name(m), params, np);
+    be_rows br = {be, table};
+    gr_eval_result r;
+    if (!rc) rc = tr_eval_file(m, params, backend_rows, &br, path, batch, threads, false, &r);
+    free(params);
+    if (rc) return rc;
+    *auc = r.auc;
+    *logloss = r.logloss;
+    *examples = r.examples;
+    return GR_OK;
+}

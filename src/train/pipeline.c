@@ -282,6 +282,8 @@ static int stage_push(tr_worker *w, tr_item *it)
     tr->examples += it->batch.n;
     tr->steps++;
     tr->dropped += dropped;
+    if (tr->loss_log)
+        fprintf(tr->loss_log, "%u %llu %.9g\n", w->id, (unsigned long long)w->steps, it->loss);
     tr->loss_sum += it->loss * (double)it->batch.n;
     tr->loss_n += it->batch.n;
     add_times(&tr->t, &it->t);

@@ -8,11 +8,14 @@
 #include "granary/client.h"
 #include "granary/train.h"
 
+#include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Tokens a worker may hold at once (pipeline items in flight; the trainer's are at most
  * 3 * 64 + 4). */
@@ -31,7 +34,47 @@ typedef struct ps_ctx {
     uint64_t *next;     /* [worker]: next token (fetch thread only) */
     uint64_t *tags;     /* [worker][RING][shard] */
     atomic_bool cancelled;
+    /* The sync job's owner: this trainer (docs/sync.md, "One trainer per job"). */
+    uint64_t owner, started_ms;
+    char label[128];
 } ps_ctx;
+
+/* A fresh owner id: random enough that two trainers never share one. */
+static uint64_t new_owner(void)
+{
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&v, sizeof v, 1, f) != 1) v = 0;
+        fclose(f);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    v ^= gr_hash_key((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
+                     (uint64_t)getpid());
+    return v ? v : 1;
+}
+
+/* The job this backend installs, owned by this trainer. Hybrid runs a sync job whose steps
+ * carry only the dense gradient; the rows go through plain PULL/PUSH beside it. */
+static gr_client_sync_config job_config(const ps_ctx *p)
+{
+    gr_client_sync_config sc;
+    memset(&sc, 0, sizeof sc);
+    sc.mode = p->o.mode == GR_MODE_HYBRID ? GR_CLIENT_SYNC_SYNC : (uint32_t)p->o.mode;
+    sc.workers = p->o.workers;
+    sc.aggregate = p->o.aggregate;
+    sc.staleness = p->o.staleness;
+    return sc;
+}
+
+/* Installs (or clears, with CLEAR) this trainer's job. */
+static int configure(ps_ctx *p, unsigned flags)
+{
+    gr_client_sync_config sc = job_config(p);
+    gr_client_sync_owner ow = {p->owner, p->started_ms, p->label};
+    return gr_client_sync_configure_owned(p->c, &sc, &ow, flags, NULL);
+}
 
 void gr_ps_backend_opts_default(gr_ps_backend_opts *o)
 {
@@ -57,12 +100,44 @@ static int dim_of(ps_ctx *p, uint32_t table, uint32_t *dim)
     return rc ? gr_seterr(rc, "table %u was not declared with table_init", table) : GR_OK;
 }
 
+/* A run owns its tables: rows left on the servers by an earlier run are refused, reused or
+ * dropped, as the options say (docs/train.md, "A run owns its tables"). */
+static int check_existing(ps_ctx *p, const gr_table_spec *spec)
+{
+    if (p->o.tables == GR_PS_TABLES_REUSE) return GR_OK;
+    char *js = NULL;
+    int rc = gr_client_describe_table(p->c, spec->name, &js);
+    if (rc == GR_ENOENT) {
+        gr_clearerr();
+        return GR_OK;
+    }
+    if (rc) return rc;
+    cJSON *j = cJSON_Parse(js);
+    free(js);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rows");
+    uint64_t rows = cJSON_IsNumber(r) && r->valuedouble > 0 ? (uint64_t)r->valuedouble : 0;
+    cJSON_Delete(j);
+    if (p->o.tables == GR_PS_TABLES_FRESH) {
+        if ((rc = gr_client_drop_table(p->c, spec->name))) return rc;
+        GR_LOGW("train: dropped table '%s' (%llu rows) on the servers to start fresh (--fresh)",
+                spec->name, (unsigned long long)rows);
+        return GR_OK;
+    }
+    if (!rows) return GR_OK;
+    return gr_seterr(GR_EEXIST, "table '%s' on the servers already holds %llu rows (from an "
+                     "earlier run?) and this run is not a resume: pass --fresh to drop and "
+                     "recreate it, --reuse-tables to continue with its rows, or --resume DIR to "
+                     "continue from a checkpoint", spec->name, (unsigned long long)rows);
+}
+
 static int ps_table_init(void *ctx, const gr_table_spec *spec)
 {
     ps_ctx *p = ctx;
+    int rc = check_existing(p, spec);
+    if (rc) return rc;
     char *json = gr_table_spec_to_json(spec);
     if (!json) return gr_seterr(GR_ENOMEM, "out of memory");
-    int rc = gr_client_create_table(p->c, json);
+    rc = gr_client_create_table(p->c, json);
     free(json);
     if (rc) return rc;
     pthread_mutex_lock(&p->mu);
@@ -194,13 +269,6 @@ static int ps_fetch(void *ctx, uint32_t table, const uint64_t *keys, size_t n, f
     return r2;
 }
 
-/* The shards' job for a trainer mode. Hybrid runs a sync job whose steps carry only the dense
- * gradient; the rows go through plain PULL/PUSH beside it. */
-static uint32_t job_mode(int mode)
-{
-    return (uint32_t)(mode == GR_MODE_HYBRID ? GR_MODE_SYNC : mode);
-}
-
 static uint64_t *tag_slot(ps_ctx *p, uint32_t worker, uint64_t token)
 {
     return p->tags + ((size_t)worker * RING + token % RING) * p->shards;
@@ -254,7 +322,7 @@ static void ps_cancel(void *ctx)
     atomic_store(&p->cancelled, true);
     /* Dropping the job answers every parked acquire at once (GR_ESHUTDOWN). Only shards that
      * are still connected: a dead one would hold this call for the reconnect timeout. */
-    (void)gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR | GR_CLIENT_SYNC_LIVE, NULL);
+    (void)configure(p, GR_CLIENT_SYNC_CLEAR | GR_CLIENT_SYNC_LIVE);
 }
 
 static const gr_train_steps ps_steps = {ps_step_begin, ps_fetch, ps_push_step, ps_worker_done,
@@ -314,9 +382,7 @@ static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_
         /* The job's step state belongs to the run that was interrupted (gradients staged for a
          * step it never finished, its workers' step counts): start it over. Called before any
          * worker runs, so the per-worker arrays are ours. */
-        gr_client_sync_config sc = {job_mode(p->o.mode), p->o.workers, p->o.aggregate,
-                                    p->o.staleness};
-        rc = gr_client_sync_configure(p->c, &sc, GR_CLIENT_SYNC_RESET, NULL);
+        rc = configure(p, GR_CLIENT_SYNC_RESET);
         memset(p->want, 0, (size_t)p->o.workers * p->shards * sizeof *p->want);
         memset(p->next, 0, p->o.workers * sizeof *p->next);
     }
@@ -361,9 +427,15 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
             if (!p->want || !p->next || !p->tags) rc = gr_seterr(GR_ENOMEM, "out of memory");
         }
         if (!rc) {
-            gr_client_sync_config sc = {job_mode(o->mode), p->o.workers, p->o.aggregate,
-                                        p->o.staleness};
-            rc = gr_client_sync_configure(p->c, &sc, o->reset ? GR_CLIENT_SYNC_RESET : 0, NULL);
+            p->owner = o->owner ? o->owner : new_owner();
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            p->started_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+            char host[64] = "?";
+            if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+            host[sizeof host - 1] = '\0';
+            snprintf(p->label, sizeof p->label, "%s:%ld", host, (long)getpid());
+            rc = configure(p, o->reset ? GR_CLIENT_SYNC_RESET : 0);
         }
     }
     if (rc) {
@@ -395,5 +467,6 @@ int gr_ps_backend_finish(gr_train_backend *b)
     if (!b || b->destroy != ps_destroy) return gr_seterr(GR_EINVAL, "not a parameter-server backend");
     ps_ctx *p = b->ctx;
     if (!p->stepped) return GR_OK;
-    return gr_client_sync_configure(p->c, NULL, GR_CLIENT_SYNC_CLEAR, NULL);
+    /* Ours only: a job someone replaced with --sync-reset meanwhile is left alone. */
+    return configure(p, GR_CLIENT_SYNC_CLEAR);
 }

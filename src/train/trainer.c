@@ -85,11 +85,75 @@ typedef struct progress {
     double t0, last_t, window_loss;
     uint64_t last_ex, last_steps;
     tr_stage_times last;
+    /* Examples in one epoch and in the whole run (estimates; 0: unknown), for % done, the
+     * epoch and the time left. */
+    double per_epoch, total;
 } progress;
 
-/* A progress line: examples/s and loss over the window, and each stage's milliseconds per
- * batch (summed over workers, so the stage that bounds a worker's rate shows). */
-static void progress_line(trainer *tr, progress *pg)
+/* Examples the run will train, estimated from the training file's size and the line length
+ * of its first MiB (reading the whole file to count lines would cost a pass over it), then
+ * capped by max_examples and max_steps. */
+static void estimate_work(const trainer *tr, progress *pg)
+{
+    const gr_train_opts *o = tr->o;
+    enum { SAMPLE = 1 << 20 };
+    FILE *f = fopen(o->train_path, "rb");
+    char *buf = malloc(SAMPLE);
+    size_t got = f && buf ? fread(buf, 1, SAMPLE, f) : 0;
+    double size = 0;
+    if (f && fseeko(f, 0, SEEK_END) == 0) size = (double)ftello(f);
+    if (f) fclose(f);
+    size_t lines = 0;
+    for (size_t i = 0; i < got; i++) lines += buf[i] == '\n';
+    if (got > 0 && buf[got - 1] != '\n') lines++;
+    free(buf);
+    if (lines == 0 || size <= 0) return;
+    pg->per_epoch = size * (double)lines / (double)got;
+    double total = pg->per_epoch * o->epochs - (double)tr->base_examples;
+    if (o->max_examples && (double)o->max_examples < total) total = (double)o->max_examples;
+    if (o->max_steps) {
+        double left = 0;
+        for (unsigned i = 0; i < o->workers; i++)
+            if (tr->workers[i].base < o->max_steps)
+                left += (double)(o->max_steps - tr->workers[i].base) * (double)o->batch;
+        if (left < total) total = left;
+    }
+    pg->total = total > 0 ? total : 0;
+}
+
+/* "37% done, epoch 1/2, ETA 12s": where the run is, from the estimates. */
+static void progress_where(const trainer *tr, const progress *pg, uint64_t ex, double elapsed,
+                           bool final, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (pg->total <= 0) return;
+    double frac = (double)ex / pg->total;
+    if (frac > 0.99) frac = 0.99; /* an estimate: never claim 100 % before the end */
+    if (final) {
+        snprintf(out, cap, "%s", tr->stopping ? "stopped" : "finished");
+        return;
+    }
+    double done = (double)(tr->base_examples + ex);
+    unsigned epoch = pg->per_epoch > 0 ? (unsigned)(done / pg->per_epoch) + 1 : 1;
+    if (epoch > tr->o->epochs) epoch = tr->o->epochs;
+    int n = snprintf(out, cap, "%.0f%% done, epoch %u/%u", frac * 100, epoch, tr->o->epochs);
+    if (ex > 0 && elapsed > 0 && n > 0 && (size_t)n < cap) {
+        double left = elapsed * (1 - frac) / frac;
+        if (left >= 3600)
+            snprintf(out + n, cap - (size_t)n, ", ETA %.0fh%02.0fm", floor(left / 3600),
+                     floor(fmod(left, 3600) / 60));
+        else if (left >= 60)
+            snprintf(out + n, cap - (size_t)n, ", ETA %.0fm%02.0fs", floor(left / 60),
+                     floor(fmod(left, 60)));
+        else
+            snprintf(out + n, cap - (size_t)n, ", ETA %.0fs", ceil(left));
+    }
+}
+
+/* A progress line: where the run is (% done, epoch, time left), examples/s and loss over the
+ * window, and each stage's milliseconds per batch (summed over workers, so the stage that
+ * bounds a worker's rate shows). */
+static void progress_line(trainer *tr, progress *pg, bool final)
 {
     double now = gr_now_s();
     double dt = now - pg->last_t;
@@ -105,8 +169,11 @@ static void progress_line(trainer *tr, progress *pg)
     if (!isnan(loss)) pg->window_loss = loss;
     double nb = (double)(steps - pg->last_steps);
     double k = nb > 0 ? 1e3 / nb : 0;
-    fprintf(stderr, "train: %.1fs %llu examples, %.0f examples/s, loss %.5f; ms/batch read %.2f "
-            "pull %.2f compute %.2f push %.2f wait %.2f\n", now - pg->t0, (unsigned long long)ex,
+    char where[96];
+    progress_where(tr, pg, ex, now - pg->t0, final, where, sizeof where);
+    fprintf(stderr, "train: %.1fs %s%s%llu examples, %.0f examples/s, loss %.5f; ms/batch read %.2f "
+            "pull %.2f compute %.2f push %.2f wait %.2f\n", now - pg->t0, where, *where ? "; " : "",
+            (unsigned long long)ex,
             dt > 0 ? (double)(ex - pg->last_ex) / dt : 0.0, pg->window_loss,
             (t.read - pg->last.read) * k, (t.pull - pg->last.pull) * k,
             (t.compute - pg->last.compute) * k, (t.push - pg->last.push) * k,
@@ -196,6 +263,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
      * straggler does not leave a tail of its own range for the end of the run. A resumed run
      * keeps the chunking it was checkpointed with. */
     tr.data.nchunks = tr.data.shared ? o->workers * 64 : 0;
+    /* Chunks of whole batches, so that every batch but the file's last is full. */
+    tr.data.by_batch = tr.data.shared;
     /* Resume after the tables and dense parameters are declared (the restore replaces their
      * contents, optimizer state included) and before any worker runs. */
     if (o->resume && (rc = tr_ck_restore(&tr, &resumed))) goto out;
@@ -214,8 +283,13 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     if (resumed && (rc = tr_ck_apply(&tr, resumed))) goto out;
     tr_ck_setup(&tr);
 
+    if (o->loss_log && !(tr.loss_log = fopen(o->loss_log, "w"))) {
+        rc = gr_seterr(GR_EIO, "--loss-log %s: cannot open for writing", o->loss_log);
+        goto out;
+    }
     double t0 = gr_now_s();
     progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
+    if (o->progress_s > 0) estimate_work(&tr, &pg);
     tr.t0 = t0;
     tr.running = o->workers;
     if ((rc = tr_metrics_start(&tr))) goto out;
@@ -229,31 +303,40 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
             break;
         }
     }
-    /* Wait for the workers, with a progress line every progress_s seconds. */
+    /* Wait for the workers, with a progress line every progress_s seconds. The next line's
+     * time is fixed when the last one is printed: the condition variable is woken far more
+     * often than that (with checkpoints, at every push), and a wait computed afresh after each
+     * wake-up never ran out, so no progress line ever came. */
     pthread_mutex_lock(&tr.mu);
+    double next_line = t0 + o->progress_s;
     while (tr.running) {
         if (tr_ck_turn(&tr)) continue;
         if (o->progress_s > 0) {
+            if (gr_now_s() >= next_line) {
+                pthread_mutex_unlock(&tr.mu);
+                progress_line(&tr, &pg, false);
+                pthread_mutex_lock(&tr.mu);
+                next_line = gr_now_s() + o->progress_s;
+                continue;
+            }
+            /* gr_now_s is CLOCK_MONOTONIC; the condition variable waits on CLOCK_REALTIME. */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            double next = ts.tv_sec + ts.tv_nsec * 1e-9 + o->progress_s;
-            ts.tv_sec = (time_t)next;
-            ts.tv_nsec = (long)((next - (double)ts.tv_sec) * 1e9);
-            int w = pthread_cond_timedwait(&tr.cv, &tr.mu, &ts);
-            if (w != 0 && tr.running) {
-                pthread_mutex_unlock(&tr.mu);
-                progress_line(&tr, &pg);
-                pthread_mutex_lock(&tr.mu);
-            }
+            double at = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (next_line - gr_now_s());
+            ts.tv_sec = (time_t)at;
+            ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+            pthread_cond_timedwait(&tr.cv, &tr.mu, &ts);
         } else {
             pthread_cond_wait(&tr.cv, &tr.mu);
         }
     }
+    bool stopped = tr.stopping;
     pthread_mutex_unlock(&tr.mu);
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
     tr_ck_finish(&tr);
     double t1 = gr_now_s();
-    if (o->progress_s > 0) progress_line(&tr, &pg);
+    if (o->progress_s > 0) progress_line(&tr, &pg, true);
     else if (tr.loss_n) pg.window_loss = tr.loss_sum / (double)tr.loss_n;
 
     res->examples = tr.examples;
@@ -280,12 +363,15 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
         rc = gr_seterr(tr.err, "%s", tr.errmsg);
         goto out;
     }
-    if (o->test_path) {
+    res->stopped = stopped;
+    if (o->test_path && !stopped) {
         rc = gr_train_evaluate(tr.m, be, o->emb.id, o->test_path, o->batch, o->workers,
                                &res->test_auc, &res->test_logloss, &res->test_examples);
     }
 out:
     tr_metrics_stop(&tr);
+    if (tr.loss_log && fclose(tr.loss_log) != 0 && !rc)
+        rc = gr_seterr(GR_EIO, "--loss-log %s: write failed", o->loss_log);
     if (tr.workers)
         for (unsigned i = 0; i < o->workers; i++) tr_worker_fini(&tr.workers[i]);
     free(tr.workers);

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 
 /* ---- bounded queue of work items (queue.c) ------------------------------------------------ */
@@ -80,7 +81,7 @@ typedef struct tr_worker {
     /* Checkpoints and resume (under tr->mu, except skip and read: the reader's own). */
     uint64_t base;      /* batches this worker pushed before the resume */
     uint64_t skip;      /* static data: batches to skip first (done before the resume) */
-    uint64_t read;      /* batches handed on in this run (for max_steps) */
+    uint64_t read;      /* batches handed on in this run (max_steps; under mu: a stop) */
     uint64_t fetched;   /* items past the checkpoint gate (fetch stage) */
     int gate;           /* TR_GATE_* */
     bool finished;      /* its threads are done (it left the job) */
@@ -97,6 +98,10 @@ enum { TR_GATE_RUN = 0, TR_GATE_PARKED = 1, TR_GATE_ACQUIRING = 2, TR_GATE_HELD 
 /* How the training file is cut among workers (datasplit.c). */
 typedef struct tr_data {
     bool shared;                      /* workers take chunks in turn */
+    /* Shared chunks hold whole batches (they start at every k-th batch's first example), so
+     * --batch is honoured: an epoch is ceil(examples / batch) batches. false only to resume a
+     * checkpoint written when chunks were cut at byte offsets. */
+    bool by_batch;
     uint64_t *chunk_off, *chunk_line; /* nchunks + 1 entries */
     unsigned nchunks;
     atomic_uint_fast64_t next_chunk;  /* over epochs * nchunks */
@@ -116,6 +121,7 @@ typedef struct tr_ck {
     uint64_t next_total;  /* pause mode: pause when this many batches are pushed in all */
     uint64_t saved_total; /* batches pushed in all at the last checkpoint (or the resume) */
     char parent[64];      /* the last checkpoint this run committed */
+    bool last_failed;     /* the last save failed (the final state then still needs one) */
 } tr_ck;
 
 struct trainer {
@@ -143,11 +149,17 @@ struct trainer {
     double wait_s;          /* in steps->begin, summed over workers */
     uint64_t stale_max, stale_sum; /* hybrid: embedding staleness (batches) at the pulls */
     tr_stage_times t;       /* summed over all batches */
+    FILE *loss_log;         /* o->loss_log opened (NULL: none) */
     atomic_uint_fast64_t read_examples; /* for max_examples */
     atomic_bool cancelled;
     tr_data data;
     tr_ck ck;
     uint64_t base_total, base_examples; /* done before the resume */
+    /* A stop asked for by o->should_stop (under mu): no batch is handed on once `stopping`;
+     * in sync and hybrid mode a worker still hands on batches until base + read reaches
+     * stop_at, the most any worker had handed on, so all stop after the same step. */
+    bool stopping;
+    uint64_t stop_at;
     gr_train_result *res;
     /* The last progress window's examples/s and mean loss (for the metrics; under mu). */
     double window_rate, window_loss;
@@ -181,8 +193,10 @@ void *tr_sequential_main(void *arg);
 /* Called once per batch read (sequential workers): the rest of the step. */
 typedef int (*tr_batch_fn)(tr_worker *w, tr_item *it);
 
-/* Cuts the training file: W contiguous ranges (static) or 64 W chunks taken in turn (shared).
- * tr->data.shared and nchunks are set before (a resume may change nchunks). */
+/* Cuts the training file: W contiguous ranges (static) or up to 64 W chunks taken in turn
+ * (shared; by_batch: each a whole number of batches, and nchunks becomes how many there are).
+ * tr->data.shared, by_batch and nchunks (the most) are set before (a resume sets them from
+ * the checkpoint). */
 int tr_data_setup(trainer *tr);
 /* With checkpoints or a resume, shared data tracks who read which chunk. */
 int tr_data_track(trainer *tr);
@@ -209,7 +223,26 @@ int tr_ck_apply(trainer *tr, const cJSON *j);
 void tr_ck_setup(trainer *tr);
 /* The coordinator's turn (main thread, holding mu): true when it saved. */
 bool tr_ck_turn(trainer *tr);
-/* The last checkpoint when training ends (unless the last one is it). */
+/* The last checkpoint when training ends (unless the last one is it); a failure of it is
+ * recorded in the result (ckpt_final_failed): the model is then not saved. */
 void tr_ck_finish(trainer *tr);
+
+/* ---- eval.c ------------------------------------------------------------------------------- */
+
+/* Scores a file with the dense parameters `params` and rows from `rows`: `threads` byte ranges
+ * in parallel, batches of `batch`, then AUC and logloss over the whole file (and, with
+ * want_probs, every probability in file order). */
+int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *ctx,
+                 const char *path, size_t batch, unsigned threads, bool want_probs,
+                 gr_eval_result *res);
+
+/* ---- model_meta.c ------------------------------------------------------------------------- */
+
+/* The model as the trainer records it with every checkpoint (user.json "model"): kind, shapes,
+ * the embedding table's spec and the dense parameter's name and size. */
+cJSON *tr_model_meta(const gr_model *m, const gr_table_spec *emb);
+/* Reads it back into info (model, n_dense, n_sparse, table, dense_name, dense_size); errors
+ * name the member ("model.bottom: ..."), prefixed with `where`. */
+int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *info);
 
 #endif

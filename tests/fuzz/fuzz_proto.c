@@ -57,7 +57,14 @@ static void decode_body(const gr_proto_header *h, const uint8_t *body, size_t le
     gr_proto_decode_u64s(body, len, 8, v, &cnt);
     /* The sync-job bodies. A PUSH_STEP that decodes must lie inside the body. */
     gr_proto_sync_config sc;
-    gr_proto_decode_sync_config(body, len, &sc);
+    if (gr_proto_decode_sync_config(body, len, &sc) == GR_OK) {
+        /* With or without its owner section, a config re-encodes to the same bytes. */
+        gr_proto_buf out;
+        gr_proto_buf_init(&out);
+        if (gr_proto_put_sync_config(&out, &sc)) abort();
+        if (out.len != len || memcmp(out.data, body, len) != 0) abort();
+        gr_proto_buf_fini(&out);
+    }
     gr_proto_sync_acquire sa;
     gr_proto_decode_sync_acquire(body, len, &sa);
     uint32_t worker;

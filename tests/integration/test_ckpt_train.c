@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -383,10 +384,14 @@ static void test_refusals(void **state)
     a.workers = 1;
     assert_int_equal(run(&a, NULL, 0, NULL, &r), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "workers"));
-    /* Nothing under the root: a fresh start. */
+    /* A root that does not exist: refused (a mistyped --resume must not start from scratch). */
     a.workers = 2;
     a.resume = empty;
     a.max_steps = 1;
+    assert_int_equal(run(&a, NULL, 0, NULL, &r), GR_ENOENT);
+    assert_non_null(strstr(gr_errmsg(), "no such checkpoint root"));
+    /* Nothing under an existing root: a fresh start. */
+    assert_int_equal(mkdir(empty, 0755), 0);
     assert_int_equal(run(&a, NULL, 0, NULL, &r), 0);
     assert_int_equal(r.resumed_step, 0);
     assert_int_equal(r.steps, 2);

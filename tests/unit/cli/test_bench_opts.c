@@ -62,8 +62,8 @@ static void test_ps(void **state)
     expect_refused("bench ps --rounds 0", "granary bench ps: --rounds must be in 1..1000, got 0");
     expect_refused("bench ps --inflight 65", "--inflight must be in 1..64, got 65");
     expect_refused("bench ps --threads -1", "--threads must be in 1..256, got -1");
-    expect_refused("bench ps --vocab 10Q", "--vocab wants a size");
-    expect_refused("bench ps --vocab -1", "--vocab wants a size");
+    expect_refused("bench ps --vocab 10Q", "--vocab wants a whole number");
+    expect_refused("bench ps --vocab -1", "--vocab must be in 1..1099511627776, got -1");
     expect_refused("bench ps --rounds", "--rounds needs a value");
     expect_refused("bench ps --no-baseline", "unknown option --no-baseline");
 }
@@ -76,7 +76,7 @@ static void test_ckpt(void **state)
     expect_refused("bench ckpt --zstd 3x", "granary bench ckpt: --zstd wants a whole number");
     expect_refused("bench ckpt --zstd 20", "--zstd must be in 0..19, got 20");
     expect_refused("bench ckpt --rows 0", "--rows must be in 1..4294967295");
-    expect_refused("bench ckpt --rows 2Mx", "--rows wants a size");
+    expect_refused("bench ckpt --rows 2Mx", "--rows wants a whole number");
     expect_refused("bench ckpt --dir", "--dir needs a value");
     expect_refused("bench ckpt --kep", "unknown option --kep");
 }
@@ -101,7 +101,7 @@ static void test_train(void **state)
                                                      "--test-rows M", "--no-torch",
                                                      "--delay-us D", "--skip-link",
                                                      "--skip-straggler", NULL});
-    expect_refused("bench train --rows 1e5", "granary bench train: --rows wants a whole number");
+    expect_refused("bench train --rows 1.5e0", "granary bench train: --rows wants a whole number");
     expect_refused("bench train --test-rows 0", "--test-rows must be in 1..");
     expect_refused("bench train --delay-us 0", "--delay-us must be in 1..10000000, got 0");
     expect_refused("bench train --delay-us 20000000", "--delay-us must be in 1..10000000");

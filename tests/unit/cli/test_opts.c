@@ -119,6 +119,50 @@ static void test_bad_numbers(void **state)
     expect_bad(PARSE("--fast=maybe"), "--fast", "'maybe'");
 }
 
+static int run_granary(const char *args, char *out, size_t cap);
+
+/* Every count of every command reads the same way: plain digits, a k/M/G/T suffix (x 1000) or
+ * an exponent, as long as the value is whole. */
+static void test_count_suffixes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        int64_t want;
+    } good[] = {{"10", 10}, {"1k", 1000}, {"10K", 10000}, {"1.5k", 1500}, {"2M", 2000000},
+                {"1e6", 1000000}, {"2.5e3", 2500}, {"1G", 1000000000}, {"3T", 3000000000000},
+                {"+7", 7}, {"9007199254740993", 9007199254740993}};
+    static const gr_cli_opt big = {0, "max-examples", GR_CLI_INT, NULL, 0, 1e18, NULL, NULL,
+                                   NULL, ""};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        gr_cli_value v;
+        char err[256];
+        memset(&v, 0, sizeof v);
+        if (gr_cli_set_text(&big, good[i].text, &v, err, sizeof err) != GR_CLI_OK)
+            fail_msg("'%s' refused: %s", good[i].text, err);
+        assert_int_equal(v.i, good[i].want);
+    }
+    const char *bad_ones[] = {"1.5", "1.0001k", "k", "1kk", "1m", "0x10", "1e400", "inf", "nan",
+                              "1e17", "1 k", "5k5", "1,5k"};
+    for (size_t i = 0; i < sizeof bad_ones / sizeof bad_ones[0]; i++) {
+        gr_cli_value v;
+        char err[256];
+        if (gr_cli_set_text(&big, bad_ones[i], &v, err, sizeof err) == GR_CLI_OK)
+            fail_msg("'%s' was taken as %lld", bad_ones[i], (long long)v.i);
+    }
+    /* The range prints in full, not as 1e+18. */
+    gr_cli_value v;
+    char err[256];
+    assert_int_equal(gr_cli_set_text(&big, "x", &v, err, sizeof err), GR_CLI_BAD);
+    assert_non_null(strstr(err, "0..1000000000000000000"));
+    /* The commands that failed on it before: --max-examples 10k, datagen --train-rows 2k. */
+    static char out[16384];
+    assert_int_equal(run_granary("train --train /nonexistent --max-examples 10k", out, sizeof out),
+                     2);
+    assert_null(strstr(out, "--max-examples"));
+    assert_non_null(strstr(out, "--train /nonexistent"));
+}
+
 static void test_out_of_range(void **state)
 {
     (void)state;
@@ -292,7 +336,7 @@ static void test_other_commands_use_tables(void **state)
     assert_int_equal(run_granary("datagen --out /tmp/x --train-rows 1 --test-rows 1 --threads 65",
                                  out, sizeof out), 2);
     assert_non_null(strstr(out, "granary datagen: --threads must be in 1..64, got 65"));
-    assert_int_equal(run_granary("datagen --out /tmp/x --train-rows 1e3 --test-rows 1", out,
+    assert_int_equal(run_granary("datagen --out /tmp/x --train-rows 1.5e0 --test-rows 1", out,
                                  sizeof out), 2);
     assert_non_null(strstr(out, "--train-rows wants a whole number"));
     assert_int_equal(run_granary("stats --server", out, sizeof out), 2);
@@ -345,6 +389,7 @@ int main(void)
         cmocka_unit_test_teardown(test_values_and_defaults, teardown),
         cmocka_unit_test_teardown(test_bad_numbers, teardown),
         cmocka_unit_test_teardown(test_out_of_range, teardown),
+        cmocka_unit_test(test_count_suffixes),
         cmocka_unit_test_teardown(test_unknown_missing_extra, teardown),
         cmocka_unit_test_teardown(test_config_file, teardown),
         cmocka_unit_test_teardown(test_config_file_errors, teardown),

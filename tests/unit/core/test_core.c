@@ -25,6 +25,12 @@ static void test_errors(void **state)
     assert_string_equal(gr_errmsg(), "bad dim 7");
     gr_clearerr();
     assert_string_equal(gr_errmsg(), "");
+    /* Wrapping the current message in a new one keeps it whole (it used to be overwritten
+     * while it was read: "cannot read the auth file: cannot read the auth file: uch file"). */
+    gr_seterr(GR_ENOENT, "cannot open %s: %s", "/nope", "No such file or directory");
+    assert_int_equal(gr_seterr(GR_ENOENT, "cannot read the auth file: %s", gr_errmsg()), GR_ENOENT);
+    assert_string_equal(gr_errmsg(),
+                        "cannot read the auth file: cannot open /nope: No such file or directory");
 }
 
 static void test_slots_fixed(void **state)

@@ -32,7 +32,8 @@ static void test_config_acquire_leave_pair(void **state)
     (void)state;
     gr_proto_buf b;
     gr_proto_buf_init(&b);
-    gr_proto_sync_config c = {GR_PROTO_SYNC_SEMISYNC, 4, 3, 1, GR_PROTO_SYNC_RESET}, d;
+    gr_proto_sync_config c = {.mode = GR_PROTO_SYNC_SEMISYNC, .workers = 4, .aggregate = 3,
+                              .staleness = 1, .flags = GR_PROTO_SYNC_RESET}, d;
     assert_int_equal(gr_proto_put_sync_config(&b, &c), 0);
     assert_int_equal(b.len, 24);
     assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), 0);
@@ -44,6 +45,38 @@ static void test_config_acquire_leave_pair(void **state)
     b.data[20] = 1;
     assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
     assert_int_equal(gr_proto_decode_sync_config(b.data, 20, &d), GR_EPROTO);
+
+    /* With an owner: 24 + 24 + the label padded to 8; without one, the 24-byte form. */
+    b.len = 0;
+    b.data[20] = 0;
+    gr_proto_sync_config o = {.mode = GR_PROTO_SYNC_SYNC, .workers = 2, .aggregate = 2,
+                              .owner = 0x1234567890abcdefull, .started_ms = 1764600000123ull,
+                              .label = "host-a:4242"};
+    assert_int_equal(gr_proto_put_sync_config(&b, &o), 0);
+    assert_int_equal(b.len, 48 + 16);
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), 0);
+    o.label_len = 11;
+    assert_memory_equal(&o, &d, sizeof o);
+    /* Every truncation and a longer body are refused; so are a label length that does not
+     * match, padding that is not zero and owner 0. */
+    for (size_t n = 0; n < b.len; n++)
+        if (n != 24) assert_int_equal(gr_proto_decode_sync_config(b.data, n, &d), GR_EPROTO);
+    assert_int_equal(gr_proto_decode_sync_config(b.data, 24, &d), 0);
+    assert_int_equal(d.owner, 0);
+    b.data[40] = 12;
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
+    b.data[40] = 200;
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
+    b.data[40] = 11;
+    b.data[63] = 1;
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
+    b.data[63] = 0;
+    memset(b.data + 24, 0, 8);
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
+    o.owner = 0;
+    b.len = 0;
+    assert_int_equal(gr_proto_put_sync_config(&b, &o), 0);
+    assert_int_equal(b.len, 24);
 
     b.len = 0;
     gr_proto_sync_acquire a = {7, 2500, 123456789012ull}, a2;

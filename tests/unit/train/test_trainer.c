@@ -168,6 +168,50 @@ static int local_backend(gr_model_kind kind, gr_train_backend *be)
     return gr_local_backend_create(&bo, be);
 }
 
+static atomic_int stop_asks;
+
+/* Says "stop" from the 20th question on (each worker asks once per batch it hands on). */
+static bool stop_after_20(void *ctx)
+{
+    (void)ctx;
+    return atomic_fetch_add(&stop_asks, 1) >= 20;
+}
+
+/* should_stop ends the run at a step boundary: no batch is handed on after it, the batches in
+ * flight are finished, and the test file is not scored. */
+static void test_stop_request(void **state)
+{
+    (void)state;
+    gr_train_opts o;
+    quick_opts(&o, GR_MODEL_DLRM);
+    o.model.dim = 8;
+    o.emb.dim = 8;
+    o.workers = 2;
+    o.should_stop = stop_after_20;
+    atomic_store(&stop_asks, 0);
+    gr_train_backend be;
+    assert_int_equal(gr_local_backend_create(NULL, &be), GR_OK);
+    gr_train_result r;
+    assert_int_equal(gr_train_run(&o, &be, &r), GR_OK);
+    assert_true(r.stopped);
+    /* 20 batches were handed on before the answer changed; none after it. */
+    assert_int_equal(r.steps, 20);
+    assert_int_equal(r.worker_steps[0] + r.worker_steps[1], 20);
+    /* Shared data cuts batches at chunk ends: at most 256 examples each. */
+    assert_true(r.examples >= 20 && r.examples <= 20 * 256);
+    assert_true(isnan(r.test_auc));
+    assert_int_equal(r.test_examples, 0);
+    gr_train_backend_destroy(&be);
+    /* Without it the run goes to the end. */
+    o.should_stop = NULL;
+    o.test_path = NULL;
+    assert_int_equal(gr_local_backend_create(NULL, &be), GR_OK);
+    assert_int_equal(gr_train_run(&o, &be, &r), GR_OK);
+    assert_false(r.stopped);
+    assert_int_equal(r.examples, 120000);
+    gr_train_backend_destroy(&be);
+}
+
 static void test_train_dlrm_pipelined(void **state)
 {
     (void)state;
@@ -389,6 +433,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_backend),
         cmocka_unit_test(test_train_dlrm_pipelined),
+        cmocka_unit_test(test_stop_request),
         cmocka_unit_test(test_train_lr_sequential_deterministic),
         cmocka_unit_test(test_step_tokens),
         cmocka_unit_test(test_errors),

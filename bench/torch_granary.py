@@ -1,0 +1,108 @@
+#!/usr/bin/python3
+"""Benchmark: PyTorch with its embeddings on granary, against plain PyTorch and `granary train`.
+
+DLRM dim 16 (bottom 64,32, top 128,64), batch 1024, on the same generated Criteo files:
+  torch          plain PyTorch: nn.Embedding(sparse=True) + Adagrad, dense Adam
+                 (bench/torch_dlrm.py, the training benchmark's baseline)
+  torch_granary  PyTorch with an EmbeddingCollection on a 2-shard embedded granary cluster:
+                 rows pulled and deduplicated in C, Adagrad on the shards, dense Adam in
+                 PyTorch, the next batch prefetched (examples/torch_dlrm.py)
+  granary        `granary train` on a 2-shard embedded cluster (C DLRM, OpenBLAS)
+Each prints its training examples/s (training loop only; plain PyTorch's TSV parsing and
+vocabulary building are not timed, granary's parsing is part of its pipeline) and test AUC.
+Run as `python3 bench/torch_granary.py --json` or `granary bench torch --json`; the final line
+is JSON with torch_examples_per_sec, torch_auc, torch_granary_examples_per_sec,
+torch_granary_auc, granary_examples_per_sec, granary_auc and the ratios.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+
+
+def run_json(cmd, env=None):
+    """Runs cmd; returns the last stdout line that parses as a JSON object."""
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit("bench torch: %s failed (%d):\n%s" % (cmd[1] if cmd[0] == PY else cmd[0],
+                                                              r.returncode, r.stderr[-2000:]))
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise SystemExit("bench torch: no JSON line from %s" % " ".join(cmd))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="PyTorch + granary vs PyTorch vs granary train")
+    ap.add_argument("--rows", type=int, default=200000, help="training rows (default 200000)")
+    ap.add_argument("--test-rows", type=int, default=20000)
+    ap.add_argument("--data", help="use DIR/train.tsv and DIR/test.tsv instead of generating")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (both PyTorch runs)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="PyTorch + granary worker processes (DDP)")
+    ap.add_argument("--granary-workers", type=int, default=2, help="granary train --workers")
+    ap.add_argument("--build", default=os.environ.get("GR_BUILD_DIR", os.path.join(REPO, "build")))
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    granary_bin = os.path.join(a.build, "granary")
+    env = dict(os.environ, GRANARY_LOG=os.environ.get("GRANARY_LOG", "warn"))
+    tmp = None
+    data = a.data
+    if not data:
+        tmp = data = tempfile.mkdtemp(prefix="bench_torch_granary")
+        subprocess.run([granary_bin, "datagen", "--out", data, "--train-rows", str(a.rows),
+                        "--test-rows", str(a.test_rows)], check=True, stdout=subprocess.DEVNULL)
+    train, test = os.path.join(data, "train.tsv"), os.path.join(data, "test.tsv")
+    try:
+        print("bench torch: plain PyTorch (bench/torch_dlrm.py) ...", file=sys.stderr)
+        t = run_json([PY, os.path.join(HERE, "torch_dlrm.py"), "--train", train, "--test", test,
+                      "--threads", str(a.threads), "--dim", "16", "--bottom", "64,32", "--top",
+                      "128,64", "--lr-emb", "0.05", "--lr-dense", "0.001", "--batch", "1024"],
+                     env)
+        print("bench torch: PyTorch + granary (examples/torch_dlrm.py) ...", file=sys.stderr)
+        tg = run_json([PY, os.path.join(REPO, "examples", "torch_dlrm.py"), "--train", train,
+                       "--test", test, "--shards", "2", "--threads", str(a.threads),
+                       "--workers", str(a.workers), "--batch", "1024", "--json"], env)
+        print("bench torch: granary train ...", file=sys.stderr)
+        mfile = os.path.join(data, "granary-metrics.json")
+        subprocess.run([granary_bin, "train", "--train", train, "--test", test, "--shards", "2",
+                        "--workers", str(a.granary_workers), "--batch", "1024", "--progress",
+                        "0", "--metrics-out", mfile], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=env)
+        gm = json.load(open(mfile))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    res = {
+        "torch_examples_per_sec": t["examples_per_sec"], "torch_auc": t["auc"],
+        "torch_granary_examples_per_sec": tg["examples_per_sec"], "torch_granary_auc": tg["auc"],
+        "granary_examples_per_sec": gm["examples_per_sec"], "granary_auc": gm["auc"],
+        "torch_granary_vs_torch": tg["examples_per_sec"] / t["examples_per_sec"],
+        "torch_granary_auc_minus_torch": tg["auc"] - t["auc"],
+        "granary_vs_torch": gm["examples_per_sec"] / t["examples_per_sec"],
+        "rows": a.rows if not a.data else None, "threads": a.threads,
+        "torch_granary_workers": a.workers, "granary_workers": a.granary_workers,
+    }
+    print("%-52s %12s %8s" % ("DLRM dim 16, batch 1024", "examples/s", "AUC"))
+    print("%-52s %12.0f %8.4f" % ("PyTorch, nn.Embedding sparse + Adagrad (%d threads)"
+                                  % a.threads, t["examples_per_sec"], t["auc"]))
+    print("%-52s %12.0f %8.4f" % ("PyTorch + granary, 2 shards (%d worker(s))" % a.workers,
+                                  tg["examples_per_sec"], tg["auc"]))
+    print("%-52s %12.0f %8.4f" % ("granary train, 2 shards, %d workers" % a.granary_workers,
+                                  gm["examples_per_sec"], gm["auc"]))
+    print("PyTorch + granary / PyTorch: %.2fx examples/s (target >= 2), AUC %+.4f (target "
+          "within 0.002)" % (res["torch_granary_vs_torch"], res["torch_granary_auc_minus_torch"]))
+    if a.json:
+        print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""DLRM on Criteo TSV files in PyTorch with its embedding tables on granary.
+
+    make python
+    build/granary datagen --out /tmp/d --train-rows 200000 --test-rows 20000
+    python3 examples/torch_dlrm.py --train /tmp/d/train.tsv --test /tmp/d/test.tsv
+
+By default it starts an embedded local cluster of --shards shards in this process (through the
+extension); --servers host:port,... uses running `granary server`s instead (--coord zk://...
+is accepted once granary's ZooKeeper coordination exists). The dense layers are ordinary
+torch.nn modules; with --workers N it starts N processes that train them under
+DistributedDataParallel over gloo, each reading its share of the file, while the rows go through
+granary in the chosen --mode. Prints the test AUC and the training examples/s, and with --json a
+final JSON line.
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "build", "python"))  # `make python`
+
+import torch  # noqa: E402
+
+import granary  # noqa: E402
+from granary import dlrm  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--train", required=True)
+    p.add_argument("--test")
+    p.add_argument("--servers", help="host:port,... of running granary servers")
+    p.add_argument("--coord", help="zk://... (ZooKeeper coordination; not built yet)")
+    p.add_argument("--shards", type=int, default=2, help="embedded cluster size (default 2)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (DDP over gloo)")
+    p.add_argument("--mode", default="async", choices=sorted(granary.SYNC_MODES))
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--bottom", default="64,32")
+    p.add_argument("--top", default="128,64")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--dense-lr", type=float, default=1e-3, help="Adam (default 0.001)")
+    p.add_argument("--max-steps", type=int, default=0, help="per worker (0: the whole file)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--no-pipeline", action="store_true", help="no prefetch of the next batch")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    return p.parse_args(argv)
+
+
+def split_file(path, parts):
+    """Byte offsets cutting the file into parts ranges at line starts."""
+    size = os.path.getsize(path)
+    offs = [0]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            f.seek(max(size * i // parts, offs[-1]))
+            f.readline()
+            offs.append(min(f.tell(), size))
+    return offs + [size]
+
+
+def run_worker(rank, args, servers, port, offsets, result_path):
+    torch.set_num_threads(args.threads)
+    ddp = args.workers > 1
+    if ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                                world_size=args.workers)
+    client = granary.Client(servers=servers)
+    ec = dlrm.embedding_collection(client, dim=args.dim, seed=args.seed, mode=args.mode,
+                                   worker=rank, workers=args.workers)
+    model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed)
+    trained = DistributedDataParallel(model) if ddp else model
+    opt = torch.optim.Adam(trained.parameters(), lr=args.dense_lr)
+    batches = dlrm.criteo_batches(args.train, args.batch, start=offsets[rank],
+                                  end=offsets[rank + 1], max_batches=args.max_steps)
+    losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline)
+    if ddp:
+        import torch.distributed as dist
+        dist.barrier()  # every worker has pushed: evaluation sees the final rows
+    res = {"examples": examples, "seconds": secs, "last_loss": losses[-1] if losses else None}
+    if rank == 0 and args.test:
+        auc, logloss, n = dlrm.evaluate(ec, model, dlrm.criteo_batches(args.test, args.batch))
+        res.update(auc=auc, logloss=logloss, test_examples=n)
+    with open(result_path % rank, "w") as f:
+        json.dump(res, f)
+    if ddp:
+        dist.destroy_process_group()
+    client.close()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.coord:
+        granary.Client(coord=args.coord)  # raises: coordination is not built yet
+    cluster = None
+    servers = args.servers
+    if not servers:
+        cluster = granary.LocalCluster(args.shards)
+        servers = cluster.servers
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="torch_dlrm")
+    result_path = os.path.join(tmp, "worker-%d.json")
+    offsets = split_file(args.train, args.workers)
+    t0 = time.perf_counter()
+    try:
+        if args.workers == 1:
+            run_worker(0, args, servers, 0, offsets, result_path)
+        else:
+            import torch.multiprocessing as mp
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            mp.start_processes(run_worker, args=(args, servers, port, offsets, result_path),
+                               nprocs=args.workers, join=True, start_method="spawn")
+    finally:
+        if cluster:
+            cluster.stop()
+    wall = time.perf_counter() - t0
+    res = [json.load(open(result_path % r)) for r in range(args.workers)]
+    examples = sum(r["examples"] for r in res)
+    train_s = max(r["seconds"] for r in res)
+    out = {"examples": examples, "train_seconds": train_s,
+           "examples_per_sec": examples / train_s if train_s > 0 else 0.0,
+           "auc": res[0].get("auc"), "logloss": res[0].get("logloss"),
+           "workers": args.workers, "mode": args.mode, "wall_seconds": wall}
+    print("torch_dlrm: %d examples in %.1f s (%.0f examples/s), %d worker(s), mode %s%s"
+          % (examples, train_s, out["examples_per_sec"], args.workers, args.mode,
+             ", test AUC %.4f logloss %.4f" % (out["auc"], out["logloss"])
+             if out["auc"] is not None else ""))
+    if args.json:
+        print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

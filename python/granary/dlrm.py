@@ -1,0 +1,175 @@
+"""DLRM in PyTorch with its embeddings on granary: the same model as granary's C DLRM
+(src/train/model.c: bottom MLP with ReLU on every layer, 351 pairwise dot products among the
+bottom output and the 26 embeddings, top MLP), its dense parameters in the C trainer's flat
+layout (so weights move between the two), the Criteo batches of granary's own reader, and a
+training loop shared by examples/torch_dlrm.py, the tests and bench/torch_granary.py.
+"""
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import granary
+from granary.torch import EmbeddingCollection, TableConfig, TrainPipeline
+
+NUM_DENSE, NUM_CAT = 13, 26
+FEATURES = ["C%d" % (i + 1) for i in range(NUM_CAT)]
+
+
+def parse_layers(s):
+    return [int(x) for x in s.split(",") if x] if isinstance(s, str) else list(s)
+
+
+class DenseDLRM(nn.Module):
+    """The dense part of DLRM. forward(dense (B, 13), embs (B, 26, dim)) -> logits (B,).
+    Initialised like `granary train --seed SEED` (the C initializer, through the extension)."""
+
+    def __init__(self, dim=16, bottom=(64, 32), top=(128, 64), seed=1):
+        super().__init__()
+        self.dim, self.bottom_sizes, self.top_sizes = dim, parse_layers(bottom), parse_layers(top)
+        self.seed = seed
+        sizes = [NUM_DENSE] + self.bottom_sizes + [dim]
+        self.bottom = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        n = NUM_CAT + 1
+        li, lj = torch.tril_indices(n, n, offset=-1)  # (a, b) with a > b, in the C order
+        self.register_buffer("li", li, persistent=False)
+        self.register_buffer("lj", lj, persistent=False)
+        sizes = [dim + n * (n - 1) // 2] + self.top_sizes + [1]
+        self.top = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.load_flat(self.granary_init())
+
+    def _layout_args(self):
+        return (self.dim, ",".join(map(str, self.bottom_sizes)),
+                ",".join(map(str, self.top_sizes)))
+
+    def granary_init(self):
+        """The C trainer's initial dense parameters for this shape and seed (flat float32)."""
+        size, _ = granary.dlrm_dense(*self._layout_args(), self.seed)
+        flat = np.empty(size, dtype=np.float32)
+        granary.dlrm_dense(*self._layout_args(), self.seed, out=flat)
+        return flat
+
+    def _layers(self):
+        return list(self.bottom) + list(self.top)
+
+    def load_flat(self, flat):
+        """Loads the C layout: per layer W (out x in, row-major) then b; bottom, then top."""
+        flat = torch.as_tensor(np.asarray(flat, dtype=np.float32))
+        at = 0
+        with torch.no_grad():
+            for l in self._layers():
+                nw = l.weight.numel()
+                l.weight.copy_(flat[at:at + nw].view_as(l.weight))
+                at += nw
+                l.bias.copy_(flat[at:at + l.bias.numel()])
+                at += l.bias.numel()
+        if at != flat.numel():
+            raise ValueError("dense parameters: %d floats, this DLRM has %d" % (flat.numel(), at))
+
+    def to_flat(self):
+        return torch.cat([t.detach().reshape(-1) for l in self._layers()
+                          for t in (l.weight, l.bias)]).numpy()
+
+    def forward(self, dense, embs):
+        x = dense
+        for l in self.bottom:
+            x = F.relu(l(x))  # DLRM in granary: ReLU on every bottom layer, the last included
+        t = torch.cat([x.unsqueeze(1), embs], dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        x = torch.cat([x, z[:, self.li, self.lj]], dim=1)
+        for i, l in enumerate(self.top):
+            x = l(x)
+            if i < len(self.top) - 1:
+                x = F.relu(x)
+        return x.squeeze(1)
+
+
+def criteo_batches(path, batch, threads=0, start=0, end=0, max_batches=0):
+    """(features, (labels, dense)) per batch from granary's Criteo reader: the same parsing,
+    feature ids and batch order as `granary train` with one worker."""
+    reader = granary.CriteoReader(path, batch, threads, start, end)
+    labels = np.empty(batch, dtype=np.float32)
+    dense = np.empty((batch, NUM_DENSE), dtype=np.float32)
+    ids = np.empty((batch, NUM_CAT), dtype=np.int64)
+    k = 0
+    try:
+        while not max_batches or k < max_batches:
+            n = reader.next(labels, dense, ids)
+            if n == 0:
+                break
+            cat = torch.from_numpy(ids[:n].T.copy())  # feature-major: one contiguous row each
+            features = {f: cat[s] for s, f in enumerate(FEATURES)}
+            yield features, (torch.from_numpy(labels[:n].copy()),
+                             torch.from_numpy(dense[:n].copy()))
+            k += 1
+    finally:
+        reader.close()
+
+
+def embedding_collection(client, dim=16, seed=1, mode="async", worker=0, workers=1,
+                         aggregate=0, staleness=0, spec=None, reset=False):
+    """The 26 Criteo features on one table, as `granary train` keeps them (table
+    'embeddings', id 1, its default optimizer and initializer for this seed)."""
+    import json
+    full = json.loads(spec) if isinstance(spec, str) else (spec or
+                                                           json.loads(granary.dlrm_table_spec(dim, seed)))
+    extra = {k: v for k, v in full.items() if k not in ("name", "id", "dim")}
+    cfg = TableConfig(full.get("name", "embeddings"), full.get("id", 1), dim, FEATURES,
+                      pooling=None, spec=extra)
+    return EmbeddingCollection(client, [cfg], mode=mode, worker=worker, workers=workers,
+                               aggregate=aggregate, staleness=staleness, reset=reset)
+
+
+def logloss_from_logits(logits, labels):
+    """The C trainer's loss (mean of softplus(z) - y z), in double."""
+    z, y = logits.detach().double(), labels.double()
+    return float((F.softplus(z) - y * z).mean())
+
+
+def train(ec, model, optimizer, batches, pipeline=True, on_step=None):
+    """Trains over batches; returns (per-step losses, examples, seconds). model may be a DDP
+    wrapper of DenseDLRM. on_step(step, loss) is called after each step."""
+    losses = []
+    examples = [0]
+    t0 = time.perf_counter()
+
+    def step(emb, extra):
+        labels, dense = extra
+        embs = torch.stack([emb[f] for f in FEATURES], dim=1)
+        logits = model(dense, embs)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(logloss_from_logits(logits, labels))
+        examples[0] += labels.numel()
+        if on_step:
+            on_step(len(losses), losses[-1])
+
+    if pipeline:
+        TrainPipeline(ec, batches).run(step)
+    else:
+        for features, extra in batches:
+            step(ec(features), extra)
+    ec.finish()
+    return losses, examples[0], time.perf_counter() - t0
+
+
+def evaluate(ec, model, batches):
+    """(AUC, logloss, examples) over batches, rows read without creating any."""
+    scores, labels_all = [], []
+    with torch.no_grad():
+        for features, (labels, dense) in batches:
+            emb = ec(features)
+            embs = torch.stack([emb[f] for f in FEATURES], dim=1)
+            scores.append(torch.sigmoid(model(dense, embs)))
+            labels_all.append(labels)
+    if not scores:
+        return math.nan, math.nan, 0
+    s, y = torch.cat(scores), torch.cat(labels_all)
+    p = s.double().clamp(1e-7, 1 - 1e-7)
+    ll = float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
+    return granary.auc(s.float().numpy(), y.float().numpy()), ll, y.numel()

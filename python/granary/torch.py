@@ -1,0 +1,277 @@
+"""PyTorch modules whose embedding tables live on granary (docs/python.md).
+
+EmbeddingCollection maps feature names to tables, the way TorchRec's EmbeddingBagCollection
+does: each table serves one or more features, and each feature's ids come as a bag per example
+(pooled "sum" or "mean" from offsets) or as one row per id (pooling None). forward() deduplicates
+each table's ids in C, pulls the unique rows of every table in one request per shard, and
+returns ordinary tensors; backward sums the gradients of duplicate ids (embedding_bag's backward
+over the unique rows) and pushes them to the shards, whose optimizer applies them. The sync
+modes of the C trainer work the same way: in sync, semisync and ssp a step token is taken from
+every shard before the pull and the step's gradients of all tables go out in one PUSH_STEP per
+shard. Dense layers stay ordinary torch.nn modules (trained with DDP across processes).
+
+TrainPipeline overlaps the next batch's reading, dedup and (in async mode) pull with the
+current batch's compute, like TorchRec's TrainPipelineSparseDist.
+"""
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import granary
+
+__all__ = ["TableConfig", "EmbeddingCollection", "TrainPipeline"]
+
+
+class TableConfig:
+    """One table: name, numeric id, dim, the features it serves, and pooling ("sum", "mean" or
+    None for one row per id). spec: further table spec fields (initializer, optimizer, ...,
+    docs/table.md) used when the collection creates the table."""
+
+    def __init__(self, name, table_id, dim, features, pooling="sum", spec=None):
+        if pooling not in ("sum", "mean", None):
+            raise ValueError("table %r: pooling %r: want 'sum', 'mean' or None" % (name, pooling))
+        if not features:
+            raise ValueError("table %r serves no features" % name)
+        self.name, self.table_id, self.dim = name, int(table_id), int(dim)
+        self.features, self.pooling = list(features), pooling
+        self.spec = dict(spec or {})
+
+    def spec_dict(self):
+        s = dict(self.spec)
+        s.update({"name": self.name, "id": self.table_id, "dim": self.dim})
+        return s
+
+
+class _Prepared:
+    """One batch's ids, deduplicated per table, and the buffers its rows are pulled into."""
+
+    def __init__(self, tables, features):
+        self.parts = []   # per table: (cfg, uniq int64[nu], inverse int64[n], [(feature, lo, hi, offsets)])
+        self.rows = []    # per table: float32 numpy (nu, dim)
+        self.op = None    # a started pull
+        self.token = None  # sync modes: the step tags this batch's pull ran under
+        for cfg in tables:
+            ids, spans, at = [], [], 0
+            for f in cfg.features:
+                if f not in features:
+                    raise KeyError("feature %r (table %r) is missing from the batch" % (f, cfg.name))
+                v = features[f]
+                vals, offs = (v if isinstance(v, tuple) else (v, None))
+                vals = vals.reshape(-1)
+                if vals.dtype != torch.int64:
+                    raise TypeError("feature %r: ids must be int64, got %s" % (f, vals.dtype))
+                if cfg.pooling is not None and offs is None:
+                    offs = torch.arange(vals.numel(), dtype=torch.int64)
+                ids.append(vals)
+                spans.append((f, at, at + vals.numel(), offs))
+                at += vals.numel()
+            allids = torch.cat(ids) if len(ids) > 1 else ids[0].contiguous()
+            n = allids.numel()
+            uniq = np.empty(n, dtype=np.int64)
+            inv = np.empty(n, dtype=np.int32)
+            nu = granary.dedup(allids.numpy(), uniq, inv)
+            self.parts.append((cfg, uniq[:nu], torch.from_numpy(inv).long(), spans))
+            self.rows.append(np.empty((nu, cfg.dim), dtype=np.float32))
+
+    def batches(self):
+        return [(cfg.table_id, cfg.dim, uniq, rows)
+                for (cfg, uniq, _, _), rows in zip(self.parts, self.rows)]
+
+
+class _Rows(torch.autograd.Function):
+    """Identity on the pulled unique rows whose backward hands the rows' gradients (already
+    summed over duplicate ids by embedding_bag's backward) to the collection to push."""
+
+    @staticmethod
+    def forward(ctx, owner, prep, *rows):
+        ctx.owner, ctx.prep = owner, prep
+        return tuple(r.detach() for r in rows) if len(rows) > 1 else rows[0].detach()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.owner._push(ctx.prep, grads)
+        return (None, None) + tuple(None for _ in grads)
+
+
+class EmbeddingCollection(torch.nn.Module):
+    """Feature names -> tables on granary. forward(features) takes a dict feature ->
+    int64 ids tensor, or (ids, offsets) for bags (offsets as nn.EmbeddingBag takes them: the
+    start of each bag), and returns a dict feature -> tensor: (bags, dim) pooled, or (ids, dim)
+    for a table without pooling.
+
+    mode: "async" (pushes applied on arrival), "sync", "semisync", "ssp" (step tokens; the job
+    is configured on the shards with workers/aggregate/staleness). worker: this process's
+    worker index in the job. Call finish() when this worker has no more batches.
+    create: create the tables on the shards (an existing equal table is fine)."""
+
+    def __init__(self, client, tables, mode="async", worker=0, workers=1, aggregate=0,
+                 staleness=0, create=True, timeout_ms=60000, reset=False):
+        super().__init__()
+        if mode not in granary.SYNC_MODES:
+            raise ValueError("mode %r: want one of %s" % (mode, ", ".join(granary.SYNC_MODES)))
+        names = set()
+        for t in tables:
+            for f in t.features:
+                if f in names:
+                    raise ValueError("feature %r is served by two tables" % f)
+                names.add(f)
+        self.client, self.tables, self.mode = client, list(tables), mode
+        self.worker, self.timeout_ms = int(worker), int(timeout_ms)
+        self._pending = []        # async pushes started and not yet waited for
+        self._tags = None         # sync modes: the tags of this worker's last step per shard
+        self._left = False
+        if create:
+            for t in self.tables:
+                client.create_table(t.spec_dict())
+        if mode != "async":
+            if not aggregate:  # as the C trainer: K = N - 1 (one backup worker), or 1 alone
+                aggregate = workers - 1 if workers > 1 else 1
+            client.sync_configure(mode, workers=workers, aggregate=aggregate,
+                                  staleness=staleness, reset=reset)
+
+    # The step machinery -------------------------------------------------------------------------
+    def prepare(self, features):
+        """Deduplicates a batch's ids (the CPU part of forward), for a pipeline to run ahead."""
+        return _Prepared(self.tables, features)
+
+    def wait_pushes(self):
+        """Waits for the async pushes already started (the next pull then sees them)."""
+        pending, self._pending = self._pending, []
+        for op in pending:
+            op.wait()
+
+    def start_pull(self, prep):
+        """Starts the pull of a prepared batch (async mode only: in the sync modes the pull
+        needs this step's token, taken by forward)."""
+        if self.mode != "async":
+            raise RuntimeError("start_pull: only in async mode (sync modes pull under a token)")
+        if prep.op is None:
+            self.wait_pushes()  # so the prefetched rows miss at most the current batch's push
+            prep.op = self.client.pull_many_start(prep.batches())
+
+    def _acquire(self):
+        n = self.client.shards
+        want = np.zeros(n, dtype=np.uint64) if self._tags is None else self._tags + np.uint64(1)
+        tags = np.zeros(n, dtype=np.uint64)
+        self.client.sync_acquire(self.worker, want, tags, timeout_ms=self.timeout_ms)
+        return tags
+
+    def _pull(self, prep, train):
+        if prep.op is not None:
+            prep.op.wait()
+            prep.op = None
+            return
+        if not train:
+            # Evaluation: the rows as they are, nothing created, no step token.
+            self.wait_pushes()
+            self.client.pull_many(prep.batches(), readonly=True)
+            return
+        if self.mode == "async":
+            self.wait_pushes()
+        else:
+            prep.token = self._acquire()
+        self.client.pull_many(prep.batches())
+
+    def _push(self, prep, grads):
+        batches = []
+        for (cfg, uniq, _, _), g in zip(prep.parts, grads):
+            if g is None:
+                g = torch.zeros((len(uniq), cfg.dim))
+            g = g.detach().to(torch.float32).contiguous().numpy()
+            batches.append((cfg.table_id, cfg.dim, uniq, g))
+        if self.mode == "async":
+            self._pending.append(self.client.push_many_start(batches, unique=True))
+        else:
+            self.client.push_step(self.worker, prep.token, batches, unique=True)
+            self._tags = prep.token
+
+    def forward(self, features, prepared=None):
+        prep = prepared if prepared is not None else self.prepare(features)
+        train = torch.is_grad_enabled()
+        self._pull(prep, train)
+        rows = [torch.from_numpy(r) for r in prep.rows]
+        if train:
+            rows = [r.requires_grad_() for r in rows]
+            out = _Rows.apply(self, prep, *rows)
+            rows = list(out) if isinstance(out, tuple) else [out]
+        result = {}
+        for (cfg, _, inv, spans), w in zip(prep.parts, rows):
+            # One lookup per table for all its features (one backward, one gradient buffer),
+            # then split per feature.
+            if cfg.pooling is None:
+                out = F.embedding(inv, w)
+                sizes = [hi - lo for _, lo, hi, _ in spans]
+            else:
+                offs = torch.cat([o + lo for _, lo, _, o in spans]) if len(spans) > 1 \
+                    else spans[0][3]
+                out = F.embedding_bag(inv, w, offs, mode=cfg.pooling)
+                sizes = [o.numel() for _, _, _, o in spans]
+            for (f, _, _, _), part in zip(spans, torch.split(out, sizes)):
+                result[f] = part
+        return result
+
+    def finish(self):
+        """This worker has no more batches: waits for its pushes and, in the sync modes,
+        leaves the job so the others stop waiting for it."""
+        self.wait_pushes()
+        if self.mode != "async" and not self._left:
+            self.client.sync_leave(self.worker)
+            self._left = True
+
+
+class TrainPipeline:
+    """Runs train_step over batches while the next batch is read and deduplicated on a
+    background thread and, in async mode, its rows are pulled (started right after the current
+    batch's rows arrived, so they overlap its compute). As with the C trainer's pipeline, a row
+    prefetched that way may miss the current batch's update of it (one step stale).
+
+    batches: an iterator of (features, extra) where features is the dict forward takes; extra
+    is handed to train_step(result_of_forward, extra) with the forward's output.
+    """
+
+    def __init__(self, collection, batches, prefetch_rows=True):
+        self.ec = collection
+        self.it = iter(batches)
+        self.prefetch_rows = prefetch_rows and collection.mode == "async"
+        self._next = None
+        self._thread = None
+        self._error = None
+
+    def _load(self):
+        try:
+            item = next(self.it, None)
+            self._next = None if item is None else (self.ec.prepare(item[0]), item[1])
+        except BaseException as e:  # handed to the caller's thread
+            self._error = e
+
+    def _start_load(self):
+        self._thread = threading.Thread(target=self._load, daemon=True)
+        self._thread.start()
+
+    def _take(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._next
+
+    def run(self, train_step):
+        """Calls train_step(embeddings, extra) for every batch; returns how many ran."""
+        self._start_load()
+        cur = self._take()
+        if cur is not None:
+            self._start_load()
+        steps = 0
+        while cur is not None:
+            prep, extra = cur
+            emb = self.ec(None, prepared=prep)
+            nxt = self._take()
+            if nxt is not None and self.prefetch_rows:
+                self.ec.start_pull(nxt[0])
+            train_step(emb, extra)
+            steps += 1
+            cur = nxt
+            if cur is not None:
+                self._start_load()
+        return steps
