@@ -19,7 +19,7 @@
 
 #define METRICS_BENCH_OPTIONS(X)                                                                   \
     X(MB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")       \
-    X(MB_PULLS, "pulls", GR_CLI_INT, NULL, 100, 1e8, NULL, "N", "20000", "blocking pulls per run") \
+    X(MB_PULLS, "pulls", GR_CLI_INT, NULL, 1, 1e8, NULL, "N", "20000", "blocking pulls per run") \
     X(MB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 100, NULL, "R", "5",                               \
       "runs of each (alternated); the median is reported")
 
