@@ -10,7 +10,8 @@
     X("ckpt", gr_bench_ckpt)   \
     X("soak", gr_bench_soak)   \
     X("metrics", gr_bench_metrics) \
-    X("torch", gr_bench_torch)
+    X("torch", gr_bench_torch)   \
+    X("recovery", gr_bench_recovery)
 
 #define GR_BENCH_DECLARE(name, fn) int fn(int argc, char **argv);
 GR_BENCHES(GR_BENCH_DECLARE)

@@ -12,6 +12,8 @@
 
 typedef struct gr_client gr_client;
 typedef struct gr_client_op gr_client_op;
+typedef int (*gr_client_stale_fn)(void *ctx, gr_client *c, uint32_t shard, uint32_t epoch,
+                                  const char *msg);
 
 typedef struct gr_client_config {
     /* Either a list "host:port,host:port" (position = shard index) ... */
@@ -122,6 +124,36 @@ GR_API int gr_client_dense_push_start(gr_client *c, const char *name, const floa
                                       gr_client_op **op);
 /* Overwrites a dense parameter's values (its initialisation) and resets its optimizer state. */
 GR_API int gr_client_dense_set(gr_client *c, const char *name, const float *values, size_t n);
+
+/* ---- Coordination (docs/client.md, "Layout epochs") ----
+ * Under a coordinator every request carries the epoch of the layout the client routes by, and
+ * a shard of another epoch (or one fenced after losing its coordinator session) refuses it
+ * with GR_ESTALE before running it. The coordination-aware caller installs a hook that
+ * re-reads the layout; the client then sends the refused requests again. */
+
+/* The epoch stamped on every request sent from now on; 0 (the default) = not coordinated.
+ * GR_EINVAL over GR_PROTO_EPOCH_MAX. Thread-safe. */
+GR_API int gr_client_set_epoch(gr_client *c, uint32_t epoch);
+GR_API uint32_t gr_client_epoch(const gr_client *c);
+
+/* The stale hook: called on the thread that waits on an operation whose only failures are
+ * GR_ESTALE refusals, with the first refused request's shard, the epoch it carried and the
+ * shard's message. It re-reads the layout (it may block, e.g. until the layout moves past
+ * `epoch` or a fenced shard re-registers), installs what it learnt (gr_client_set_epoch), and
+ * returns 0 to have the refused requests sent again under the client's epoch now, or a
+ * negative gr_err to let the operation fail with the refusal. A refused request ran nothing
+ * on its shard, so sending it again applies it once. Retries stop at the operation's request
+ * timeout and after 64 rounds. Operations that fail for other reasons as well are not
+ * retried. */
+/* Installs (fn NULL: removes) the hook. Not thread-safe: call before the client is shared.
+ * With a hook, each request keeps its frame until its operation ends (to send it again). */
+GR_API void gr_client_set_stale_hook(gr_client *c, gr_client_stale_fn fn, void *ctx);
+
+/* Points shard's connection at another address (a standby took its index): the connection is
+ * closed and the next request connects to addr ("host:port"). No operation may be in flight
+ * to that shard (the trainer's recovery calls it with its pipeline stopped). GR_EINVAL for a
+ * bad address or shard. */
+GR_API int gr_client_set_shard_addr(gr_client *c, uint32_t shard, const char *addr);
 
 /* ---- Sync jobs: step tokens for sync, semisync and ssp (docs/sync.md) ----
  * Every shard runs the job's step state machine on its own. A worker acquires a step from

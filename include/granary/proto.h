@@ -70,10 +70,27 @@ typedef struct gr_proto_header {
     uint8_t kind;      /* GR_PROTO_REQUEST or GR_PROTO_RESPONSE */
     uint16_t op;       /* gr_proto_op */
     uint16_t flags;    /* GR_PROTO_F_* */
-    int32_t status;    /* responses: 0 or a negative gr_err; requests: 0 */
+    int32_t status;    /* responses: 0 or a negative gr_err; requests: the layout epoch the
+                        * sender works in, 0..GR_PROTO_EPOCH_MAX (0: not coordinated) */
     uint32_t body_len; /* bytes after the header */
     uint64_t id;       /* request id, echoed by the response */
 } gr_proto_header;
+
+/* Layout epochs (docs/protocol.md, "Layout epochs"). A coordinated worker stamps the epoch of
+ * the layout it routes by into the status field of every request; a coordinated shard refuses
+ * a request of another epoch with GR_ESTALE, so a worker that missed a layout change (a shard
+ * replaced after a failure) finds out on its next request. Epoch 0 means "not coordinated"
+ * and is accepted by every shard, as requests were before epochs existed. */
+#define GR_PROTO_EPOCH_MAX 0x7fffffffu
+/* The epoch a request header carries (its status field); 0 for a negative status, which the
+ * receiver refuses as malformed anyway. */
+static inline uint32_t gr_proto_request_epoch(const gr_proto_header *h)
+{
+    return h->status > 0 ? (uint32_t)h->status : 0u;
+}
+/* Overwrites the epoch of the encoded request frame at frame (its first 24 bytes), so a frame
+ * built once can be resent under a newer layout. epoch must be <= GR_PROTO_EPOCH_MAX. */
+GR_API void gr_proto_stamp_epoch(void *frame, uint32_t epoch);
 
 /* Limits on every input. The server enforces its own; the client learns them from HELLO and
  * splits its requests to fit. */

@@ -100,4 +100,99 @@ GR_API uint32_t gr_server_shard(const gr_server *s);
 GR_API uint32_t gr_server_shards(const gr_server *s);
 GR_API bool gr_server_owns_slot(const gr_server *s, uint32_t slot);
 
+/* ---- Coordination (docs/server.md, "Coordination"): the layout epoch and the fence ----
+ * A shard run under a coordinator serves one layout epoch: requests stamped with another
+ * (nonzero) epoch are refused with GR_ESTALE before anything runs, so a worker that routes by
+ * an old layout learns of the change at once. A fence stops requests while the shard is not
+ * sure it still owns its index: a shard that lost its coordinator session fences writes (all
+ * requests but the handshake, stats and shutdown in sync modes, where a read of a stale row
+ * would also be wrong) until it has re-registered, so a paused or partitioned shard that was
+ * replaced meanwhile never accepts a write beside its replacement. Fenced requests get
+ * GR_ESTALE naming why. A new server serves epoch 0 unfenced: exactly as before. All of
+ * these are thread-safe and take effect for the next request that arrives. */
+typedef enum gr_server_fence {
+    GR_SERVER_OPEN = 0,         /* serve everything */
+    GR_SERVER_FENCE_WRITES = 1, /* refuse what changes tables, the sync job or checkpoints */
+    GR_SERVER_FENCE_ALL = 2,    /* refuse reads too */
+} gr_server_fence;
+GR_API void gr_server_set_fence(gr_server *s, gr_server_fence fence);
+GR_API gr_server_fence gr_server_get_fence(const gr_server *s);
+/* The fence for a shard that lost its coordinator session: GR_SERVER_FENCE_ALL while a sync or
+ * semisync job is installed (hybrid's dense job included), else GR_SERVER_FENCE_WRITES. */
+GR_API gr_server_fence gr_server_session_fence(gr_server *s);
+/* A lease: past until_ns (gr_now_ns's clock) the shard behaves as fenced with
+ * gr_server_session_fence until the lease is renewed; 0 = no lease. The coordination thread
+ * renews it after every round trip to the coordinator, to that round trip's start plus most of
+ * the session timeout: a coordinator cannot expire the session before then, so a shard that
+ * was paused (SIGSTOP, a long stall) refuses writes the moment it runs again, before any of
+ * its threads has learnt that its session expired and a standby took its index. */
+GR_API void gr_server_set_lease(gr_server *s, uint64_t until_ns);
+/* epoch <= GR_PROTO_EPOCH_MAX, else GR_EINVAL. */
+GR_API int gr_server_set_epoch(gr_server *s, uint32_t epoch);
+GR_API uint32_t gr_server_epoch(const gr_server *s);
+/* Gives the server another shard index (a standby that claimed a lost shard's index). Only
+ * while it is fenced with GR_SERVER_FENCE_ALL and before any client may know its address
+ * (the caller publishes the address after this returns): GR_EBUSY otherwise; GR_EINVAL for
+ * an index out of range. */
+GR_API int gr_server_assign(gr_server *s, uint32_t shard, uint32_t shards);
+
+/* ---- Joining a coordinated job (`granary server --coord`, docs/operations.md) ----
+ * The shard registers with the coordinator, and a thread of its own keeps it in step with
+ * the job's layout: it takes a vacant index (unless standby) or, as a standby, the index of a
+ * shard whose member vanished, by compare-and-set with epoch + 1; after a takeover it restores
+ * that index's rows from the newest checkpoint under ckpt_dir before it opens; it follows the
+ * layout's epoch while it holds its index; it fences itself while its session is lost
+ * (gr_server_session_fence) and takes its index back when nobody replaced it; when it was
+ * replaced meanwhile it stays fenced and asks the server to stop. The server must be started
+ * (its address is published) and stays fenced until it holds an index. */
+struct gr_coord;
+typedef struct gr_server_join gr_server_join;
+typedef struct gr_server_join_opts {
+    const char *address; /* "host:port" workers reach this shard at (published in the layout) */
+    uint32_t shards;     /* creates the layout with this many shards when the job has none;
+                            0 = wait for one */
+    bool standby;        /* only take over lost indexes, never a vacant one */
+    const char *ckpt_dir; /* the job's checkpoint root, as CKPT_LOAD names it; NULL = no
+                             restore (a takeover serves empty tables) */
+    uint32_t session_timeout_ms; /* the coordinator's session timeout (the lease, see
+                                    gr_server_set_lease); 0 = 4000 */
+} gr_server_join_opts;
+/* Registers and starts the thread; the coordinator's callbacks (session, members, layout) are
+ * the join's until gr_server_join_stop. GR_EAGAIN when not connected. */
+GR_API int gr_server_join_start(gr_server *s, struct gr_coord *coord,
+                                const gr_server_join_opts *o, gr_server_join **out);
+/* Stops the thread and removes the callbacks (does not unregister: close the coordinator for
+ * that). NULL is a no-op. */
+GR_API void gr_server_join_stop(gr_server_join *j);
+/* What the join did, for stats and the recovery benchmark. Times are Unix milliseconds. */
+typedef struct gr_server_join_stats {
+    int32_t index;          /* -1 while standby */
+    uint64_t epoch;         /* the layout epoch served */
+    uint32_t takeovers;     /* indexes taken over from a lost shard */
+    uint64_t lost_seen_ms;  /* last takeover: when the loss was first seen */
+    uint64_t claimed_ms;    /* ... when the compare-and-set won */
+    uint64_t serving_ms;    /* ... when the rows were restored and the fence opened */
+    uint64_t restore_ms;    /* ... the restore's duration */
+    uint64_t rows_restored; /* ... rows loaded (this shard's, dense chunks included) */
+    char restored_from[64]; /* ... the checkpoint's name ("" when none) */
+    bool replaced;          /* another member serves our index: the shard stopped */
+} gr_server_join_stats;
+GR_API void gr_server_join_get(gr_server_join *j, gr_server_join_stats *out);
+GR_API bool gr_server_join_replaced(gr_server_join *j);
+
+/* What gr_server_ckpt_load restored. */
+typedef struct gr_server_ckpt_loaded {
+    char name[64];        /* the checkpoint's directory name */
+    uint64_t step;
+    uint64_t rows_loaded; /* rows this shard owns, dense chunks included */
+    uint64_t rows_read;   /* rows read from the checkpoint's files */
+    uint64_t usec;
+} gr_server_ckpt_loaded;
+/* Restores this shard's rows from a checkpoint, in this process, as CKPT_LOAD does (root and
+ * name as there: name NULL or "" = the newest complete checkpoint under root, or root itself
+ * when it is one); GR_ENOENT when root holds none. Runs on the caller's thread: call it while
+ * the shard is fenced, before it serves (a standby restoring a lost shard). out may be NULL. */
+GR_API int gr_server_ckpt_load(gr_server *s, const char *root, const char *name,
+                               gr_server_ckpt_loaded *out);
+
 #endif

@@ -230,7 +230,8 @@ typedef struct gr_saved_model gr_saved_model;
  * and the dense parameters into memory, and builds the model from the recorded shapes.
  * Errors name the path and what is missing: no checkpoint, no model metadata (a checkpoint
  * written before models were recorded), a missing dense part, shapes that disagree with the
- * dense parameter's size. */
+ * dense parameter's size. Sets OpenBLAS to one thread, as gr_train_run does (the trainer
+ * evaluated that way, and threaded BLAS changes the last bits of a score). */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
 /* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
  * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,
@@ -391,6 +392,10 @@ typedef struct gr_ps_backend_opts {
                               this backend with GR_EBUSY naming that job */
     gr_dense_opt dense_opt; /* the shards' optimizer for dense parameters */
     float dense_lr, beta1, beta2, eps;
+    /* ckpt_load reads only the checkpoint's name, step and training position and loads no rows:
+     * the "partial" recovery after a lost shard, whose replacement restored its own rows while
+     * the other shards keep their newer ones (docs/operations.md, "Recovery"). */
+    bool resume_position_only;
 } gr_ps_backend_opts;
 
 enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };

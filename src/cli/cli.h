@@ -23,7 +23,8 @@ typedef struct gr_cli_command {
     X("plan", gr_cli_plan, "size a job: shards, memory, network, checkpoints: granary plan --tables SPEC.json") \
     X("controller", gr_cli_controller, "the control plane: job API, scheduler and dashboard (docs/platform.md)") \
     X("job", gr_cli_job, "submit, list, watch and stop jobs on a controller: granary job submit|list|status|stop|logs") \
-    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt|soak [--json]")
+    X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt|soak [--json]") \
+    X("cluster", gr_cli_cluster, "start and supervise local shards, or show a job: granary cluster up|status")
 
 #define GR_CLI_DECLARE(name, fn, summary) int fn(int argc, char **argv);
 GR_CLI_COMMANDS(GR_CLI_DECLARE)

@@ -4,6 +4,7 @@
  * port). */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "granary/coord.h"
 #include "granary/metrics.h"
 #include "granary/server.h"
 
@@ -64,7 +65,19 @@ static void on_signal(int sig)
       NULL, "with --auth-file, authenticate within MS of connecting (default 10000)")          \
     X(SO_IDLE_TIMEOUT, "idle-timeout", GR_CLI_INT, "idle_timeout_ms", 0, 86400000, NULL, "MS",  \
       NULL, "close a connection with nothing in flight, silent for MS\n"                       \
-      "(default 900000; 0 = never)")                                                         \
+      "(default 900000; 0 = never)")                                                           \
+    X(SO_COORD, "coord", GR_CLI_STR, "coord", 0, 0, NULL, "zk://HOSTS/PATH", NULL,             \
+      "join the job at PATH: take a free shard index from its layout (--shards\n"              \
+      "creates the layout when there is none), or wait as a standby")                          \
+    X(SO_STANDBY, "standby", GR_CLI_FLAG, "standby", 0, 0, NULL, NULL, NULL,                   \
+      "with --coord: only take over the index of a shard that was lost")                      \
+    X(SO_JOB_CKPT, "ckpt-dir", GR_CLI_STR, "ckpt_dir", 0, 0, NULL, "DIR", NULL,                \
+      "with --coord: the job's checkpoint root (as granary train --ckpt-dir names\n"          \
+      "it, under --ckpt-root): a taken-over index is restored from its newest\n"               \
+      "checkpoint")                                                                           \
+    X(SO_SESSION, "session-timeout", GR_CLI_INT, "session_timeout_ms", 1000, 600000, NULL,     \
+      "MS", "4000", "with --coord: the coordinator session timeout (a silent shard is\n"      \
+      "declared lost after this)")                                                            \
     X(SO_METRICS, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,               \
       "serve Prometheus /metrics and /healthz here (docs/operations.md)")
 
@@ -72,7 +85,8 @@ enum { SERVER_OPTIONS(GR_CLI_ENUM) SO_COUNT };
 static const gr_cli_opt server_opts[] = {SERVER_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec server_spec = {
     .command = "server",
-    .synopsis = "granary server --listen HOST:PORT [--shard I --shards N] [options]",
+    .synopsis = "granary server --listen HOST:PORT [--shard I --shards N] [options]\n"
+                "       granary server --coord zk://HOSTS/PATH [--listen HOST:PORT] [--standby]",
     .opts = server_opts,
     .n_opts = SO_COUNT,
     .config_section = "server",
@@ -144,7 +158,20 @@ int gr_cli_server(int argc, char **argv)
     gr_server_config cfg;
     gr_server_config_default(&cfg);
     char host[256];
+    gr_coord *coord = NULL;
+    gr_server_join *join = NULL;
     const char *listen = v[SO_LISTEN].s;
+    if (!listen && v[SO_COORD].s) listen = "127.0.0.1:0"; /* the layout tells workers the port */
+    if (v[SO_COORD].s && v[SO_SHARD].given) {
+        fprintf(stderr, "granary server: --shard is taken from the job's layout with --coord\n");
+        status = 2;
+        goto out;
+    }
+    if (!v[SO_COORD].s && (v[SO_STANDBY].b || v[SO_JOB_CKPT].s)) {
+        fprintf(stderr, "granary server: --standby and --ckpt-dir need --coord\n");
+        status = 2;
+        goto out;
+    }
     if (!listen) {
         fprintf(stderr, "granary server: --listen HOST:PORT is required\n");
         status = 2;
@@ -156,8 +183,8 @@ int gr_cli_server(int argc, char **argv)
         goto out;
     }
     cfg.host = host;
-    cfg.shard = (uint32_t)v[SO_SHARD].i;
-    cfg.shards = (uint32_t)v[SO_SHARDS].i;
+    cfg.shard = v[SO_COORD].s ? 0 : (uint32_t)v[SO_SHARD].i; /* --coord: assigned later */
+    cfg.shards = v[SO_COORD].s ? 1 : (uint32_t)v[SO_SHARDS].i;
     cfg.threads = (uint32_t)v[SO_THREADS].i;
     if (v[SO_MAX_CONNECTIONS].given) cfg.max_connections = (uint32_t)v[SO_MAX_CONNECTIONS].i;
     if (v[SO_MAX_KEYS].given) cfg.limits.max_keys = (uint32_t)v[SO_MAX_KEYS].i;
@@ -213,6 +240,21 @@ int gr_cli_server(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (v[SO_COORD].s) {
+        gr_coord_options co;
+        gr_coord_options_default(&co);
+        co.session_timeout_ms = (uint32_t)v[SO_SESSION].i;
+        char addr[300];
+        snprintf(addr, sizeof addr, "%s:%u", host, gr_server_port(srv));
+        gr_server_join_opts jo = {addr, v[SO_SHARDS].given ? (uint32_t)v[SO_SHARDS].i : 0,
+                                  v[SO_STANDBY].b, v[SO_JOB_CKPT].s, co.session_timeout_ms};
+        if (gr_coord_open(v[SO_COORD].s, &co, &coord) ||
+            gr_server_join_start(srv, coord, &jo, &join)) {
+            fprintf(stderr, "granary server: --coord %s: %s\n", v[SO_COORD].s, gr_errmsg());
+            gr_server_stop(srv);
+            goto out;
+        }
+    }
     if (metrics && gr_metrics_http_start(metrics, v[SO_METRICS].s, server_health, srv,
                                          &metrics_http)) {
         fprintf(stderr, "granary server: %s\n", gr_errmsg());
@@ -225,12 +267,15 @@ int gr_cli_server(int argc, char **argv)
     if (metrics_http) printf("metrics on port %u\n", gr_metrics_http_port(metrics_http));
     fflush(stdout);
     gr_server_wait(srv, -1);
-    GR_LOGI("shard %u: stopping: draining in-flight requests", cfg.shard);
+    GR_LOGI("shard %u: stopping: draining in-flight requests", gr_server_shard(srv));
+    bool replaced = join && gr_server_join_replaced(join);
     gr_server_stop(srv);
     g_server = NULL;
-    status = 0;
+    status = replaced ? 3 : 0;
 out:
     gr_metrics_http_stop(metrics_http);
+    gr_server_join_stop(join);
+    gr_coord_close(coord);
     gr_server_destroy(srv);
     gr_metrics_destroy(metrics);
     if (secret) memset(secret, 0, strlen(secret));

@@ -12,6 +12,7 @@
 #include "granary/client.h"
 #include "granary/metrics.h"
 #include "granary/train.h"
+#include "cli/train_coord.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -124,7 +125,17 @@
       "--servers: continue with the rows the servers' tables already hold (a run\n"          \
       "that is not a resume refuses them by default)")                                        \
     X(TO_FRESH, "fresh", GR_CLI_FLAG, "fresh", 0, 0, NULL, NULL, NULL,                         \
-      "--servers: drop the tables the servers already hold and start from new ones") \
+      "--servers: drop the tables the servers already hold and start from new ones")         \
+    X(TO_COORD, "coord", GR_CLI_STR, "coord", 0, 0, NULL, "zk://HOSTS/PATH", NULL,             \
+      "find the shards through the job's layout at PATH and recover when one is\n"            \
+      "lost (instead of --servers; docs/operations.md)")                                       \
+    X(TO_RECOVERY, "recovery", GR_CLI_CHOICE, "recovery", 0, 0, "partial|rollback", NULL,      \
+      NULL, "with --coord, after a lost shard: partial = only its rows return to\n"            \
+      "the newest checkpoint; rollback = every shard and the data position do\n"             \
+      "(default: rollback for sync and semisync, partial otherwise)")                         \
+    X(TO_RECTIMEOUT, "recovery-timeout", GR_CLI_INT, "recovery_timeout_ms", 1000, 86400000,    \
+      NULL, "MS", "120000", "with --coord: how long to wait for the shards (at start, and\n"  \
+      "for a standby to replace a lost one)")                                                  \
     X(TO_PROM, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,                \
       "serve Prometheus /metrics and /healthz here while training (the embedded\n"            \
       "cluster's shards too; docs/operations.md)")
@@ -147,6 +158,9 @@ typedef struct run_info {
     unsigned shards;
     uint32_t aggregate, staleness;
     bool have_sync;      /* the shards' sync counters below were read */
+    bool coord;          /* --coord: the recovery figures below are reported */
+    uint32_t recoveries;
+    double recovery_seconds; /* from each failure until the run went on, summed */
     double applied_steps, admitted, short_steps, dropped, waits;
 } run_info;
 
@@ -245,6 +259,10 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNullToObject(j, "model_saved");
     }
     cJSON_AddBoolToObject(j, "stopped", r->stopped);
+    if (ri->coord) {
+        cJSON_AddNumberToObject(j, "recoveries", ri->recoveries);
+        cJSON_AddNumberToObject(j, "recovery_seconds", ri->recovery_seconds);
+    }
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)r->worker_steps[i]));
@@ -280,6 +298,10 @@ typedef struct train_cmd {
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
     int tables; /* GR_PS_TABLES_*: rows an earlier run left on the servers */
+    const char *coord;             /* --coord */
+    bool partial;                  /* --recovery partial */
+    uint32_t recovery_timeout_ms;
+    bool position_only;            /* the next backend restores only the data position */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -401,7 +423,9 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
                 v[TO_REUSE].b ? "--reuse-tables" : "--resume (which restores them)");
         return 2;
     }
-    c->local = !c->servers && c->shards == 0;
+    c->coord = v[TO_COORD].s;
+    c->recovery_timeout_ms = (uint32_t)v[TO_RECTIMEOUT].i;
+    c->local = !c->servers && !c->coord && c->shards == 0;
     /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
     if (v[TO_MODE].given) {
         if (gr_train_mode_parse(v[TO_MODE].s, &o->mode)) {
@@ -411,6 +435,8 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     } else {
         o->mode = c->local ? GR_MODE_ASYNC : gr_train_default_mode(o->workers);
     }
+    c->partial = v[TO_RECOVERY].given ? v[TO_RECOVERY].i == 0
+                                      : o->mode != GR_MODE_SYNC && o->mode != GR_MODE_SEMISYNC;
     return -1;
 }
 
@@ -435,6 +461,13 @@ static int check_combinations(train_cmd *c)
                         "--local (the embedded cluster has them)\n", gr_train_mode_name(o->mode));
         return 2;
     }
+    if (c->coord && (c->servers || c->local)) {
+        fprintf(stderr, "granary train: --coord finds the shards itself: drop --servers/--local\n");
+        return 2;
+    }
+    if (c->coord && !o->ckpt_dir)
+        fprintf(stderr, "granary train: --coord without --ckpt-dir: a lost shard comes back "
+                        "empty and a rollback has nothing to return to\n");
     if (c->aggregate >= 0 && c->backup >= 0) {
         fprintf(stderr, "granary train: give --aggregate K or --backup B, not both\n");
         return 2;
@@ -514,6 +547,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     gr_client_config_default(&cc);
     cc.servers = c->servers;
     cc.auth_file = c->auth_file;
+    /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
+     * on it soon and let the layout say where its index went. */
+    if (c->coord) cc.connect_timeout_ms = 1000;
     int rc = gr_client_create(&cc, client);
     if (rc) return rc;
     ri->shards = gr_client_shards(*client);
@@ -527,6 +563,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.timeout_ms = c->sync_timeout_ms;
     po.reset = c->sync_reset;
     po.tables = c->tables;
+    po.resume_position_only = c->position_only;
     po.dense_opt = c->bo.dense_opt;
     /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
      * several workers' dense gradients. */
@@ -653,6 +690,41 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
     return 0;
 }
 
+/* After a coordinated run failed for a lost shard: waits until a standby serves its index,
+ * connects to the new layout and runs again from the newest checkpoint under --ckpt-dir
+ * (partial: the data position only, the shards keep their rows; rollback: everything). */
+static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
+                   gr_train_backend *be, gr_train_result *r, char *errbuf, size_t cap)
+{
+    double t0 = gr_now_s();
+    uint64_t epoch = gr_client_epoch(*client);
+    fprintf(stderr, "train: %s; waiting for the job to heal (recovery %s)\n", errbuf,
+            c->partial ? "partial" : "rollback");
+    gr_train_backend_destroy(be);
+    gr_client_destroy(*client);
+    *client = NULL;
+    int rc = tc_wait_healed(job, epoch, c->recovery_timeout_ms);
+    if (!rc) {
+        c->servers = tc_servers(job);
+        c->sync_reset = true; /* the survivors still hold the failed run's job */
+        c->tables = GR_PS_TABLES_REUSE; /* ... and its rows: this job's own, to continue */
+        c->position_only = c->partial;
+        if (c->o.ckpt_dir) c->o.resume = c->o.ckpt_dir;
+        rc = make_backend(c, ri, NULL, client, be);
+    }
+    if (!rc) {
+        tc_attach(job, *client);
+        ri->recoveries++;
+        ri->recovery_seconds += gr_now_s() - t0;
+        fprintf(stderr, "train: recovered in %.1f s at layout epoch %llu; continuing from %s\n",
+                gr_now_s() - t0, (unsigned long long)tc_epoch(job),
+                c->o.resume ? c->o.resume : "the shards' rows (no --ckpt-dir)");
+        rc = gr_train_run(&c->o, be, r);
+    }
+    if (rc) snprintf(errbuf, cap, "%s", gr_errmsg());
+    return rc;
+}
+
 /* --metrics: the registry (with the process's series) and its endpoint; /healthz answers ok
  * while the process runs. */
 static int start_metrics(const char *listen, gr_metrics **reg, gr_metrics_http **http)
@@ -678,8 +750,9 @@ int gr_cli_train(int argc, char **argv)
         gr_cli_parsed_fini(&p);
         return exit_now;
     }
-    run_info ri = {.backend = c.local ? "local" : c.servers ? "servers" : "cluster",
-                   .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale};
+    run_info ri = {.backend = c.local ? "local" : c.coord ? "coord" : c.servers ? "servers" : "cluster",
+                   .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale,
+                   .coord = c.coord != NULL};
     /* The embedded shards' info lines (listening, table created, job installed) would mix
      * into the trainer's own; GRANARY_LOG=info shows them (warnings show anyway). */
     if (!getenv("GRANARY_LOG")) gr_log_set_level(GR_LOG_WARN);
@@ -688,12 +761,25 @@ int gr_cli_train(int argc, char **argv)
     gr_local_cluster *cluster = NULL;
     gr_client *client = NULL;
     gr_train_backend be;
+    memset(&be, 0, sizeof be);
+    tc_job *job = NULL;
+    bool took_over = false;
     gr_metrics *metrics = NULL;
     gr_metrics_http *metrics_http = NULL;
-    int rc = c.prom ? start_metrics(c.prom, &metrics, &metrics_http) : GR_OK;
+    int rc = c.prom ? start_metrics(c.prom, &metrics, &metrics_http) : 0;
     c.o.metrics = metrics;
+    if (!rc && c.coord) rc = tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over);
+    if (job) {
+        c.servers = tc_servers(job);
+        if (took_over && c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
+        c.position_only = took_over && c.partial;
+        c.sync_reset = c.sync_reset || took_over;
+        if (took_over) c.tables = GR_PS_TABLES_REUSE; /* the job's rows, to continue */
+    }
     if (!rc) rc = make_backend(&c, &ri, &cluster, &client, &be);
+    if (!rc && job) tc_attach(job, client);
     if (rc) {
+        tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
@@ -708,6 +794,8 @@ int gr_cli_train(int argc, char **argv)
     rc = gr_train_run(&c.o, &be, &r);
     char errbuf[600] = "";
     if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
+    while (rc && job && tc_recoverable(rc)) /* a shard was lost: heal, then go on */
+        rc = recover(&c, &ri, job, &client, &be, &r, errbuf, sizeof errbuf);
     if (client && c.o.mode != GR_MODE_ASYNC) {
         if (!rc) read_sync_stats(client, &ri);
         gr_ps_backend_finish(&be); /* drop the job from the shards */
@@ -715,6 +803,7 @@ int gr_cli_train(int argc, char **argv)
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
     gr_local_cluster_stop(cluster);
+    tc_close(job);
     if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
     int status = 1;
     if (!rc) status = exit_status(&r, report(&c, &r, &ri) == 0);

@@ -202,3 +202,32 @@ void gr_client_get_stats(gr_client *c, gr_client_stats_t *st)
     st->recv_ns = atomic_load(&c->link.recv_ns);
     st->scatter_ns = atomic_load(&c->scatter_ns);
 }
+
+/* ---- coordination ---- */
+
+int gr_client_set_epoch(gr_client *c, uint32_t epoch)
+{
+    if (epoch > GR_PROTO_EPOCH_MAX)
+        return gr_seterr(GR_EINVAL, "layout epoch %u is over the limit of %u", epoch,
+                         GR_PROTO_EPOCH_MAX);
+    atomic_store(&c->link.epoch, epoch);
+    return GR_OK;
+}
+
+uint32_t gr_client_epoch(const gr_client *c)
+{
+    return atomic_load(&((gr_client *)c)->link.epoch);
+}
+
+void gr_client_set_stale_hook(gr_client *c, gr_client_stale_fn fn, void *ctx)
+{
+    c->link.stale_fn = fn;
+    c->link.stale_ctx = ctx;
+}
+
+int gr_client_set_shard_addr(gr_client *c, uint32_t shard, const char *addr)
+{
+    if (!c || shard >= c->link.nshards || !addr)
+        return gr_seterr(GR_EINVAL, "no shard %u to re-point", shard);
+    return cl_conn_set_addr(&c->conns[shard], addr);
+}

@@ -21,36 +21,71 @@
 
 #define SOCK_BUF_BYTES (4 << 20)
 
+/* Splits "host:port" or "[v6]:port" into the connection's addr, host and port. */
+static int parse_addr(const char *addr, char *out, size_t outcap, char *host, size_t hostcap,
+                      char *port_out, size_t portcap)
+{
+    size_t n = strlen(addr);
+    if (n == 0 || n >= outcap) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+    const char *colon;
+    if (addr[0] == '[') { /* [v6]:port */
+        const char *close = strchr(addr, ']');
+        if (!close || close[1] != ':')
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want [host]:port)", addr);
+        if ((size_t)(close - addr - 1) >= hostcap)
+            return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+        snprintf(host, hostcap, "%.*s", (int)(close - addr - 1), addr + 1);
+        colon = close + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon || colon == addr)
+            return gr_seterr(GR_EINVAL, "bad server address '%s' (want host:port)", addr);
+        if ((size_t)(colon - addr) >= hostcap)
+            return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+        snprintf(host, hostcap, "%.*s", (int)(colon - addr), addr);
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535)
+        return gr_seterr(GR_EINVAL, "bad port in server address '%s'", addr);
+    snprintf(port_out, portcap, "%ld", port);
+    snprintf(out, outcap, "%s", addr);
+    return GR_OK;
+}
+
 int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr)
 {
     memset(k, 0, sizeof *k);
     k->link = link;
     k->shard = shard;
     k->fd = -1;
-    size_t n = strlen(addr);
-    if (n == 0 || n >= sizeof k->addr) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
-    snprintf(k->addr, sizeof k->addr, "%s", addr);
-    const char *colon;
-    if (addr[0] == '[') { /* [v6]:port */
-        const char *close = strchr(addr, ']');
-        if (!close || close[1] != ':')
-            return gr_seterr(GR_EINVAL, "bad server address '%s' (want [host]:port)", addr);
-        snprintf(k->host, sizeof k->host, "%.*s", (int)(close - addr - 1), addr + 1);
-        colon = close + 1;
-    } else {
-        colon = strrchr(addr, ':');
-        if (!colon || colon == addr)
-            return gr_seterr(GR_EINVAL, "bad server address '%s' (want host:port)", addr);
-        snprintf(k->host, sizeof k->host, "%.*s", (int)(colon - addr), addr);
-    }
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port <= 0 || port > 65535)
-        return gr_seterr(GR_EINVAL, "bad port in server address '%s'", addr);
-    snprintf(k->port, sizeof k->port, "%ld", port);
+    int rc = parse_addr(addr, k->addr, sizeof k->addr, k->host, sizeof k->host, k->port,
+                        sizeof k->port);
+    if (rc) return rc;
     pthread_mutex_init(&k->connect_mu, NULL);
     pthread_mutex_init(&k->wlock, NULL);
     pthread_mutex_init(&k->mu, NULL);
+    return GR_OK;
+}
+
+int cl_conn_set_addr(cl_conn *k, const char *addr)
+{
+    char a[sizeof k->addr], h[sizeof k->host], p[sizeof k->port];
+    int rc = parse_addr(addr, a, sizeof a, h, sizeof h, p, sizeof p);
+    if (rc) return rc;
+    /* Lock order as everywhere: connect_mu, wlock, mu. The reader sees the shutdown, fails
+     * whatever is pending and exits; the next cl_conn_ensure connects to the new address. */
+    pthread_mutex_lock(&k->connect_mu);
+    pthread_mutex_lock(&k->wlock);
+    pthread_mutex_lock(&k->mu);
+    memcpy(k->addr, a, sizeof a);
+    memcpy(k->host, h, sizeof h);
+    memcpy(k->port, p, sizeof p);
+    k->broken = true;
+    if (k->fd >= 0) shutdown(k->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&k->mu);
+    pthread_mutex_unlock(&k->wlock);
+    pthread_mutex_unlock(&k->connect_mu);
     return GR_OK;
 }
 
@@ -626,6 +661,8 @@ int cl_conn_send(cl_conn *k, cl_req *r)
         return GR_ECONN;
     }
     int fd = k->fd;
+    r->epoch = atomic_load(&k->link->epoch);
+    gr_proto_stamp_epoch(r->frame.data, r->epoch);
     r->next = k->pending;
     k->pending = r;
     pthread_mutex_unlock(&k->mu);

@@ -51,6 +51,7 @@ struct cl_req {
     uint32_t shard;
     uint32_t tag; /* the builder's own index (a batch plan's request number) */
     uint16_t opcode;
+    uint32_t epoch; /* the layout epoch cl_conn_send stamped on the frame */
     gr_proto_buf frame;
     cl_reply_fn on_reply;
     cl_stream_fn on_stream; /* when set, used instead of on_reply */
@@ -71,6 +72,11 @@ typedef struct cl_link {
     uint8_t *secret;
     size_t secret_len;
     uint32_t nshards;
+    atomic_uint epoch; /* stamped on every request at send (0: not coordinated) */
+    /* Called on a waiting thread when requests were refused as stale (op.c); NULL: none. Set
+     * before the client is shared between threads. */
+    gr_client_stale_fn stale_fn;
+    void *stale_ctx;
     atomic_uint_fast64_t next_id;
     atomic_uint_fast64_t requests, bytes_sent, bytes_received, reconnects;
     atomic_uint_fast64_t send_ns, recv_ns; /* time in frame writes and reply-body reads */
@@ -104,11 +110,14 @@ typedef struct cl_conn {
 
 int cl_conn_init(cl_conn *k, cl_link *link, uint32_t shard, const char *addr);
 void cl_conn_fini(cl_conn *k);
+/* Points the connection at another "host:port": closes the current socket (the reader fails
+ * what is pending) so the next cl_conn_ensure connects there. */
+int cl_conn_set_addr(cl_conn *k, const char *addr);
 /* Connects (with backoff up to the connect timeout) unless already connected. */
 int cl_conn_ensure(cl_conn *k);
 /* True when the connection is up right now (no connect attempted). */
 bool cl_conn_is_up(cl_conn *k);
-/* Registers r as pending and writes its frame. 0: the request now belongs to the connection
+/* Registers r as pending, stamps the link's epoch on its frame and writes it. 0: the request now belongs to the connection
  * machinery and will be completed exactly once. Negative: it was not sent (the caller still
  * owns it; r->msg says why). */
 int cl_conn_send(cl_conn *k, cl_req *r);

@@ -21,6 +21,7 @@ gr_client_op *cl_op_new(gr_client *c, uint16_t opcode)
     pthread_cond_init(&op->cv, &ca);
     pthread_condattr_destroy(&ca);
     op->deadline_ns = gr_now_ns() + (uint64_t)c->link.cfg.request_timeout_ms * 1000000u;
+    op->keep_frames = c->link.stale_fn != NULL;
     return op;
 }
 
@@ -116,7 +117,7 @@ int cl_op_send(gr_client_op *op)
             }
             req_done(r, rc, r->msg);
         }
-        gr_proto_buf_fini(&r->frame);
+        if (!op->keep_frames) gr_proto_buf_fini(&r->frame);
     }
     if (sent == 0) return gr_seterr(first_rc, "%s", first_msg);
     return GR_OK;
@@ -128,7 +129,65 @@ static void ts_from_mono(uint64_t ns, struct timespec *ts)
     ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
+#define STALE_ROUNDS_MAX 64
+
+static int cl_op_wait_once(gr_client_op *op, int timeout_ms);
+
+/* After every request finished: when the only failures are stale refusals and the caller's
+ * hook says the layout was re-read, sends the refused requests again (with the client's epoch
+ * now) and returns true; the op is then running again. */
+static bool resend_stale(gr_client_op *op)
+{
+    gr_client *c = op->cl;
+    if (!op->keep_frames || !c->link.stale_fn || op->stale_rounds >= STALE_ROUNDS_MAX)
+        return false;
+    cl_req *first = NULL;
+    uint32_t n = 0;
+    for (size_t i = 0; i < op->nreqs; i++) {
+        cl_req *r = op->reqs[i];
+        if (!r->rc) continue;
+        if (r->rc != GR_ESTALE || !r->frame.len) return false;
+        if (!first) first = r;
+        n++;
+    }
+    if (!first || gr_now_ns() >= op->deadline_ns) return false;
+    op->stale_rounds++;
+    if (c->link.stale_fn(c->link.stale_ctx, c, first->shard, first->epoch, first->msg) != 0)
+        return false;
+    if (gr_now_ns() >= op->deadline_ns) return false;
+    pthread_mutex_lock(&op->mu);
+    op->err = 0;
+    op->msg[0] = '\0';
+    op->remaining = n;
+    for (size_t i = 0; i < op->nreqs; i++) {
+        cl_req *r = op->reqs[i];
+        if (!r->rc) continue;
+        r->done = false;
+        r->rc = 0;
+        r->msg[0] = '\0';
+    }
+    pthread_mutex_unlock(&op->mu);
+    for (size_t i = 0; i < op->nreqs; i++) {
+        cl_req *r = op->reqs[i];
+        if (r->done || !r->frame.len) continue; /* answered, or not kept */
+        cl_conn *k = &c->conns[r->shard];
+        int rc = cl_conn_ensure(k);
+        if (rc) snprintf(r->msg, sizeof r->msg, "%s", gr_errmsg());
+        else rc = cl_conn_send(k, r);
+        if (rc) req_done(r, rc, r->msg);
+    }
+    return true;
+}
+
 int cl_op_wait(gr_client_op *op, int timeout_ms)
+{
+    for (;;) {
+        int rc = cl_op_wait_once(op, timeout_ms);
+        if (rc || !op->err || !resend_stale(op)) return rc;
+    }
+}
+
+static int cl_op_wait_once(gr_client_op *op, int timeout_ms)
 {
     uint64_t until = op->deadline_ns;
     bool caller_limit = false;

@@ -30,6 +30,10 @@ struct gr_client_op {
     /* The first failed request ends the op (the others are cancelled): an acquire must not
      * wait out other shards' long holds once one shard is gone. */
     bool fail_fast;
+    /* A stale hook is installed: frames are kept after sending, so requests refused as stale
+     * can be sent again (op.c); rounds of that so far. */
+    bool keep_frames;
+    uint32_t stale_rounds;
     /* Where reply handlers put results (the op is freed by the wait): */
     cl_plan plan;           /* batch calls: the plan their replies scatter by */
     float *dense_out;       /* async DENSE_PULL */

@@ -85,6 +85,12 @@ void gr_proto_header_encode(void *buf, const gr_proto_header *h)
     memcpy(p + 16, &h->id, 8);
 }
 
+void gr_proto_stamp_epoch(void *frame, uint32_t epoch)
+{
+    int32_t v = (int32_t)(epoch & GR_PROTO_EPOCH_MAX);
+    memcpy((uint8_t *)frame + 8, &v, 4);
+}
+
 /* ---- output buffer ---- */
 
 void gr_proto_buf_init(gr_proto_buf *b) { memset(b, 0, sizeof *b); }

@@ -990,3 +990,41 @@ const srv_module srv_ckpt_module = {
     .stats_json = srv_ckpt_stats_json,
     .conn_closed = NULL,
 };
+
+/* A standby restoring a lost shard: the same load as CKPT_LOAD, run on the caller's thread
+ * while the shard is fenced (no checkpoint request can be admitted meanwhile), so the rows
+ * come back through exactly the code a remote load uses. */
+int gr_server_ckpt_load(gr_server *s, const char *root, const char *name,
+                        gr_server_ckpt_loaded *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    srv_ckpt *k = s ? s->ckpt : NULL;
+    if (!k || !root) return gr_seterr(GR_EINVAL, "gr_server_ckpt_load: no server or no root");
+    gr_proto_buf req, rep;
+    gr_proto_buf_init(&req);
+    gr_proto_buf_init(&rep);
+    gr_proto_ckpt_load l = {0, {root, (uint32_t)strlen(root)},
+                            {name ? name : "", name ? (uint32_t)strlen(name) : 0}};
+    int rc = gr_proto_put_ckpt_load(&req, &l);
+    bool fatal = false;
+    gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, GR_OP_CKPT_LOAD, 0, 0,
+                         (uint32_t)req.len, 0};
+    if (!rc) rc = do_load(k, &h, req.data, &rep, &fatal);
+    pthread_mutex_lock(&k->mu);
+    rc ? k->load_errors++ : k->loads++;
+    pthread_mutex_unlock(&k->mu);
+    gr_proto_ckpt_loaded got;
+    if (!rc)
+        rc = gr_proto_decode_ckpt_loaded(rep.data + GR_PROTO_HEADER_SIZE,
+                                         rep.len - GR_PROTO_HEADER_SIZE, &s->cfg.limits, &got);
+    if (!rc && out) {
+        snprintf(out->name, sizeof out->name, "%.*s", (int)got.name.n, got.name.p);
+        out->step = got.step;
+        out->rows_loaded = got.rows_loaded;
+        out->rows_read = got.rows_read;
+        out->usec = got.usec;
+    }
+    gr_proto_buf_fini(&req);
+    gr_proto_buf_fini(&rep);
+    return rc;
+}

@@ -471,8 +471,10 @@ static bool take_header(srv_conn *c)
     if (rc == GR_EAGAIN) rc = GR_OK; /* the body is not here yet: fine */
     if (!rc && h.kind != GR_PROTO_REQUEST)
         rc = gr_seterr(GR_EPROTO, "expected a request frame, got kind %u", h.kind);
-    if (!rc && h.status != 0)
-        rc = gr_seterr(GR_EPROTO, "a request's status field must be 0, got %d", h.status);
+    if (!rc && h.status < 0) /* requests carry a layout epoch there, never an error code */
+        rc = gr_seterr(GR_EPROTO,
+                       "a request's status field must be 0 or a layout epoch (1..%u), got %d",
+                       GR_PROTO_EPOCH_MAX, h.status);
     if (rc) {
         atomic_fetch_add(&n->st.bad_frames, 1);
         GR_LOGW("shard %u: closing %s: %s", n->cfg.shard, c->peer, gr_errmsg());

@@ -10,7 +10,8 @@
  *   CKPT    handed to the checkpoint thread (ckpt.c), on the loop.
  * A row has `handle` (builds the reply into a buffer; server.c writes it) or `take` (owns the
  * body and answers by itself, now or later). A POOL row with `inline` runs small requests on
- * the loop instead. */
+ * the loop instead. The fence column says what a coordination fence stops (fence.c): a shard
+ * that lost its coordinator session must still answer the handshake, stats and shutdown. */
 #include "server/server_int.h"
 
 /* A pull of up to ~2000 keys (16 KiB of body) is looked up by the loop thread that decoded
@@ -19,30 +20,30 @@
 #define INLINE_PULL_BODY (16u << 10)
 
 static const srv_op_row rows[GR_PROTO_OP_LIMIT] = {
-    /*                       where            flags                preauth inline handle  take */
-    [GR_OP_HELLO] =          {SRV_RUN_LOOP,   0,                   true, 0,  NULL,   srv_session_hello},
-    [GR_OP_AUTH] =           {SRV_RUN_LOOP,   0,                   true, 0,  NULL,   srv_session_auth},
-    [GR_OP_STATS] =          {SRV_RUN_LOOP,   0,                   false, 0, srv_stats_op, NULL},
-    [GR_OP_CREATE_TABLE] =   {SRV_RUN_POOL,   0,                   false, 0, srv_op_create_table, NULL},
-    [GR_OP_DESCRIBE_TABLE] = {SRV_RUN_POOL,   0,                   false, 0, srv_op_describe, NULL},
-    [GR_OP_DROP_TABLE] =     {SRV_RUN_POOL,   0,                   false, 0, srv_op_drop_table, NULL},
-    [GR_OP_PULL] =           {SRV_RUN_POOL,   GR_PROTO_F_READONLY, false, INLINE_PULL_BODY, srv_op_pull, NULL},
-    [GR_OP_PUSH] =           {SRV_RUN_POOL,   0,                   false, 0, srv_op_push, NULL},
-    [GR_OP_PUSH_PULL] =      {SRV_RUN_POOL,   0,                   false, 0, srv_op_push_pull, NULL},
-    [GR_OP_DENSE_CREATE] =   {SRV_RUN_POOL,   0,                   false, 0, srv_op_dense_create, NULL},
-    [GR_OP_DENSE_PULL] =     {SRV_RUN_POOL,   0,                   false, 0, srv_op_dense_pull, NULL},
-    [GR_OP_DENSE_PUSH] =     {SRV_RUN_POOL,   0,                   false, 0, srv_op_dense_push, NULL},
-    [GR_OP_DELETE] =         {SRV_RUN_POOL,   0,                   false, 0, srv_op_delete, NULL},
-    [GR_OP_EVICT] =          {SRV_RUN_POOL,   0,                   false, 0, srv_op_evict, NULL},
-    [GR_OP_SHUTDOWN] =       {SRV_RUN_POOL,   0,                   false, 0, srv_op_shutdown, NULL},
-    [GR_OP_SYNC_CONFIG] =    {SRV_RUN_POOL,   0,                   false, 0, srv_op_sync_config, NULL},
-    [GR_OP_SYNC_ACQUIRE] =   {SRV_RUN_PARKED, 0,                   false, 0, NULL,   srv_sync_acquire_take},
-    [GR_OP_PUSH_STEP] =      {SRV_RUN_POOL,   0,                   false, 0, srv_op_push_step, NULL},
-    [GR_OP_SYNC_LEAVE] =     {SRV_RUN_POOL,   0,                   false, 0, srv_op_sync_leave, NULL},
-    [GR_OP_DENSE_SET] =      {SRV_RUN_POOL,   0,                   false, 0, srv_op_dense_set, NULL},
-    [GR_OP_CKPT_SAVE] =      {SRV_RUN_CKPT,   0,                   false, 0, NULL,   srv_ckpt_take},
-    [GR_OP_CKPT_COMMIT] =    {SRV_RUN_CKPT,   0,                   false, 0, NULL,   srv_ckpt_take},
-    [GR_OP_CKPT_LOAD] =      {SRV_RUN_CKPT,   0,                   false, 0, NULL,   srv_ckpt_take},
+    /*                       where            fence             flags                preauth inline handle  take */
+    [GR_OP_HELLO] =          {SRV_RUN_LOOP, SRV_FENCE_NEVER,   0,                   true, 0,  NULL,   srv_session_hello},
+    [GR_OP_AUTH] =           {SRV_RUN_LOOP, SRV_FENCE_NEVER,   0,                   true, 0,  NULL,   srv_session_auth},
+    [GR_OP_STATS] =          {SRV_RUN_LOOP, SRV_FENCE_NEVER,   0,                   false, 0, srv_stats_op, NULL},
+    [GR_OP_CREATE_TABLE] =   {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_create_table, NULL},
+    [GR_OP_DESCRIBE_TABLE] = {SRV_RUN_POOL, SRV_FENCE_READ,    0,                   false, 0, srv_op_describe, NULL},
+    [GR_OP_DROP_TABLE] =     {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_drop_table, NULL},
+    [GR_OP_PULL] =           {SRV_RUN_POOL, SRV_FENCE_READ,    GR_PROTO_F_READONLY, false, INLINE_PULL_BODY, srv_op_pull, NULL},
+    [GR_OP_PUSH] =           {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_push, NULL},
+    [GR_OP_PUSH_PULL] =      {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_push_pull, NULL},
+    [GR_OP_DENSE_CREATE] =   {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_dense_create, NULL},
+    [GR_OP_DENSE_PULL] =     {SRV_RUN_POOL, SRV_FENCE_READ,    0,                   false, 0, srv_op_dense_pull, NULL},
+    [GR_OP_DENSE_PUSH] =     {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_dense_push, NULL},
+    [GR_OP_DELETE] =         {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_delete, NULL},
+    [GR_OP_EVICT] =          {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_evict, NULL},
+    [GR_OP_SHUTDOWN] =       {SRV_RUN_POOL, SRV_FENCE_NEVER,   0,                   false, 0, srv_op_shutdown, NULL},
+    [GR_OP_SYNC_CONFIG] =    {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_sync_config, NULL},
+    [GR_OP_SYNC_ACQUIRE] =   {SRV_RUN_PARKED, SRV_FENCE_WRITE, 0,                   false, 0, NULL,   srv_sync_acquire_take},
+    [GR_OP_PUSH_STEP] =      {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_push_step, NULL},
+    [GR_OP_SYNC_LEAVE] =     {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_sync_leave, NULL},
+    [GR_OP_DENSE_SET] =      {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_dense_set, NULL},
+    [GR_OP_CKPT_SAVE] =      {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},
+    [GR_OP_CKPT_COMMIT] =    {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},
+    [GR_OP_CKPT_LOAD] =      {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},
 };
 
 const srv_op_row *srv_op_row_of(unsigned op)

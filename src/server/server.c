@@ -133,6 +133,8 @@ static void on_frame(void *ctx, srv_conn *c, const gr_proto_header *h, uint8_t *
         atomic_fetch_add(&s->ops[h->op].errors, 1);
         snprintf(msg, sizeof msg, "header flag bits 0x%x are not defined for %s (must be 0)",
                  h->flags & ~row->flags, gr_proto_op_name(h->op));
+    } else if ((rc = srv_fence_check(s, row, h, msg, sizeof msg))) {
+        atomic_fetch_add(&s->ops[h->op].errors, 1);
     }
     if (rc) {
         if (fatal) GR_LOGW("shard %u: closing %s: %s", s->cfg.shard, srv_conn_peer(c), msg);

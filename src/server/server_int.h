@@ -79,9 +79,16 @@ typedef enum srv_where {
     SRV_RUN_CKPT,
 } srv_where;
 
+/* What a coordination fence (fence.c) stops: NEVER for the handshake, stats and shutdown,
+ * which a fenced shard must still answer; WRITE for everything that changes tables, the sync
+ * job or checkpoint files; READ for pulls, which only a full fence stops. Every fenced row is
+ * also checked against the shard's layout epoch. */
+typedef enum srv_fence_class { SRV_FENCE_NEVER, SRV_FENCE_WRITE, SRV_FENCE_READ } srv_fence_class;
+
 /* ops.c: the table of operations, one row per opcode. */
 typedef struct srv_op_row {
     srv_where where;
+    srv_fence_class fence;
     uint16_t flags;       /* header flag bits this opcode accepts; the others must be 0 */
     bool preauth;         /* allowed before authentication */
     uint32_t inline_body; /* POOL rows: a body of at most this many bytes runs on the loop
@@ -136,12 +143,27 @@ struct gr_server {
     uint64_t start_ns;
     srv_sync *sync;
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
+    atomic_uint epoch;     /* fence.c: the layout epoch this shard serves (0: not coordinated) */
+    atomic_int fence;      /* fence.c: a gr_server_fence */
+    atomic_uint_fast64_t lease_ns; /* fence.c: past this monotonic time, fenced (0: no lease) */
+    _Atomic(struct gr_server_join *) join; /* join.c: set while the shard is in a coordinated job */
     /* metrics.c: cfg.metrics's series of this shard: request latency per opcode (observed by
      * run_request; NULL without a registry), and whether the collector is installed. */
     gr_metric *latency[GR_PROTO_OP_LIMIT];
     struct srv_metrics *mx; /* the mirrored families (metrics.c) */
     bool metrics_on;
 };
+
+/* fence.c: "epoch", "fence" and, in a coordinated job, the join's "coord" object, into the
+ * STATS JSON root (a cJSON *). */
+void srv_fence_stats_json(gr_server *s, void *root);
+/* join.c: the join's object. */
+void srv_join_stats_json(struct gr_server_join *j, void *obj);
+
+/* fence.c: the epoch and fence checks of a request with a usable row, on the loop before it
+ * runs. 0, or GR_ESTALE with msg (cap bytes) saying why; nothing has run. */
+int srv_fence_check(gr_server *s, const srv_op_row *row, const gr_proto_header *h, char *msg,
+                    size_t cap);
 
 /* checks.c: what every handler checks before it changes anything. Keys of sec owned by this
  * shard (GR_ESTALE names the first stray key); a dense parameter looked up with a reference
@@ -201,6 +223,8 @@ int srv_op_sync_leave(srv_req *r);
 int srv_op_dense_set(srv_req *r);
 /* The installed sync job's step G (checkpoints report it); false when no job is installed. */
 bool srv_sync_step(gr_server *s, uint64_t *step);
+/* The installed sync job's mode (a gr_sync_mode); false when no job is installed. */
+bool srv_sync_mode(gr_server *s, uint32_t *mode);
 
 /* registry.c: installs table t (ownership passes on success) under spec->name, replacing the
  * entry of that name and kind (users of the old one keep it until they release it) or adding

@@ -14,6 +14,7 @@ void *srv_stats_build(gr_server *s)
     if (!root) return NULL;
     cJSON_AddNumberToObject(root, "shard", s->cfg.shard);
     cJSON_AddNumberToObject(root, "shards", s->cfg.shards);
+    srv_fence_stats_json(s, root);
     cJSON_AddStringToObject(root, "version", GR_VERSION_STRING);
     cJSON_AddNumberToObject(root, "uptime_s", (double)(gr_now_ns() - s->start_ns) / 1e9);
     cJSON_AddNumberToObject(root, "threads", s->nworkers);

@@ -850,6 +850,15 @@ bool srv_sync_step(gr_server *s, uint64_t *step)
     return true;
 }
 
+bool srv_sync_mode(gr_server *s, uint32_t *mode)
+{
+    sync_job *j = s->sync ? job_get(s->sync) : NULL;
+    if (!j) return false;
+    *mode = (uint32_t)j->cfg.mode;
+    job_put(j);
+    return true;
+}
+
 const srv_module srv_sync_module = {
     .name = "sync",
     .create = srv_sync_create,

@@ -212,8 +212,10 @@ static int ps_dense_init(void *ctx, const char *name, const float *init, size_t 
     int rc = dense_spec(p, name, n, spec, sizeof spec);
     if (!rc) rc = gr_client_dense_create(p->c, spec);
     /* The run starts from the model's initialisation (Xavier weights the shard's initializers
-     * cannot express): set it, which also resets the optimizer state. */
-    if (!rc && init) rc = gr_client_dense_set(p->c, name, init, n);
+     * cannot express): set it, which also resets the optimizer state. Not in a partial
+     * recovery: the shards hold the trained values (the lost shard's restored ones) and no
+     * checkpoint load follows to put them back. */
+    if (!rc && init && !p->o.resume_position_only) rc = gr_client_dense_set(p->c, name, init, n);
     return rc;
 }
 
@@ -371,7 +373,7 @@ static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_
 {
     ps_ctx *p = ctx;
     gr_client_ckpt_loaded ld;
-    int rc = gr_client_ckpt_load(p->c, root, name, false, &ld);
+    int rc = gr_client_ckpt_load(p->c, root, name, p->o.resume_position_only, &ld);
     if (rc) return rc;
     snprintf(out->name, sizeof out->name, "%s", ld.name);
     out->step = ld.step;

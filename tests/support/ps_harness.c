@@ -89,6 +89,12 @@ int ps_test_server_start(ps_test_server *s, unsigned shard, unsigned shards, uin
     size_t n = 7;
     for (size_t i = 0; extra && extra[i] && n < 63; i++) args[n++] = extra[i];
     args[n] = NULL;
+    return ps_test_server_start_args(s, args);
+}
+
+int ps_test_server_start_args(ps_test_server *s, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
     int fd;
     pid_t pid = spawn(args, &fd, false);
     if (pid < 0) {
@@ -97,8 +103,8 @@ int ps_test_server_start(ps_test_server *s, unsigned shard, unsigned shards, uin
     }
     /* With --metrics the server prints a second line, "metrics on port N". */
     unsigned want_lines = 1;
-    for (size_t i = 0; extra && extra[i]; i++)
-        if (!strcmp(extra[i], "--metrics")) want_lines = 2;
+    for (size_t i = 0; args[i]; i++)
+        if (!strcmp(args[i], "--metrics")) want_lines = 2;
     char line[256];
     size_t len = 0;
     uint64_t deadline = now_ms() + 20000;

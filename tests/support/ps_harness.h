@@ -12,7 +12,7 @@ typedef struct ps_test_server {
     pid_t pid;
     uint16_t port;
     char addr[64]; /* "127.0.0.1:PORT" */
-    uint16_t metrics_port; /* with "--metrics", "127.0.0.1:0" in extra: its /metrics port */
+    uint16_t metrics_port; /* with "--metrics" "127.0.0.1:0" among the arguments: that port */
 } ps_test_server;
 
 /* Path of the granary binary under test. */
@@ -24,6 +24,9 @@ const char *ps_test_granary_bin(void);
  * stderr goes to the test's stderr). */
 int ps_test_server_start(ps_test_server *s, unsigned shard, unsigned shards, uint16_t port,
                          const char *const *extra);
+/* Starts `granary ARGS...` (args[0] is the subcommand, NULL-terminated) and waits as above for
+ * its "listening on" line: for servers started with other flags (--coord). */
+int ps_test_server_start_args(ps_test_server *s, const char *const *args);
 /* Sends sig (0 = SIGTERM) and waits up to 20 s (then SIGKILL). Returns the exit status
  * (0..255), 128 + signal number when killed by a signal, or -1. */
 int ps_test_server_stop(ps_test_server *s, int sig);

@@ -77,6 +77,37 @@ static void test_header_roundtrip_and_partial(void **state)
     gr_proto_buf_fini(&b);
 }
 
+/* A request's status field carries the layout epoch: stamped in place on an encoded frame (so
+ * a frame can be sent again under a newer layout), little-endian at offset 8, read back by
+ * gr_proto_request_epoch; a negative status is no epoch. */
+static void test_request_epoch_stamp(void **state)
+{
+    (void)state;
+    gr_proto_limits lim;
+    gr_proto_limits_default(&lim);
+    gr_proto_buf b;
+    gr_proto_buf_init(&b);
+    assert_int_equal(gr_proto_begin(&b, GR_PROTO_REQUEST, GR_OP_PUSH, 0, 0, 9), 0);
+    assert_int_equal(gr_proto_end(&b, 0), 0);
+    gr_proto_stamp_epoch(b.data, 0x01020304u);
+    const uint8_t want[4] = {0x04, 0x03, 0x02, 0x01};
+    assert_memory_equal(b.data + 8, want, 4);
+    gr_proto_header h;
+    assert_int_equal(gr_proto_header_decode(b.data, b.len, &lim, &h, NULL), GR_OK);
+    assert_int_equal(gr_proto_request_epoch(&h), 0x01020304u);
+    assert_int_equal(h.op, GR_OP_PUSH); /* nothing else moved */
+    assert_true(h.id == 9);
+    gr_proto_stamp_epoch(b.data, GR_PROTO_EPOCH_MAX);
+    assert_int_equal(gr_proto_header_decode(b.data, b.len, &lim, &h, NULL), GR_OK);
+    assert_int_equal(gr_proto_request_epoch(&h), GR_PROTO_EPOCH_MAX);
+    gr_proto_stamp_epoch(b.data, 0);
+    assert_int_equal(gr_proto_header_decode(b.data, b.len, &lim, &h, NULL), GR_OK);
+    assert_int_equal(h.status, 0);
+    h.status = -3;
+    assert_int_equal(gr_proto_request_epoch(&h), 0);
+    gr_proto_buf_fini(&b);
+}
+
 static void test_header_invalid(void **state)
 {
     (void)state;
@@ -442,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_op_table),
         cmocka_unit_test(test_header_roundtrip_and_partial),
         cmocka_unit_test(test_header_invalid),
+        cmocka_unit_test(test_request_epoch_stamp),
         cmocka_unit_test(test_batch_roundtrip_all_layouts),
         cmocka_unit_test(test_batch_limits),
         cmocka_unit_test(test_strings_and_small_bodies),

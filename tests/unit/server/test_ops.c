@@ -54,10 +54,28 @@ static void test_where_flags_and_auth(void **state)
     assert_int_equal(srv_op_row_of(GR_OP_PUSH)->inline_body, 0);
 }
 
+/* A fenced shard still answers the handshake, stats and shutdown; only pulls and descriptions
+ * pass a write fence; everything else changes state and is stopped by any fence. */
+static void test_fence_classes(void **state)
+{
+    (void)state;
+    for (unsigned op = 1; op < GR_PROTO_OP_LIMIT; op++) {
+        const srv_op_row *row = srv_op_row_of(op);
+        if (!row) continue;
+        srv_fence_class want = SRV_FENCE_WRITE;
+        if (op == GR_OP_HELLO || op == GR_OP_AUTH || op == GR_OP_STATS || op == GR_OP_SHUTDOWN)
+            want = SRV_FENCE_NEVER;
+        else if (op == GR_OP_PULL || op == GR_OP_DENSE_PULL || op == GR_OP_DESCRIBE_TABLE)
+            want = SRV_FENCE_READ;
+        assert_int_equal(row->fence, want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_opcode_has_a_row),
+        cmocka_unit_test(test_fence_classes),
         cmocka_unit_test(test_where_flags_and_auth),
     };
     return cmocka_run_group_tests_name("server_ops", tests, NULL, NULL);
