@@ -162,8 +162,13 @@ typedef struct gr_server_join_opts {
 GR_API int gr_server_join_start(gr_server *s, struct gr_coord *coord,
                                 const gr_server_join_opts *o, gr_server_join **out);
 /* Stops the thread and removes the callbacks (does not unregister: close the coordinator for
- * that). NULL is a no-op. */
+ * that). A callback the coordinator had already begun may still run until the coordinator is
+ * closed, so: gr_server_join_stop, gr_coord_close, then gr_server_join_destroy. NULL is a
+ * no-op. */
 GR_API void gr_server_join_stop(gr_server_join *j);
+/* Frees the join, after gr_coord_close. Stops it first if gr_server_join_stop was not called
+ * (then the coordinator must still be open). NULL is a no-op. */
+GR_API void gr_server_join_destroy(gr_server_join *j);
 /* What the join did, for stats and the recovery benchmark. Times are Unix milliseconds. */
 typedef struct gr_server_join_stats {
     int32_t index;          /* -1 while standby */

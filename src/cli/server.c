@@ -275,7 +275,8 @@ int gr_cli_server(int argc, char **argv)
 out:
     gr_metrics_http_stop(metrics_http);
     gr_server_join_stop(join);
-    gr_coord_close(coord);
+    gr_coord_close(coord); /* no coordinator callback runs after this */
+    gr_server_join_destroy(join);
     gr_server_destroy(srv);
     gr_metrics_destroy(metrics);
     if (secret) memset(secret, 0, strlen(secret));

@@ -302,6 +302,7 @@ typedef struct train_cmd {
     bool partial;                  /* --recovery partial */
     uint32_t recovery_timeout_ms;
     bool position_only;            /* the next backend restores only the data position */
+    uint32_t same_epoch_retries;   /* recoveries in a row that found no shard replaced */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -704,6 +705,12 @@ static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
     gr_client_destroy(*client);
     *client = NULL;
     int rc = tc_wait_healed(job, epoch, c->recovery_timeout_ms);
+    /* Healed at the same epoch: no shard was replaced (a shard was still restoring, or a
+     * transient failure). Go on, but not forever for an error that keeps coming back. */
+    if (!rc && tc_epoch(job) == epoch && ++c->same_epoch_retries > 3)
+        rc = gr_seterr(GR_EIO, "the run failed %u times in a row with every shard serving "
+                       "(last: %s)", c->same_epoch_retries, errbuf);
+    if (!rc && tc_epoch(job) != epoch) c->same_epoch_retries = 0;
     if (!rc) {
         c->servers = tc_servers(job);
         c->sync_reset = true; /* the survivors still hold the failed run's job */
