@@ -10,6 +10,7 @@
     X("ckpt", gr_bench_ckpt)   \
     X("soak", gr_bench_soak)   \
     X("serve", gr_bench_serve) \
+    X("metrics", gr_bench_metrics) \
     X("torch", gr_bench_torch) \
     X("recovery", gr_bench_recovery)
 

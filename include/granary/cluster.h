@@ -9,6 +9,7 @@
 #define GRANARY_CLUSTER_H
 
 #include "granary/core.h"
+#include "granary/metrics.h"
 
 typedef struct gr_local_cluster gr_local_cluster;
 /* threads: worker threads per shard (0 = 2). */
@@ -17,6 +18,14 @@ GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cl
  * publish_interval_ms (gr_server_config.publish_interval_ms; 0 = never). */
 GR_API int gr_local_cluster_start_publishing(unsigned shards, unsigned threads,
                                              uint32_t publish_interval_ms, gr_local_cluster **out);
+/* The same with every shard's series in metrics (labelled shard="I"; NULL = none), which must
+ * outlive the cluster. */
+GR_API int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_metrics *metrics,
+                                          gr_local_cluster **out);
+/* Both: publishing (0 = never) and metrics (NULL = none). */
+GR_API int gr_local_cluster_start_with(unsigned shards, unsigned threads,
+                                       uint32_t publish_interval_ms, gr_metrics *metrics,
+                                       gr_local_cluster **out);
 /* "127.0.0.1:PORT,..." in shard order; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */

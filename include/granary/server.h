@@ -6,6 +6,7 @@
 #define GRANARY_SERVER_H
 
 #include "granary/core.h"
+#include "granary/metrics.h"
 #include "granary/proto.h"
 #include "granary/table.h"
 
@@ -51,6 +52,10 @@ typedef struct gr_server_config {
      * publication (weights only) and its changed dense parameters to subscribed replicas
      * (SUBSCRIBE; docs/serving.md). 0 = no publishing (SUBSCRIBE is refused). */
     uint32_t publish_interval_ms;
+    /* Where the shard's Prometheus series go (docs/operations.md lists them; labelled with
+     * shard="I", so several shards may share one registry); NULL = none. Not owned: it must
+     * outlive the server. */
+    gr_metrics *metrics;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */
@@ -89,6 +94,10 @@ GR_API int gr_server_load_config(gr_server *s, const char *json);
  * A nonzero return from fn stops the walk and is returned. */
 typedef int (*gr_server_table_fn)(void *ctx, const char *name, gr_table *table);
 GR_API int gr_server_foreach_table(gr_server *s, gr_server_table_fn fn, void *ctx);
+
+/* For /healthz: true while the server is started and not stopping; otherwise false with the
+ * reason in why. */
+GR_API bool gr_server_healthy(const gr_server *s, char *why, size_t whycap);
 
 /* The shard this server serves, and whether it owns a slot under its slot map. */
 GR_API uint32_t gr_server_shard(const gr_server *s);

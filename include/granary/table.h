@@ -110,6 +110,23 @@ typedef struct gr_table_stats {
 
 typedef struct gr_table gr_table;
 
+/* What a table of this spec will hold at `rows` rows, by the engine's own accounting: the
+ * `bytes` gr_table_get_stats reports (rows in whole chunks per partition, their tracker bits,
+ * the index at its load factor, the fixed structs), expected over how keys spread across
+ * partitions (a Poisson count per partition). For capacity planning (`granary plan`). */
+typedef struct gr_table_estimate {
+    uint64_t rows;          /* rows held: the given count, capped by the spec's capacity */
+    uint64_t bytes;         /* expected gr_table_stats.bytes */
+    uint64_t row_bytes;     /* one row: weights + state + metadata (the stride) */
+    uint64_t payload_bytes; /* one row: weights + optimizer state */
+    double bytes_per_row;   /* bytes / rows */
+} gr_table_estimate;
+/* The optimizer's name as specs spell it ("adagrad", ...; "unknown" out of range). */
+GR_API const char *gr_table_opt_name(gr_opt_kind kind);
+/* GR_EINVAL (from gr_table_spec_validate) for a bad spec. */
+GR_API int gr_table_estimate_bytes(const gr_table_spec *spec, uint64_t rows,
+                                   gr_table_estimate *out);
+
 /* Fills spec with defaults for a table (f32, zeros init, SGD lr 0.01, admit all, no
  * eviction, no cap). */
 GR_API void gr_table_spec_default(gr_table_spec *spec, const char *name, uint32_t dim);

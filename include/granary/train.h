@@ -8,6 +8,7 @@
 #define GRANARY_TRAIN_H
 
 #include "granary/core.h"
+#include "granary/metrics.h"
 #include "granary/table.h"
 
 #include <stdatomic.h>
@@ -669,6 +670,10 @@ typedef struct gr_train_opts {
      * scored. NULL: never (`granary train` asks whether SIGINT or SIGTERM came). */
     bool (*should_stop)(void *ctx);
     void *stop_ctx;
+    /* Where the run's Prometheus series go (granary_train_*: examples, steps, loss,
+     * examples/s, dropped gradients, stage seconds, checkpoints; docs/operations.md); NULL =
+     * none. Not owned; it must outlive the run. */
+    gr_metrics *metrics;
 } gr_train_opts;
 
 /* What a progress line says (gr_train_opts.on_progress). */

@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "granary/coord.h"
+#include "granary/metrics.h"
 #include "granary/server.h"
 
 #include <ctype.h>
@@ -76,10 +77,12 @@ static void on_signal(int sig)
       "checkpoint")                                                                           \
     X(SO_SESSION, "session-timeout", GR_CLI_INT, "session_timeout_ms", 1000, 600000, NULL,     \
       "MS", "4000", "with --coord: the coordinator session timeout (a silent shard is\n"      \
-      "declared lost after this)")                                                          \
+      "declared lost after this)")                                                            \
     X(SO_PUBLISH_INTERVAL, "publish-interval", GR_CLI_INT, "publish_interval_ms", 0, 86400000,   \
       NULL, "MS", "0", "every MS publish changed rows and dense parameters to subscribed\n"      \
-      "serving replicas (granary serve --from; 0 = never)")
+      "serving replicas (granary serve --from; 0 = never)")                                     \
+    X(SO_METRICS, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,               \
+      "serve Prometheus /metrics and /healthz here (docs/operations.md)")
 
 enum { SERVER_OPTIONS(GR_CLI_ENUM) SO_COUNT };
 static const gr_cli_opt server_opts[] = {SERVER_OPTIONS(GR_CLI_ROW)};
@@ -93,6 +96,11 @@ static const gr_cli_spec server_spec = {
     .epilog = "--config FILE is JSON {\"tables\":[spec...],\"dense\":[...],\"server\":{options}}\n"
               "(docs/table.md has the table specs, docs/server.md the rest).\n",
 };
+
+static bool server_health(void *ctx, char *why, size_t whycap)
+{
+    return gr_server_healthy(ctx, why, whycap);
+}
 
 static int split_listen(const char *s, char *host, size_t hcap, uint16_t *port_out)
 {
@@ -148,6 +156,8 @@ int gr_cli_server(int argc, char **argv)
     int status = 1;
     char *secret = NULL;
     gr_server *srv = NULL;
+    gr_metrics *metrics = NULL;
+    gr_metrics_http *metrics_http = NULL;
     gr_server_config cfg;
     gr_server_config_default(&cfg);
     char host[256];
@@ -201,6 +211,13 @@ int gr_cli_server(int argc, char **argv)
         cfg.secret = (const uint8_t *)secret;
         cfg.secret_len = n;
     }
+    if (v[SO_METRICS].s) {
+        if (gr_metrics_create(&metrics) || gr_metrics_add_process(metrics)) {
+            fprintf(stderr, "granary server: %s\n", gr_errmsg());
+            goto out;
+        }
+        cfg.metrics = metrics;
+    }
     if (gr_server_create(&cfg, &srv)) {
         fprintf(stderr, "granary server: %s\n", gr_errmsg());
         status = 2;
@@ -242,7 +259,16 @@ int gr_cli_server(int argc, char **argv)
             goto out;
         }
     }
+    if (metrics && gr_metrics_http_start(metrics, v[SO_METRICS].s, server_health, srv,
+                                         &metrics_http)) {
+        fprintf(stderr, "granary server: %s\n", gr_errmsg());
+        gr_server_stop(srv);
+        g_server = NULL;
+        status = 2;
+        goto out;
+    }
     printf("listening on %s:%u\n", host, gr_server_port(srv));
+    if (metrics_http) printf("metrics on port %u\n", gr_metrics_http_port(metrics_http));
     fflush(stdout);
     gr_server_wait(srv, -1);
     GR_LOGI("shard %u: stopping: draining in-flight requests", gr_server_shard(srv));
@@ -251,10 +277,12 @@ int gr_cli_server(int argc, char **argv)
     g_server = NULL;
     status = replaced ? 3 : 0;
 out:
+    gr_metrics_http_stop(metrics_http);
     gr_server_join_stop(join);
     gr_coord_close(coord); /* no coordinator callback runs after this */
     gr_server_join_destroy(join);
     gr_server_destroy(srv);
+    gr_metrics_destroy(metrics);
     if (secret) memset(secret, 0, strlen(secret));
     free(secret);
     gr_cli_parsed_fini(&p);

@@ -10,6 +10,7 @@
 #include "cli/opts.h"
 #include "granary/cluster.h"
 #include "granary/client.h"
+#include "granary/metrics.h"
 #include "granary/train.h"
 #include "cli/train_coord.h"
 
@@ -141,7 +142,7 @@
       "(default: rollback for sync and semisync, partial otherwise)")                         \
     X(TO_RECTIMEOUT, "recovery-timeout", GR_CLI_INT, "recovery_timeout_ms", 1000, 86400000,    \
       NULL, "MS", "120000", "with --coord: how long to wait for the shards (at start, and\n"  \
-      "for a standby to replace a lost one)")                                                                          \
+      "for a standby to replace a lost one)")                                                  \
     X(TO_FOLLOW, "follow", GR_CLI_FLAG, "follow", 0, 0, NULL, NULL, NULL,                      \
       "read --train as it grows (rotation and truncation handled; --train - reads\n"          \
       "stdin) and train until SIGTERM/SIGINT, then checkpoint and exit 0")                      \
@@ -150,7 +151,10 @@
       "default 100000 with --follow, else 0 (none)")                                           \
     X(TO_PUBLISH, "publish-interval", GR_CLI_INT, "publish_interval_ms", 0, 86400000, NULL,     \
       "MS", "0", "embedded cluster: publish changed rows to serving replicas every MS\n"      \
-      "(granary serve --from the addresses printed at start; 0 = never)")
+      "(granary serve --from the addresses printed at start; 0 = never)")                     \
+    X(TO_PROM, "metrics", GR_CLI_STR, "metrics", 0, 0, NULL, "HOST:PORT", NULL,                \
+      "serve Prometheus /metrics and /healthz here while training (the embedded\n"            \
+      "cluster's shards too; docs/operations.md)")
 
 enum { TRAIN_OPTIONS(GR_CLI_ENUM) TO_COUNT };
 static const gr_cli_opt train_opts[] = {TRAIN_OPTIONS(GR_CLI_ROW)};
@@ -314,6 +318,7 @@ typedef struct train_cmd {
     gr_schema *schema; /* --schema, owned (NULL: Criteo) */
     gr_local_backend_opts bo; /* the dense optimizer (local backend, or the shards') */
     const char *metrics, *servers, *auth_file;
+    const char *prom;                     /* --metrics HOST:PORT */
     unsigned shards, shard_threads;
     long aggregate, backup, staleness; /* -1: not given */
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
@@ -440,6 +445,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
         fprintf(stderr, "granary train: --dim is ignored for lr (rows have dim 1)\n");
 
     c->metrics = v[TO_METRICS].s;
+    c->prom = v[TO_PROM].s;
     c->servers = v[TO_SERVERS].s;
     c->auth_file = v[TO_AUTH].s;
     c->shards = v[TO_LOCAL].b ? 0 : (unsigned)v[TO_SHARDS].i;
@@ -573,8 +579,8 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (c->local) return gr_local_backend_create(&c->bo, be);
     if (!c->servers) {
         /* The embedded cluster: S shards in this process on free loopback ports. */
-        int rc = gr_local_cluster_start_publishing(c->shards, c->shard_threads, c->publish_ms,
-                                                   cluster);
+        int rc = gr_local_cluster_start_with(c->shards, c->shard_threads, c->publish_ms,
+                                             c->o.metrics, cluster);
         if (rc) return rc;
         c->servers = gr_local_cluster_servers(*cluster);
     }
@@ -800,6 +806,17 @@ static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
     return rc;
 }
 
+/* --metrics: the registry (with the process's series) and its endpoint; /healthz answers ok
+ * while the process runs. */
+static int start_metrics(const char *listen, gr_metrics **reg, gr_metrics_http **http)
+{
+    int rc = gr_metrics_create(reg);
+    if (!rc) rc = gr_metrics_add_process(*reg);
+    if (!rc) rc = gr_metrics_http_start(*reg, listen, NULL, NULL, http);
+    if (!rc) fprintf(stderr, "train: metrics on port %u\n", gr_metrics_http_port(*http));
+    return rc;
+}
+
 int gr_cli_train(int argc, char **argv)
 {
     gr_cli_value v[TO_COUNT];
@@ -829,7 +846,11 @@ int gr_cli_train(int argc, char **argv)
     memset(&be, 0, sizeof be);
     tc_job *job = NULL;
     bool took_over = false;
-    int rc = c.coord ? tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over) : 0;
+    gr_metrics *metrics = NULL;
+    gr_metrics_http *metrics_http = NULL;
+    int rc = c.prom ? start_metrics(c.prom, &metrics, &metrics_http) : 0;
+    c.o.metrics = metrics;
+    if (!rc && c.coord) rc = tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over);
     if (job) {
         c.servers = tc_servers(job);
         if (took_over && c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
@@ -846,6 +867,8 @@ int gr_cli_train(int argc, char **argv)
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
         gr_schema_destroy(c.schema);
+        gr_metrics_http_stop(metrics_http);
+        gr_metrics_destroy(metrics);
         gr_cli_stop_signals_restore();
         gr_cli_parsed_fini(&p);
         return 1;
@@ -881,6 +904,8 @@ int gr_cli_train(int argc, char **argv)
     print_model(&c, &r, &ri, rc != 0, argc, argv);
     gr_cli_stop_signals_restore();
     gr_schema_destroy(c.schema);
+    gr_metrics_http_stop(metrics_http);
+    gr_metrics_destroy(metrics);
     gr_cli_parsed_fini(&p);
     return status;
 }

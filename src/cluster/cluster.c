@@ -17,11 +17,23 @@ struct gr_local_cluster {
 
 int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out)
 {
-    return gr_local_cluster_start_publishing(shards, threads, 0, out);
+    return gr_local_cluster_start_with(shards, threads, 0, NULL, out);
 }
 
 int gr_local_cluster_start_publishing(unsigned shards, unsigned threads,
                                       uint32_t publish_interval_ms, gr_local_cluster **out)
+{
+    return gr_local_cluster_start_with(shards, threads, publish_interval_ms, NULL, out);
+}
+
+int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_metrics *metrics,
+                                   gr_local_cluster **out)
+{
+    return gr_local_cluster_start_with(shards, threads, 0, metrics, out);
+}
+
+int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publish_interval_ms,
+                                gr_metrics *metrics, gr_local_cluster **out)
 {
     *out = NULL;
     if (shards == 0 || shards > 256)
@@ -39,6 +51,7 @@ int gr_local_cluster_start_publishing(unsigned shards, unsigned threads,
         cfg.shards = shards;
         cfg.threads = threads ? threads : 2;
         cfg.publish_interval_ms = publish_interval_ms;
+        cfg.metrics = metrics;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;

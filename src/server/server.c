@@ -38,6 +38,8 @@ static void run_request(gr_server *s, srv_conn *c, const srv_op_row *row,
     bool fatal = false, stop = false;
     out->len = 0;
     atomic_fetch_add(&s->ops[h->op].count, 1);
+    gr_metric *latency = s->latency[h->op];
+    uint64_t t0 = latency ? gr_now_ns() : 0;
     srv_req r = {s, h, body, h->body_len, out, 0, &fatal, &stop};
     int rc = row->handle(&r);
     if (rc) {
@@ -48,12 +50,14 @@ static void run_request(gr_server *s, srv_conn *c, const srv_op_row *row,
             GR_LOGW("shard %u: closing %s: %s", s->cfg.shard, srv_conn_peer(c), gr_errmsg());
         }
         srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), fatal);
+        if (latency) gr_metric_observe(latency, (double)(gr_now_ns() - t0) * 1e-9);
         return;
     }
     /* The reply goes straight into the socket when it fits; only a backlog is queued (and
      * then the buffer itself is handed over, not copied). */
     size_t w = srv_conn_write(c, out, true);
     atomic_fetch_add(&s->ops[h->op].bytes_out, w);
+    if (latency) gr_metric_observe(latency, (double)(gr_now_ns() - t0) * 1e-9);
     if (stop) gr_server_request_stop(s);
 }
 
@@ -277,6 +281,10 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
         gr_server_destroy(s);
         return gr_seterr(GR_EIO, "cannot create pipes: %s", strerror(errno));
     }
+    if ((rc = srv_metrics_init(s))) {
+        gr_server_destroy(s);
+        return rc;
+    }
     s->start_ns = gr_now_ns();
     *out = s;
     return GR_OK;
@@ -326,6 +334,8 @@ int gr_server_start(gr_server *s)
         return gr_seterr(GR_EINTERNAL, "cannot start server threads");
     }
     s->started = true;
+    if (srv_metrics_attach(s) != GR_OK)
+        GR_LOGW("shard %u: metrics: %s", s->cfg.shard, gr_errmsg());
     for (size_t m = 0; m < srv_nmodules; m++)
         if (srv_modules[m]->start && srv_modules[m]->start(s) != GR_OK)
             GR_LOGW("shard %u: %s: %s", s->cfg.shard, srv_modules[m]->name, gr_errmsg());
@@ -391,6 +401,7 @@ int gr_server_stop(gr_server *s)
 void gr_server_destroy(gr_server *s)
 {
     if (!s) return;
+    srv_metrics_fini(s); /* the collector reads the connection loop's counters */
     gr_server_stop(s);
     srv_net_destroy(s->net);
     free(s->workers);
@@ -403,6 +414,16 @@ void gr_server_destroy(gr_server *s)
     if (s->secret) OPENSSL_cleanse(s->secret, s->cfg.secret_len);
     free(s->secret);
     free(s);
+}
+
+bool gr_server_healthy(const gr_server *s, char *why, size_t whycap)
+{
+    const char *bad = !s                         ? "no server"
+                      : !s->started              ? "not started"
+                      : atomic_load(&s->stopping) ? "stopping"
+                                                 : NULL;
+    if (bad && why && whycap) snprintf(why, whycap, "%s", bad);
+    return !bad;
 }
 
 /* ---- tables ---- */

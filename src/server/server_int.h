@@ -148,6 +148,11 @@ struct gr_server {
     atomic_int fence;      /* fence.c: a gr_server_fence */
     atomic_uint_fast64_t lease_ns; /* fence.c: past this monotonic time, fenced (0: no lease) */
     _Atomic(struct gr_server_join *) join; /* join.c: set while the shard is in a coordinated job */
+    /* metrics.c: cfg.metrics's series of this shard: request latency per opcode (observed by
+     * run_request; NULL without a registry), and whether the collector is installed. */
+    gr_metric *latency[GR_PROTO_OP_LIMIT];
+    struct srv_metrics *mx; /* the mirrored families (metrics.c) */
+    bool metrics_on;
 };
 
 /* fence.c: "epoch", "fence" and, in a coordinated job, the join's "coord" object, into the
@@ -171,9 +176,18 @@ srv_entry *srv_get_dense(gr_server *s, const char *name, int *rc);
 size_t srv_first_nonfinite(const float *v, size_t n);
 int srv_check_finite(const float *v, size_t n, const char *what);
 
-/* stats.c: the STATS body (JSON, malloc'd) and the STATS handler. */
+/* stats.c: the STATS document (a cJSON object to delete; NULL when out of memory), its text
+ * (the STATS body, malloc'd) and the STATS handler. */
+void *srv_stats_build(gr_server *s);
 char *srv_stats_json(gr_server *s);
 int srv_stats_op(srv_req *r);
+
+/* metrics.c: declares the shard's series in cfg.metrics (no-op without one) and installs the
+ * collector that copies the STATS document into them at each scrape (started servers only);
+ * fini removes it (before the connection loop goes away). */
+int srv_metrics_init(gr_server *s);
+int srv_metrics_attach(gr_server *s);
+void srv_metrics_fini(gr_server *s);
 
 /* session.c: HELLO and AUTH (take handlers, on the loop). */
 void srv_session_hello(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);

@@ -1,13 +1,14 @@
 /* The STATS reply: the shard, its connections (conn.c's counters), tables and dense
  * parameters, every module's object (sync, ckpt) and the per-opcode counters, which are
- * declared once by the opcode X-macro. */
+ * declared once by the opcode X-macro. The same document feeds the shard's Prometheus
+ * series (metrics.c), so nothing is counted twice. */
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
-char *srv_stats_json(gr_server *s)
+void *srv_stats_build(gr_server *s)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
@@ -55,6 +56,7 @@ char *srv_stats_json(gr_server *s)
             cJSON_AddNumberToObject(o, "hits", (double)st.hits);
             cJSON_AddNumberToObject(o, "misses", (double)st.misses);
             cJSON_AddNumberToObject(o, "applies", (double)st.applies);
+            cJSON_AddNumberToObject(o, "admits", (double)st.admits);
             cJSON_AddNumberToObject(o, "rejects", (double)st.rejects);
             cJSON_AddNumberToObject(o, "nonfinite_rejected", (double)st.nonfinite_rejected);
             cJSON_AddNumberToObject(o, "nonfinite_clipped", (double)st.nonfinite_clipped);
@@ -80,6 +82,13 @@ char *srv_stats_json(gr_server *s)
         cJSON_AddNumberToObject(x, "bytes_in", (double)atomic_load(&o->bytes_in));
         cJSON_AddNumberToObject(x, "bytes_out", (double)atomic_load(&o->bytes_out));
     }
+    return root;
+}
+
+char *srv_stats_json(gr_server *s)
+{
+    cJSON *root = srv_stats_build(s);
+    if (!root) return NULL;
     char *txt = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return txt;

@@ -18,7 +18,6 @@
 #define PF_D 6 /* pipeline distance (keys) between stages */
 #endif
 #define PF_RING 32 /* ring of per-key pipeline state; power of two > 2 * PF_D */
-#define CHUNK_TARGET 24576u /* rows per chunk: smallest power of two reaching this (>= 64) */
 #define COMMIT_ROWS 32768u  /* the arena is committed in multiples of this many slots */
 #define HUGE_PAGE (2u << 20)
 #define HUGE_FROM (8u << 20) /* rows past this offset are advised for huge pages */
@@ -148,7 +147,7 @@ static int chunk_carve(gr_table *t, uint32_t *first)
  * pairs an array with its own size. Entries are read and written with relaxed atomics. */
 
 #define IREGION_FIRST (8u << 20)
-#define IDX_PAGE_ALIGN 4096u
+#define IDX_PAGE_ALIGN GR_IDX_PAGE_ALIGN
 
 static inline uint64_t ild(const uint64_t *e) { return __atomic_load_n(e, __ATOMIC_RELAXED); }
 static inline void ist(uint64_t *e, uint64_t v) { __atomic_store_n(e, v, __ATOMIC_RELAXED); }
@@ -192,8 +191,7 @@ done:
     return out;
 }
 
-/* Bytes of an index block of `cap` buckets (header + entries). */
-static inline size_t idx_block_bytes(uint32_t cap) { return 8 + (size_t)cap * 8; }
+#define idx_block_bytes gr_idx_block_bytes
 
 /* Gives a retired block's whole pages back to the kernel; the mapping stays. Blocks under a
  * page stay as they are (and stay counted: at most a few KiB per partition). Returns the
@@ -222,11 +220,7 @@ static void idx_put(gr_part *p, uint64_t entry)
 static int idx_grow(gr_table *t, gr_part *p)
 {
     uint32_t old = p->cap;
-    /* Doubling while small; past 4096 buckets, 1.25x steps keep the load between 0.64 and 0.8,
-     * which holds the index near 11 bytes per row (amortised rehash cost: ~4 moves per insert). */
-    uint64_t nc64 = old == 0 ? GR_IDX_MIN_CAP : old < 4096 ? (uint64_t)old * 2 : (uint64_t)old * 5 / 4;
-    if (nc64 > UINT32_MAX - 1) nc64 = UINT32_MAX - 1;
-    uint32_t nc = (uint32_t)nc64;
+    uint32_t nc = gr_idx_next_cap(old);
     if (nc <= old) return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
     size_t nb = idx_block_bytes(nc);
     if (mem_take(t, nb)) return cap_error(t);
@@ -346,7 +340,7 @@ static int slot_alloc(gr_table *t, gr_part *p, uint32_t *out)
     }
     if (p->nchunks == 0 || p->last_used == t->chunk_rows) {
         /* Account the chunk (rows and their bitset bits) before taking it. */
-        uint64_t cb = (uint64_t)t->chunk_rows * t->stride + t->chunk_rows * 5 / 8;
+        uint64_t cb = gr_chunk_bytes(t->chunk_rows, t->stride);
         if (p->nchunks == p->chunks_cap) {
             uint32_t nc = p->chunks_cap ? p->chunks_cap * 2 : 4;
             int rc = grow_array(t, (void **)&p->chunk_ids, p->chunks_cap * sizeof(uint32_t),
@@ -464,6 +458,26 @@ static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
 
 /* ---- create / destroy ---- */
 
+void gr_table_geometry_of(const gr_table_spec *spec, gr_table_geometry *g)
+{
+    /* f16 weights of an odd dim are padded to 4 bytes so the f32 state after them is
+     * aligned. */
+    g->wbytes = spec->dtype == GR_DTYPE_F16 ? (spec->dim * 2u + 3u) & ~3u : spec->dim * 4u;
+    uint32_t stride = (uint32_t)sizeof(gr_row_hdr) + g->wbytes + 4u * gr_table_state_floats(spec);
+    g->stride = (stride + 7u) & ~7u;
+    uint32_t rows = 64;
+    while ((uint64_t)rows * g->stride < GR_CHUNK_TARGET) rows *= 2;
+    g->chunk_rows = rows;
+    /* A capacity below the partition count would leave partitions with no room at all. */
+    uint32_t np = spec->partitions ? spec->partitions : 256;
+    if (spec->capacity && spec->capacity < np)
+        while (np > spec->capacity) np /= 2;
+    g->nparts = np;
+    g->base_bytes = sizeof(gr_table) + (uint64_t)np * sizeof(gr_part);
+    if (spec->admit_min_count > 1)
+        g->base_bytes += (uint64_t)GR_CMS_DEPTH * GR_CMS_WIDTH * sizeof(atomic_uint);
+}
+
 /* Slots to reserve address space for: the rows the memory cap (or, without one, the
  * machine's memory) could hold, or the capacity, plus one partly used chunk per partition.
  * Reserving is free; only what rows touch becomes memory. */
@@ -494,19 +508,13 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     if (t->spec.partitions == 0) t->spec.partitions = 256;
     t->dim = spec->dim;
     t->state_floats = gr_table_state_floats(spec);
-    /* f16 weights of an odd dim are padded to 4 bytes so the f32 state after them is
-     * aligned. */
-    t->wbytes = spec->dtype == GR_DTYPE_F16 ? (spec->dim * 2u + 3u) & ~3u : spec->dim * 4u;
-    uint32_t stride = (uint32_t)sizeof(gr_row_hdr) + t->wbytes + 4u * t->state_floats;
-    t->stride = (stride + 7u) & ~7u;
-    uint32_t rows = 64;
-    while ((uint64_t)rows * t->stride < CHUNK_TARGET) rows *= 2;
-    t->chunk_shift = (uint32_t)__builtin_ctz(rows);
-    t->chunk_rows = rows;
-    /* A capacity below the partition count would leave partitions with no room at all. */
-    uint32_t np = t->spec.partitions;
-    if (spec->capacity && spec->capacity < np)
-        while (np > spec->capacity) np /= 2;
+    gr_table_geometry geo;
+    gr_table_geometry_of(&t->spec, &geo);
+    t->wbytes = geo.wbytes;
+    t->stride = geo.stride;
+    t->chunk_shift = (uint32_t)__builtin_ctz(geo.chunk_rows);
+    t->chunk_rows = geo.chunk_rows;
+    uint32_t np = geo.nparts;
     t->nparts = np;
     t->pbits = (uint32_t)__builtin_ctz(np);
     t->created_ns = gr_now_ns();
@@ -548,7 +556,7 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
             p->row_cap = UINT32_MAX;
         }
     }
-    t->base_bytes = sizeof *t + (uint64_t)np * sizeof *t->parts;
+    t->base_bytes = geo.base_bytes;
     t->use_cms = spec->admit_min_count > 1;
     if (t->use_cms) {
         rc = gr_cms_init(&t->cms, GR_CMS_WIDTH);
@@ -557,7 +565,6 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
             gr_table_destroy(t);
             return rc;
         }
-        t->base_bytes += (uint64_t)GR_CMS_DEPTH * GR_CMS_WIDTH * sizeof(atomic_uint);
     }
     double p = spec->admit_probability;
     t->admit_threshold = p >= 1.0 ? (1ull << 53) : (uint64_t)(p * 9007199254740992.0);

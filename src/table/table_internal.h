@@ -19,6 +19,25 @@
 #define GR_IDX_MIN_CAP 16u
 #define GR_IDX_LOAD_NUM 4u /* grow past 4/5 = 0.8 load */
 #define GR_IDX_LOAD_DEN 5u
+#define GR_IDX_PAGE_ALIGN 4096u /* index blocks this large are given back when retired */
+#define GR_CHUNK_TARGET 24576u  /* bytes of a chunk of rows: the smallest power-of-two row
+                                   count (>= 64) reaching this */
+
+/* Bytes of an index block of `cap` buckets (header + entries). */
+static inline size_t gr_idx_block_bytes(uint32_t cap) { return 8 + (size_t)cap * 8; }
+/* The index capacity after `old`: doubling while small; past 4096 buckets, 1.25x steps keep
+ * the load between 0.64 and 0.8, which holds the index near 11 bytes per row (amortised
+ * rehash cost: ~4 moves per insert). */
+static inline uint32_t gr_idx_next_cap(uint32_t old)
+{
+    uint64_t nc = old == 0 ? GR_IDX_MIN_CAP : old < 4096 ? (uint64_t)old * 2 : (uint64_t)old * 5 / 4;
+    return nc > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)nc;
+}
+/* Bytes accounted for one chunk of rows: the rows and their tracker bits (live 1, dirty 4). */
+static inline uint64_t gr_chunk_bytes(uint32_t chunk_rows, uint32_t stride)
+{
+    return (uint64_t)chunk_rows * stride + chunk_rows * 5 / 8;
+}
 
 /* Row header: key + public metadata. Weights follow, then the optimizer state. A free slot
  * has hits == GR_HITS_FREE (live rows saturate one below) and its key field links the
@@ -146,6 +165,14 @@ struct gr_table {
 #define GR_TABLE_HASH_SEED 0x67727461626c6531ull
 uint64_t gr_table_hash(uint64_t key);
 
+/* A table's layout from its spec, as gr_table_create lays it out (estimate.c predicts memory
+ * from the same numbers). */
+typedef struct gr_table_geometry {
+    uint32_t wbytes, stride, chunk_rows, nparts;
+    uint64_t base_bytes; /* the table and partition structs, and the admission sketch */
+} gr_table_geometry;
+void gr_table_geometry_of(const gr_table_spec *spec, gr_table_geometry *g);
+
 /* The partition: the top pbits bits of the hash (two shifts so that pbits = 0 is defined). */
 static inline uint32_t gr_part_of(const gr_table *t, uint64_t h)
 {
@@ -204,9 +231,6 @@ bool gr_row_finite(const float *w, uint32_t dim, const float *state, uint32_t ns
                    float wlimit);
 void gr_row_clip(float *w, const float *w_old, uint32_t dim, float *state,
                  const float *state_old, uint32_t nstate, float wmax);
-
-/* The optimizer's JSON name ("sgd", ...), for messages (spec.c). */
-const char *gr_table_opt_name(gr_opt_kind kind);
 
 /* Admission (admit.c). */
 int gr_cms_init(gr_cms *c, uint32_t width);

@@ -168,6 +168,7 @@ static int ck_save(trainer *tr, uint64_t step)
     pthread_mutex_lock(&tr->mu);
     gr_train_result *res = tr->res;
     res->ckpt_seconds += secs;
+    tr_metrics_ckpt(tr, secs);
     if (rc) {
         res->ckpt_failures++;
         tr->ck.parent[0] = '\0';

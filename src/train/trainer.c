@@ -177,12 +177,15 @@ static void progress_where(const trainer *tr, const progress *pg, uint64_t ex, d
 static void progress_line(trainer *tr, progress *pg, bool final)
 {
     double now = gr_now_s();
+    double dt = now - pg->last_t;
     pthread_mutex_lock(&tr->mu);
     uint64_t ex = tr->examples, steps = tr->steps;
     tr_stage_times t = tr->t;
     double loss = tr->loss_n ? tr->loss_sum / (double)tr->loss_n : NAN;
     tr->loss_sum = 0;
     tr->loss_n = 0;
+    if (!isnan(loss)) tr->window_loss = loss;
+    if (dt > 0) tr->window_rate = (double)(ex - pg->last_ex) / dt;
     pthread_mutex_unlock(&tr->mu);
     uint64_t wn = 0;
     double auc = window_auc(tr, &wn);
@@ -208,7 +211,7 @@ static void progress_line(trainer *tr, progress *pg, bool final)
     if (wn) fprintf(stderr, "train: running AUC %.5f over the last %llu examples\n", auc,
                     (unsigned long long)wn);
     if (!isnan(loss)) pg->window_loss = loss;
-    double dt = now - pg->last_t, nb = (double)(steps - pg->last_steps);
+    double nb = (double)(steps - pg->last_steps);
     double k = nb > 0 ? 1e3 / nb : 0;
     char where[96];
     progress_where(tr, pg, ex, now - pg->t0, final, where, sizeof where);
@@ -276,7 +279,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     /* The workers are the parallelism; OpenBLAS threads on top would fight them for cores. */
     openblas_set_num_threads(1);
 
-    trainer tr = {.o = o, .be = be, .res = res};
+    trainer tr = {.o = o, .be = be, .res = res, .window_loss = NAN};
     cJSON *resumed = NULL;
     pthread_mutex_init(&tr.mu, NULL);
     pthread_cond_init(&tr.cv, NULL);
@@ -372,7 +375,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     double t0 = gr_now_s();
     progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
     if (o->progress_s > 0 && !o->follow) estimate_work(&tr, &pg); /* a stream has no end */
+    tr.t0 = t0;
     tr.running = o->workers;
+    if ((rc = tr_metrics_start(&tr))) goto out;
     for (; started < o->workers; started++) {
         if (pthread_create(&tids[started], NULL, o->pipeline ? tr_pipeline_main : tr_sequential_main,
                            &tr.workers[started]) != 0) {
@@ -450,6 +455,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
                          &res->test_auc, &res->test_logloss, &res->test_examples);
     }
 out:
+    tr_metrics_stop(&tr);
     if (tr.loss_log && fclose(tr.loss_log) != 0 && !rc)
         rc = gr_seterr(GR_EIO, "--loss-log %s: write failed", o->loss_log);
     if (tr.workers)

@@ -224,7 +224,21 @@ struct trainer {
     /* The running AUC's window (under mu): the newest win_len of win_cap predictions. */
     float *win_probs, *win_labels;
     size_t win_cap, win_len, win_head;
+    /* The last progress window's examples/s and mean loss (for the metrics; under mu). */
+    double window_rate, window_loss;
+    double t0;                  /* when the workers started (gr_now_s) */
+    struct tr_metrics *mx;      /* exporter.c: o->metrics's series; NULL without a registry */
 };
+
+/* ---- exporter.c --------------------------------------------------------------------------- */
+
+/* Declares the trainer's Prometheus series in o->metrics and installs the collector that
+ * copies the run's counters (under mu) into them at each scrape; no-op without a registry.
+ * stop copies them a last time (the final values stay in the exposition) and removes it. */
+int tr_metrics_start(trainer *tr);
+void tr_metrics_stop(trainer *tr);
+/* A checkpoint pause of secs seconds (ckcoord.c), failed or not. */
+void tr_metrics_ckpt(trainer *tr, double secs);
 
 /* ---- pipeline.c --------------------------------------------------------------------------- */
 

@@ -101,6 +101,10 @@ int ps_test_server_start_args(ps_test_server *s, const char *const *args)
         fprintf(stderr, "harness: cannot start a server: %s\n", strerror(errno));
         return -1;
     }
+    /* With --metrics the server prints a second line, "metrics on port N". */
+    unsigned want_lines = 1;
+    for (size_t i = 0; args[i]; i++)
+        if (!strcmp(args[i], "--metrics")) want_lines = 2;
     char line[256];
     size_t len = 0;
     uint64_t deadline = now_ms() + 20000;
@@ -113,9 +117,15 @@ int ps_test_server_start_args(ps_test_server *s, const char *const *args)
         if (r <= 0) break;
         len += (size_t)r;
         line[len] = '\0';
-        if (strchr(line, '\n')) break;
+        unsigned lines = 0;
+        for (const char *q = line; (q = strchr(q, '\n')); q++) lines++;
+        if (lines >= want_lines) break;
     }
     close(fd);
+    const char *mline = strstr(line, "\nmetrics on port ");
+    if (mline) s->metrics_port = (uint16_t)atoi(mline + strlen("\nmetrics on port "));
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
     line[len] = '\0';
     const char *colon = strrchr(line, ':');
     if (strncmp(line, "listening on ", 13) != 0 || !colon) {
@@ -203,7 +213,7 @@ int ps_test_run_granary(const char *const *args, char *out, size_t cap)
     }
     if (cap) out[len] = '\0';
     close(fd);
-    ps_test_server s = {pid, 0, ""};
+    ps_test_server s = {.pid = pid};
     return ps_test_server_wait(&s, 10000);
 }
 

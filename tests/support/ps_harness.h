@@ -12,6 +12,7 @@ typedef struct ps_test_server {
     pid_t pid;
     uint16_t port;
     char addr[64]; /* "127.0.0.1:PORT" */
+    uint16_t metrics_port; /* with "--metrics" "127.0.0.1:0" among the arguments: that port */
 } ps_test_server;
 
 /* Path of the granary binary under test. */
