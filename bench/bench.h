@@ -9,6 +9,7 @@
     X("train", gr_bench_train) \
     X("ckpt", gr_bench_ckpt)   \
     X("soak", gr_bench_soak)   \
+    X("serve", gr_bench_serve) \
     X("torch", gr_bench_torch) \
     X("recovery", gr_bench_recovery)
 

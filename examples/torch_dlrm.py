@@ -43,7 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--bottom", default="64,32")
     p.add_argument("--top", default="128,64")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--dense-lr", type=float, default=1e-3, help="Adam (default 0.001)")
+    p.add_argument("--dense-lr", type=float, default=None,
+                   help="Adam's lr (default 0.001 * sqrt(workers): DDP averages the workers' "
+                        "gradients, a larger batch per step, as granary train scales it)")
     p.add_argument("--max-steps", type=int, default=0, help="per worker (0: the whole file)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--no-pipeline", action="store_true", help="no prefetch of the next batch")
@@ -76,7 +78,8 @@ def run_worker(rank, args, servers, port, offsets, result_path):
                                    worker=rank, workers=args.workers)
     model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed)
     trained = DistributedDataParallel(model) if ddp else model
-    opt = torch.optim.Adam(trained.parameters(), lr=args.dense_lr)
+    lr = args.dense_lr if args.dense_lr is not None else 1e-3 * args.workers ** 0.5
+    opt = torch.optim.Adam(trained.parameters(), lr=lr)
     batches = dlrm.criteo_batches(args.train, args.batch, start=offsets[rank],
                                   end=offsets[rank + 1], max_batches=args.max_steps)
     losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline)

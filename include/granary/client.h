@@ -249,6 +249,12 @@ GR_API int gr_client_sync_leave(gr_client *c, uint32_t worker);
 
 /* A shard's stats JSON (see docs/server.md); *json malloc'd. */
 GR_API int gr_client_stats(gr_client *c, uint32_t shard, char **json);
+/* One request to one shard with a body the caller encoded (gr_proto_*), for operations that
+ * have no call of their own here (a serving replica's SUBSCRIBE): waits up to timeout_ms (0 =
+ * the request timeout) and hands back the reply body (*reply malloc'd, free() it). A shard's
+ * error reply is returned as its code with the shard's message. */
+GR_API int gr_client_call(gr_client *c, uint32_t shard, uint16_t opcode, const void *body,
+                          size_t len, uint32_t timeout_ms, void **reply, size_t *reply_len);
 /* Asks one shard (or every shard with shard < 0) to drain and stop. */
 GR_API int gr_client_shutdown(gr_client *c, int shard);
 

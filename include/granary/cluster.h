@@ -13,6 +13,10 @@
 typedef struct gr_local_cluster gr_local_cluster;
 /* threads: worker threads per shard (0 = 2). */
 GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
+/* The same with every shard publishing its changed rows to serving replicas every
+ * publish_interval_ms (gr_server_config.publish_interval_ms; 0 = never). */
+GR_API int gr_local_cluster_start_publishing(unsigned shards, unsigned threads,
+                                             uint32_t publish_interval_ms, gr_local_cluster **out);
 /* "127.0.0.1:PORT,..." in shard order; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */

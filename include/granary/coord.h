@@ -14,7 +14,10 @@
  * A gr_coord is thread-safe. Callbacks (members, layout, leader, session) run one at a time
  * on the handle's own event thread, never on a ZooKeeper library thread: they may call any
  * function of this header on the same handle except gr_coord_close, and should return soon
- * (a slow callback delays the others, never the session).
+ * (a slow callback delays the others and, past two thirds of the session timeout, lets the
+ * lease of gr_coord_registered lapse). A callback removed or replaced by a watch call may
+ * still be running (or about to run once) when that call returns; gr_coord_close returns only
+ * after the last one ended, so free what a callback uses after closing the handle.
  *
  * Errors: functions return 0 or a negative gr_err and set gr_errmsg(). GR_EAGAIN always means
  * "not connected to the coordinator right now, try again"; GR_ESTALE means someone else

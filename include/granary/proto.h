@@ -21,8 +21,9 @@
 
 /* Every opcode, declared once: X(NAME, number, "name", "summary"). The decoder, the server's
  * dispatcher, its stats counters and docs/protocol.md all come from this table. 16..20 are
- * the sync-job operations; numbers 21..63 are free for later operations (checkpoint
- * save/load, ...); 40..42 are the checkpoint operations. */
+ * the sync-job operations; 21 is the publisher's subscription (training shards), 22..23 are
+ * answered by serving replicas; 24..63 are free for later operations; 40..42 are the
+ * checkpoint operations. */
 #define GR_PROTO_OPS(X)                                                                          \
     X(HELLO, 1, "hello", "handshake: reply carries shard layout, limits and the auth nonce")     \
     X(AUTH, 2, "auth", "answer the hello nonce with HMAC-SHA256(secret, nonce || client nonce)") \
@@ -44,6 +45,9 @@
     X(PUSH_STEP, 18, "push_step", "a worker's step-tagged gradients, sparse and dense, through the step state machine") \
     X(SYNC_LEAVE, 19, "sync_leave", "a worker has finished its data: steps stop waiting for it")    \
     X(DENSE_SET, 20, "dense_set", "overwrite a dense parameter's values and reset its optimizer state") \
+    X(SUBSCRIBE, 21, "subscribe", "a serving replica's long poll: the next publication of changed rows and dense parameters after a version, or a snapshot") \
+    X(PREDICT, 22, "predict", "serving replica: click probabilities of a batch of examples (dense features and feature ids)") \
+    X(LOOKUP, 23, "lookup", "serving replica: rows of many keys over one or more tables, never creating any") \
     X(CKPT_SAVE, 40, "ckpt_save", "write this shard's file of a checkpoint: its tables and the dense parameters it owns") \
     X(CKPT_COMMIT, 41, "ckpt_commit", "complete a checkpoint once every shard saved: metadata, then the manifest, then retention") \
     X(CKPT_LOAD, 42, "ckpt_load", "replace this shard's tables and dense parameters with the rows it owns in a checkpoint")
@@ -307,6 +311,74 @@ GR_API int gr_proto_put_dense_part(gr_proto_buf *b, const char *name, const floa
 GR_API int gr_proto_decode_push_step(const void *body, size_t len, const gr_proto_limits *lim,
                                      gr_proto_push_step *out);
 GR_API void gr_proto_push_step_fini(gr_proto_push_step *p);
+
+/* ---- Serving (SUBSCRIBE on training shards; PREDICT and LOOKUP on replicas) ---- */
+
+#define GR_PROTO_SUB_F16 1u /* SUBSCRIBE: row values as IEEE half floats */
+
+/* SUBSCRIBE request (32 bytes): u64 epoch, u64 since, u32 wait_ms, u32 flags, u32 from_slot,
+ * u32 reserved (0). epoch and since name the last publication the replica applied from this
+ * shard (0, 0: none); from_slot > 0 asks for the next page of the snapshot at publication
+ * `since`, starting at that slot. */
+typedef struct gr_proto_subscribe {
+    uint64_t epoch, since;
+    uint32_t wait_ms, flags;
+    uint32_t from_slot;
+} gr_proto_subscribe;
+GR_API int gr_proto_put_subscribe(gr_proto_buf *b, const gr_proto_subscribe *s);
+GR_API int gr_proto_decode_subscribe(const void *body, size_t len, gr_proto_subscribe *out);
+
+enum { GR_PROTO_PUB_NONE = 0, GR_PROTO_PUB_DELTA = 1, GR_PROTO_PUB_SNAPSHOT = 2 };
+
+/* SUBSCRIBE reply, a publication: u64 epoch, u64 seq, u64 version, u32 kind, u32 shard,
+ * u32 nsparse, u32 ndense, u32 f16, u32 next_slot (a snapshot page: the slot the next page
+ * starts at, 0 when this page ends the snapshot; 0 otherwise); nsparse sections, each u32 table,
+ * u32 dim, u32 n, u32 reserved (0), u64 keys[n], values[n*dim] (f32, or f16 when f16 is 1),
+ * pad to 8; then ndense dense parts as in PUSH_STEP (str name, u64 size, f32 values, pad). */
+typedef struct gr_proto_pub_section {
+    uint32_t table, dim, n;
+    const uint64_t *keys;
+    const void *values; /* float or uint16_t (f16) */
+} gr_proto_pub_section;
+
+typedef struct gr_proto_publication {
+    uint64_t epoch, seq, version;
+    uint32_t kind, shard, f16;
+    uint32_t nsparse, ndense;
+    uint32_t next_slot;
+    gr_proto_pub_section *sparse; /* malloc'd; gr_proto_publication_fini frees */
+    gr_proto_dense_part *dense;   /* malloc'd */
+} gr_proto_publication;
+
+/* Writes the 48-byte head of a publication. */
+GR_API int gr_proto_put_pub_head(gr_proto_buf *b, const gr_proto_publication *p);
+/* Appends a section's header and reserves its arrays (values: n*dim f32, or f16 when f16). */
+GR_API int gr_proto_put_pub_section(gr_proto_buf *b, uint32_t table, uint32_t dim, uint32_t n,
+                                    bool f16, uint64_t **keys, void **values);
+/* Decodes a publication (8-byte aligned body): counts checked against lim (sections against
+ * max_tables, keys against max_keys), dims against GR_PROTO_DIM_MAX, every length against the
+ * body. On failure nothing is allocated. */
+GR_API int gr_proto_decode_publication(const void *body, size_t len, const gr_proto_limits *lim,
+                                       gr_proto_publication *out);
+GR_API void gr_proto_publication_fini(gr_proto_publication *p);
+
+/* PREDICT request: u32 n, u32 ndense, u32 nsparse, u32 reserved (0), f32 dense[n*ndense]
+ * (model inputs, already transformed), pad to 8, u64 ids[n*nsparse] (feature ids). Reply:
+ * u64 model_version, u32 n, u32 reserved (0), f32 probs[n], pad to 8. */
+typedef struct gr_proto_predict {
+    uint32_t n, ndense, nsparse;
+    const float *dense;
+    const uint64_t *ids;
+} gr_proto_predict;
+GR_API int gr_proto_put_predict(gr_proto_buf *b, const gr_proto_predict *p);
+/* n * (ndense + nsparse) is checked against lim->max_keys. */
+GR_API int gr_proto_decode_predict(const void *body, size_t len, const gr_proto_limits *lim,
+                                   gr_proto_predict *out);
+GR_API int gr_proto_put_predict_reply(gr_proto_buf *b, uint64_t version, const float *probs,
+                                      uint32_t n);
+GR_API int gr_proto_decode_predict_reply(const void *body, size_t len, uint64_t *version,
+                                         const float **probs, uint32_t *n);
+/* LOOKUP uses the batch layouts: a KEYS request, a VALUES reply. */
 
 /* ---- Checkpoints (CKPT_SAVE, CKPT_COMMIT, CKPT_LOAD; docs/protocol.md, docs/checkpoints.md) ----
  * Paths name the shard's own filesystem. Strings point into the decoded body (not

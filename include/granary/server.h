@@ -47,6 +47,10 @@ typedef struct gr_server_config {
      * trusted process, e.g. the trainer's local cluster; `granary server` never passes NULL,
      * it defaults to its working directory). Copied by gr_server_create. */
     const char *ckpt_root;
+    /* Serving: every publish_interval_ms the shard publishes the rows changed since the last
+     * publication (weights only) and its changed dense parameters to subscribed replicas
+     * (SUBSCRIBE; docs/serving.md). 0 = no publishing (SUBSCRIBE is refused). */
+    uint32_t publish_interval_ms;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */
@@ -153,8 +157,13 @@ typedef struct gr_server_join_opts {
 GR_API int gr_server_join_start(gr_server *s, struct gr_coord *coord,
                                 const gr_server_join_opts *o, gr_server_join **out);
 /* Stops the thread and removes the callbacks (does not unregister: close the coordinator for
- * that). NULL is a no-op. */
+ * that). A callback the coordinator had already begun may still run until the coordinator is
+ * closed, so: gr_server_join_stop, gr_coord_close, then gr_server_join_destroy. NULL is a
+ * no-op. */
 GR_API void gr_server_join_stop(gr_server_join *j);
+/* Frees the join, after gr_coord_close. Stops it first if gr_server_join_stop was not called
+ * (then the coordinator must still be open). NULL is a no-op. */
+GR_API void gr_server_join_destroy(gr_server_join *j);
 /* What the join did, for stats and the recovery benchmark. Times are Unix milliseconds. */
 typedef struct gr_server_join_stats {
     int32_t index;          /* -1 while standby */

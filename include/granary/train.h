@@ -10,6 +10,8 @@
 #include "granary/core.h"
 #include "granary/table.h"
 
+#include <stdatomic.h>
+
 /* ------------------------------------------------------------------------------------------ */
 /* Criteo TSV layout                                                                           */
 
@@ -214,6 +216,19 @@ typedef struct gr_datagen_result {
  * The output depends only on (schema, seed, rows), not on the thread count. */
 GR_API int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_result *res);
 
+/* An endless stream of rows in the same layout (label first, '\n' at the end) from the same
+ * kind of teacher, whose per-id weights drift: after t rows each weight has turned by
+ * drift * t / 100000 radians from its first draw towards an independent second one (drift 0:
+ * a fixed teacher). Deterministic for (seed, drift). */
+typedef struct gr_datagen_stream gr_datagen_stream;
+#define GR_DATAGEN_ROW_MAX 512 /* bytes one row may take */
+GR_API int gr_datagen_stream_create(uint64_t seed, double drift, gr_datagen_stream **out);
+/* Writes the next row into buf (GR_DATAGEN_ROW_MAX bytes) and returns its length; label and
+ * the teacher's probability (either may be NULL). */
+GR_API size_t gr_datagen_stream_next(gr_datagen_stream *s, char *buf, float *label, float *prob);
+GR_API uint64_t gr_datagen_stream_rows(const gr_datagen_stream *s);
+GR_API void gr_datagen_stream_destroy(gr_datagen_stream *s);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Metrics                                                                                     */
 
@@ -357,7 +372,8 @@ typedef struct gr_saved_model gr_saved_model;
  * and the dense parameters into memory, and builds the model from the recorded shapes.
  * Errors name the path and what is missing: no checkpoint, no model metadata (a checkpoint
  * written before models were recorded), a missing dense part, shapes that disagree with the
- * dense parameter's size. */
+ * dense parameter's size. Sets OpenBLAS to one thread, as gr_train_run does (the trainer
+ * evaluated that way, and threaded BLAS changes the last bits of a score). */
 GR_API int gr_saved_model_open(const char *path, gr_saved_model **out);
 /* Parses the trainer's metadata (the text of a checkpoint's user.json, len bytes) into the
  * model part of info (model, n_dense, n_sparse, table, table_id, dense_name, dense_size,
@@ -570,6 +586,8 @@ GR_API int gr_train_mode_parse(const char *s, gr_train_mode *out);
  * their slot (gr_criteo_feature_id). */
 #define GR_TRAIN_EMB_TABLE 1u
 
+struct gr_train_progress;
+
 typedef struct gr_train_opts {
     gr_model_config model;
     const char *train_path, *test_path; /* test_path may be NULL: no evaluation */
@@ -626,6 +644,18 @@ typedef struct gr_train_opts {
      * files are probed up to their first valid example before training starts. The files'
      * layout is model.schema (NULL: Criteo). */
     double min_valid;
+    /* Streaming (docs/train.md, "Streaming input"): train_path is read as it grows (tail -F:
+     * new lines, truncation, rotation) or, when it is "-", from stdin, with every worker
+     * taking batches in turn from the one stream; training ends when *stop becomes true (a
+     * signal handler sets it) or stdin ends, then the last checkpoint is saved as usual. */
+    bool follow;
+    const atomic_bool *stop;
+    /* Examples in the sliding window of the running AUC (each batch's predictions made just
+     * before it is trained on); 0 = none. */
+    uint32_t window;
+    /* Called on the progress thread at every progress line (progress_s) and at the end. */
+    void (*on_progress)(void *ctx, const struct gr_train_progress *p);
+    void *progress_ctx;
     /* Every step's training loss written to this file as it is pushed, one line "WORKER
      * STEP LOSS" (STEP counts that worker's batches from 1; LOSS the batch's mean log loss,
      * %.9g): to compare runs step by step (the PyTorch path's consistency test,
@@ -640,6 +670,29 @@ typedef struct gr_train_opts {
     bool (*should_stop)(void *ctx);
     void *stop_ctx;
 } gr_train_opts;
+
+/* What a progress line says (gr_train_opts.on_progress). */
+typedef struct gr_train_progress {
+    double seconds;          /* since training started */
+    uint64_t examples;       /* trained so far */
+    double examples_per_sec; /* over the last progress interval */
+    double loss;             /* mean training loss over the last progress interval */
+    double window_auc;       /* AUC of the last window_examples predictions (NaN: none) */
+    uint64_t window_examples;
+    uint64_t bad_lines;
+    bool final;              /* the call after training ended */
+} gr_train_progress;
+
+/* Streaming input (used by the trainer in follow mode; exposed for tests and tools): a
+ * reader of Criteo lines from a file as it grows, or from stdin (path "-" or NULL). */
+typedef struct gr_follow gr_follow;
+GR_API int gr_follow_open(const char *path, const atomic_bool *stop, gr_follow **out);
+/* Fills b with up to max examples (at most b->cap): waits for new lines; hands out a partial
+ * batch when no line came for half a second; b->n == 0 when *stop is set (or stdin ended).
+ * Bad lines are skipped and counted. Safe to call from several threads (they take turns). */
+GR_API int gr_follow_next(gr_follow *f, gr_batch *b, size_t max);
+GR_API void gr_follow_get_stats(gr_follow *f, gr_criteo_stats *st);
+GR_API void gr_follow_close(gr_follow *f);
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u
 /* Real data has few malformed lines; a file where more than one in ten is bad is more likely
@@ -700,6 +753,7 @@ typedef struct gr_train_result {
     uint32_t emb_staleness_bound;
     uint64_t emb_staleness_max;
     double emb_staleness_mean;
+    double window_auc; /* with opts.window: the running AUC at the end (NaN: none) */
 } gr_train_result;
 
 /* Trains with W worker threads against the backend, then evaluates on the test file.

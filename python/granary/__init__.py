@@ -53,8 +53,10 @@ class Client(_granary.Client):
         if coord is not None:
             if servers is not None or cluster_file is not None:
                 raise ValueError("Client: give one of servers=, coord= or cluster_file=")
-            raise GranaryError("Client(coord=%r): ZooKeeper coordination (the coord part) is not "
+            err = GranaryError("Client(coord=%r): ZooKeeper coordination (the coord part) is not "
                                "built yet in this granary; give servers='host:port,...'" % coord)
+            err.code, err.name = -1, "GR_EINVAL"
+            raise err
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
         super().__init__(servers=servers, cluster_file=cluster_file, auth_file=auth_file,

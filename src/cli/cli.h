@@ -20,6 +20,7 @@ typedef struct gr_cli_command {
     X("train", gr_cli_train, "train a model on a local or remote cluster")                              \
     X("eval", gr_cli_eval, "score a file with a saved model: granary eval --model DIR --test FILE") \
     X("ckpt", gr_cli_ckpt, "checkpoints: granary ckpt list|inspect|verify|reshard|export|latest|retain") \
+    X("serve", gr_cli_serve, "serve a trained model: granary serve --model DIR --http HOST:PORT [--from HOST:PORT,...]") \
     X("controller", gr_cli_controller, "the control plane: job API, scheduler and dashboard (docs/platform.md)") \
     X("job", gr_cli_job, "submit, list, watch and stop jobs on a controller: granary job submit|list|status|stop|logs") \
     X("bench", gr_cli_bench, "run a benchmark: granary bench table|ps|train|ckpt|soak [--json]") \

@@ -51,10 +51,9 @@ static void json_num(cJSON *o, const char *k, double v)
     cJSON_AddRawToObject(o, k, buf);
 }
 
-static int write_predictions(const char *path, const float *p, uint64_t n)
+/* f was opened before the model was loaded, so a bad path fails before any work. */
+static int write_predictions(FILE *f, const char *path, const float *p, uint64_t n)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return gr_seterr(GR_EIO, "cannot write %s: %m", path);
     for (uint64_t i = 0; i < n; i++) fprintf(f, "%.9g\n", (double)p[i]);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) return gr_seterr(GR_EIO, "cannot write %s: %m", path);
@@ -95,8 +94,12 @@ int gr_cli_eval(int argc, char **argv)
     }
     gr_saved_model *sm = NULL;
     gr_eval_result r = {0};
+    FILE *pf = NULL;
+    int rc = GR_OK;
+    if (v[EO_PRED].s && !(pf = fopen(v[EO_PRED].s, "w")))
+        rc = gr_seterr(GR_EIO, "--predictions-out: cannot write %s: %m", v[EO_PRED].s);
     double t0 = gr_now_s();
-    int rc = gr_saved_model_open(v[EO_MODEL].s, &sm);
+    if (!rc) rc = gr_saved_model_open(v[EO_MODEL].s, &sm);
     double t1 = gr_now_s();
     if (!rc && v[EO_SCHEMA].s) {
         /* The model's ids come from the schema it was trained with: another one would score
@@ -115,7 +118,11 @@ int gr_cli_eval(int argc, char **argv)
         rc = gr_saved_model_evaluate(sm, v[EO_TEST].s, (size_t)v[EO_BATCH].i,
                                      (unsigned)v[EO_THREADS].i, v[EO_PRED].s != NULL, &r);
     double t2 = gr_now_s();
-    if (!rc && v[EO_PRED].s) rc = write_predictions(v[EO_PRED].s, r.probs, r.examples);
+    if (!rc && pf) {
+        rc = write_predictions(pf, v[EO_PRED].s, r.probs, r.examples);
+        pf = NULL;
+    }
+    if (pf) fclose(pf);
     if (rc) {
         status = fail(rc, json);
     } else {

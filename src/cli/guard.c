@@ -1,6 +1,7 @@
 /* Checks of a command's paths before it starts, the clean stop on SIGINT/SIGTERM, and the
  * command line that continues a run (see guard.h). */
 #include "cli/guard.h"
+#include "granary/http.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -175,6 +176,26 @@ const char *gr_cli_signal_name(int sig)
     if (sig == SIGTERM) return "SIGTERM";
     snprintf(other, sizeof other, "signal %d", sig);
     return other;
+}
+
+/* ---- a peer that is not a granary server ---- */
+
+void gr_cli_explain_no_reply(const char *command, const char *errmsg)
+{
+    const char *end = strstr(errmsg, "): no reply to the handshake");
+    if (!end) return;
+    const char *open_paren = end;
+    while (open_paren > errmsg && *open_paren != '(') open_paren--;
+    if (*open_paren != '(' || end - open_paren - 1 <= 0 || end - open_paren - 1 > 200) return;
+    char addr[256], url[300];
+    snprintf(addr, sizeof addr, "%.*s", (int)(end - open_paren - 1), open_paren + 1);
+    snprintf(url, sizeof url, "http://%s/", addr);
+    gr_http_result r;
+    memset(&r, 0, sizeof r);
+    if (gr_http_fetch("GET", url, NULL, NULL, 0, 3000, &r) == GR_OK)
+        fprintf(stderr, "granary %s: %s is not a granary server: it answered in HTTP (status %d); "
+                        "is this the HTTP port?\n", command, addr, r.status);
+    gr_http_result_free(&r);
 }
 
 /* ---- the command that continues a run ---- */

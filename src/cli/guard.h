@@ -39,6 +39,12 @@ int gr_cli_signal_status(int sig);
 /* "SIGINT", "SIGTERM", or "signal N". */
 const char *gr_cli_signal_name(int sig);
 
+/* After a connection error `errmsg` of the client ("shard 1 (HOST:PORT): no reply to the
+ * handshake ..."): a peer that took the connection but never answered is often an HTTP server
+ * (it waits for a request line granary's binary hello never sends); asks it in HTTP and, if it
+ * answers, prints "granary CMD: HOST:PORT is not a granary server: it answered in HTTP". */
+void gr_cli_explain_no_reply(const char *command, const char *errmsg);
+
 /* Prints "granary CMD ARGS..." with each argument quoted for a POSIX shell where it needs it,
  * leaving out the option `flag` (given as "--flag VALUE" or "--flag=VALUE") and then adding
  * "--flag VALUE" at the end (value NULL: only left out). argv[0] is the subcommand. */

@@ -76,7 +76,10 @@ static void on_signal(int sig)
       "checkpoint")                                                                           \
     X(SO_SESSION, "session-timeout", GR_CLI_INT, "session_timeout_ms", 1000, 600000, NULL,     \
       "MS", "4000", "with --coord: the coordinator session timeout (a silent shard is\n"      \
-      "declared lost after this)")
+      "declared lost after this)")                                                          \
+    X(SO_PUBLISH_INTERVAL, "publish-interval", GR_CLI_INT, "publish_interval_ms", 0, 86400000,   \
+      NULL, "MS", "0", "every MS publish changed rows and dense parameters to subscribed\n"      \
+      "serving replicas (granary serve --from; 0 = never)")
 
 enum { SERVER_OPTIONS(GR_CLI_ENUM) SO_COUNT };
 static const gr_cli_opt server_opts[] = {SERVER_OPTIONS(GR_CLI_ROW)};
@@ -189,6 +192,7 @@ int gr_cli_server(int argc, char **argv)
     if (v[SO_IDLE_TIMEOUT].given)
         cfg.idle_timeout_ms = v[SO_IDLE_TIMEOUT].i ? (uint32_t)v[SO_IDLE_TIMEOUT].i : UINT32_MAX;
     cfg.insecure = v[SO_INSECURE].b;
+    cfg.publish_interval_ms = (uint32_t)v[SO_PUBLISH_INTERVAL].i;
     /* Never "any path": without --ckpt-root, checkpoints stay under the working directory. */
     cfg.ckpt_root = v[SO_CKPT_ROOT].s && *v[SO_CKPT_ROOT].s ? v[SO_CKPT_ROOT].s : ".";
     if (v[SO_AUTH_FILE].s) {
@@ -248,7 +252,8 @@ int gr_cli_server(int argc, char **argv)
     status = replaced ? 3 : 0;
 out:
     gr_server_join_stop(join);
-    gr_coord_close(coord);
+    gr_coord_close(coord); /* no coordinator callback runs after this */
+    gr_server_join_destroy(join);
     gr_server_destroy(srv);
     if (secret) memset(secret, 0, strlen(secret));
     free(secret);

@@ -1,9 +1,9 @@
 /* `granary stats --server HOST:PORT [--json]`: asks one shard for its stats (tables, rows,
  * memory, request counters) and prints them as a table or as the raw JSON. */
 #include "cli/cli.h"
+#include "cli/guard.h"
 #include "cli/opts.h"
 #include "granary/client.h"
-#include "granary/http.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -119,21 +119,6 @@ static const gr_cli_spec stats_spec = {
     .config_section = "",
 };
 
-/* A peer that took the connection but never answered the handshake: HTTP servers wait for a
- * request line that granary's binary hello never sends. Asking it in HTTP tells the user what
- * the address really is. */
-static void say_if_http(const char *server)
-{
-    char url[300];
-    snprintf(url, sizeof url, "http://%s/", server);
-    gr_http_result r;
-    memset(&r, 0, sizeof r);
-    if (gr_http_fetch("GET", url, NULL, NULL, 0, 3000, &r) == GR_OK)
-        fprintf(stderr, "granary stats: %s is not a granary server: it answered in HTTP (status "
-                        "%d); is this the HTTP port?\n", server, r.status);
-    gr_http_result_free(&r);
-}
-
 static int stats_run(const gr_cli_value *v)
 {
     const char *server = v[STO_SERVER].s, *auth = v[STO_AUTH_FILE].s;
@@ -152,7 +137,7 @@ static int stats_run(const gr_cli_value *v)
     gr_client *c;
     if (gr_client_create(&cfg, &c)) {
         fprintf(stderr, "granary stats: %s\n", gr_errmsg());
-        if (strstr(gr_errmsg(), "no reply to the handshake")) say_if_http(server);
+        gr_cli_explain_no_reply("stats", gr_errmsg());
         return 1;
     }
     char *txt = NULL;

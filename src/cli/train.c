@@ -16,6 +16,8 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +141,16 @@
       "(default: rollback for sync and semisync, partial otherwise)")                         \
     X(TO_RECTIMEOUT, "recovery-timeout", GR_CLI_INT, "recovery_timeout_ms", 1000, 86400000,    \
       NULL, "MS", "120000", "with --coord: how long to wait for the shards (at start, and\n"  \
-      "for a standby to replace a lost one)")
+      "for a standby to replace a lost one)")                                                                          \
+    X(TO_FOLLOW, "follow", GR_CLI_FLAG, "follow", 0, 0, NULL, NULL, NULL,                      \
+      "read --train as it grows (rotation and truncation handled; --train - reads\n"          \
+      "stdin) and train until SIGTERM/SIGINT, then checkpoint and exit 0")                      \
+    X(TO_WINDOW, "window", GR_CLI_INT, "window", 0, 1e8, NULL, "N", NULL,                      \
+      "running AUC over the newest N predictions (made before training on them);\n"          \
+      "default 100000 with --follow, else 0 (none)")                                           \
+    X(TO_PUBLISH, "publish-interval", GR_CLI_INT, "publish_interval_ms", 0, 86400000, NULL,     \
+      "MS", "0", "embedded cluster: publish changed rows to serving replicas every MS\n"      \
+      "(granary serve --from the addresses printed at start; 0 = never)")
 
 enum { TRAIN_OPTIONS(GR_CLI_ENUM) TO_COUNT };
 static const gr_cli_opt train_opts[] = {TRAIN_OPTIONS(GR_CLI_ROW)};
@@ -150,7 +161,10 @@ static const gr_cli_spec train_spec = {
     .n_opts = TO_COUNT,
     .config_section = "",
     .epilog = "Checkpoints (--ckpt-*, --resume): docs/checkpoints.md, docs/operations.md; the\n"
-              "servers write them. Modes and their accuracy: docs/train.md, docs/sync.md.\n",
+              "servers write them. Modes and their accuracy: docs/train.md, docs/sync.md.\n"
+              "Ctrl-C or SIGTERM stops at the next step boundary, writes the checkpoint and the\n"
+              "metrics and exits 130/143; a second one aborts. Exit 1: the run failed or its\n"
+              "final checkpoint did; 2: bad options or paths. Counts take 10k, 2.5M, 1e6.\n",
 };
 
 /* What ran, for the metrics file. */
@@ -220,6 +234,13 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNumberToObject(j, "train_loss", r->last_loss);
     cJSON_AddNumberToObject(j, "test_examples", (double)r->test_examples);
     cJSON_AddNumberToObject(j, "bad_lines", (double)r->bad_lines);
+    if (o->window) {
+        if (isnan(r->window_auc))
+            cJSON_AddNullToObject(j, "window_auc");
+        else
+            cJSON_AddNumberToObject(j, "window_auc", r->window_auc);
+        cJSON_AddNumberToObject(j, "window", o->window);
+    }
     cJSON_AddStringToObject(j, "backend", ri->backend);
     cJSON_AddNumberToObject(j, "shards", ri->shards);
     if (o->mode == GR_MODE_SEMISYNC) cJSON_AddNumberToObject(j, "aggregate", ri->aggregate);
@@ -298,11 +319,13 @@ typedef struct train_cmd {
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
+    uint32_t publish_ms;
     int tables; /* GR_PS_TABLES_*: rows an earlier run left on the servers */
     const char *coord;             /* --coord */
     bool partial;                  /* --recovery partial */
     uint32_t recovery_timeout_ms;
     bool position_only;            /* the next backend restores only the data position */
+    uint32_t same_epoch_retries;   /* recoveries in a row that found no shard replaced */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -317,6 +340,9 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
                                     0.9f, 0.999f, 1e-8f};
     o->train_path = v[TO_TRAIN].s;
     o->test_path = v[TO_TEST].s;
+    o->follow = v[TO_FOLLOW].b || (o->train_path && !strcmp(o->train_path, "-"));
+    o->window = v[TO_WINDOW].given ? (uint32_t)v[TO_WINDOW].i : o->follow ? 100000u : 0u;
+    c->publish_ms = (uint32_t)v[TO_PUBLISH].i;
     /* Only what was given replaces the model kind's defaults (the table's defaults say what
      * they are for --help). */
     if (v[TO_DIM].given) o->model.dim = (uint32_t)v[TO_DIM].i;
@@ -515,7 +541,8 @@ static int check_paths(const train_cmd *c)
 {
     const gr_train_opts *o = &c->o;
     char err[1024];
-    int bad = gr_cli_check_input("--train", o->train_path, err, sizeof err);
+    /* "-" is stdin (a stream, --follow implied): nothing to check. */
+    int bad = strcmp(o->train_path, "-") ? gr_cli_check_input("--train", o->train_path, err, sizeof err) : 0;
     if (!bad && o->test_path) bad = gr_cli_check_input("--test", o->test_path, err, sizeof err);
     if (!bad && c->auth_file) bad = gr_cli_check_input("--auth-file", c->auth_file, err, sizeof err);
     if (!bad && c->metrics)
@@ -546,7 +573,8 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (c->local) return gr_local_backend_create(&c->bo, be);
     if (!c->servers) {
         /* The embedded cluster: S shards in this process on free loopback ports. */
-        int rc = gr_local_cluster_start(c->shards, c->shard_threads, cluster);
+        int rc = gr_local_cluster_start_publishing(c->shards, c->shard_threads, c->publish_ms,
+                                                   cluster);
         if (rc) return rc;
         c->servers = gr_local_cluster_servers(*cluster);
     }
@@ -703,6 +731,34 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
     return 0;
 }
 
+/* Follow mode with --metrics-out: the file is rewritten at every progress line with the
+ * running figures, so a long run can be watched; the final metrics replace it at the end. */
+static void on_progress(void *ctx, const gr_train_progress *p)
+{
+    const char *path = ctx;
+    if (p->final) return;
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return;
+    cJSON_AddBoolToObject(j, "running", true);
+    cJSON_AddNumberToObject(j, "seconds", p->seconds);
+    cJSON_AddNumberToObject(j, "examples", (double)p->examples);
+    cJSON_AddNumberToObject(j, "examples_per_sec", p->examples_per_sec);
+    if (isnan(p->loss)) cJSON_AddNullToObject(j, "train_loss");
+    else cJSON_AddNumberToObject(j, "train_loss", p->loss);
+    if (isnan(p->window_auc)) cJSON_AddNullToObject(j, "window_auc");
+    else cJSON_AddNumberToObject(j, "window_auc", p->window_auc);
+    cJSON_AddNumberToObject(j, "window_examples", (double)p->window_examples);
+    cJSON_AddNumberToObject(j, "bad_lines", (double)p->bad_lines);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!text) return;
+    size_t len = strlen(text);
+    text[len] = '\n';
+    if (gr_write_file_atomic(path, text, len + 1))
+        GR_LOGW("--metrics-out: %s", gr_errmsg());
+    free(text);
+}
+
 /* After a coordinated run failed for a lost shard: waits until a standby serves its index,
  * connects to the new layout and runs again from the newest checkpoint under --ckpt-dir
  * (partial: the data position only, the shards keep their rows; rollback: everything). */
@@ -717,6 +773,12 @@ static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
     gr_client_destroy(*client);
     *client = NULL;
     int rc = tc_wait_healed(job, epoch, c->recovery_timeout_ms);
+    /* Healed at the same epoch: no shard was replaced (a shard was still restoring, or a
+     * transient failure). Go on, but not forever for an error that keeps coming back. */
+    if (!rc && tc_epoch(job) == epoch && ++c->same_epoch_retries > 3)
+        rc = gr_seterr(GR_EIO, "the run failed %u times in a row with every shard serving "
+                       "(last: %s)", c->same_epoch_retries, errbuf);
+    if (!rc && tc_epoch(job) != epoch) c->same_epoch_retries = 0;
     if (!rc) {
         c->servers = tc_servers(job);
         c->sync_reset = true; /* the survivors still hold the failed run's job */
@@ -780,6 +842,7 @@ int gr_cli_train(int argc, char **argv)
     if (rc) {
         tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
+        gr_cli_explain_no_reply("train", gr_errmsg());
         gr_client_destroy(client);
         gr_local_cluster_stop(cluster);
         gr_schema_destroy(c.schema);
@@ -788,6 +851,16 @@ int gr_cli_train(int argc, char **argv)
         return 1;
     }
     print_start(&c, &ri, cluster != NULL);
+    if (cluster && c.publish_ms)
+        fprintf(stderr, "train: publishing every %u ms to replicas: granary serve --from %s\n",
+                c.publish_ms, c.servers);
+    /* Follow mode: the stop signals (should_stop above) end the stream, which is how a
+     * stream's training ends: the run is not "stopped", it saves its last checkpoint and exits
+     * 0. */
+    if (c.o.follow && c.metrics) {
+        c.o.on_progress = on_progress;
+        c.o.progress_ctx = (void *)c.metrics;
+    }
     gr_train_result r;
     rc = gr_train_run(&c.o, &be, &r);
     char errbuf[600] = "";

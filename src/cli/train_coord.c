@@ -85,7 +85,7 @@ int tc_wait_healed(tc_job *j, uint64_t epoch, uint32_t timeout_ms)
         gr_coord_layout l;
         int rc = read_layout(j, &l);
         if (!rc) {
-            if (l.epoch > epoch && !keep_servers(j, &l) && shards_serve(&l, tc_servers(j))) {
+            if (l.epoch >= epoch && !keep_servers(j, &l) && shards_serve(&l, tc_servers(j))) {
                 gr_coord_layout_fini(&l);
                 return GR_OK;
             }
@@ -96,8 +96,8 @@ int tc_wait_healed(tc_job *j, uint64_t epoch, uint32_t timeout_ms)
             snprintf(why, sizeof why, "%s", gr_errmsg());
         }
         if (gr_now_ns() >= deadline)
-            return gr_seterr(GR_ETIMEDOUT, "the job's shards did not all serve a layout newer "
-                             "than epoch %llu within %u ms (last seen: %s)",
+            return gr_seterr(GR_ETIMEDOUT, "the job's shards did not all serve a layout of "
+                             "epoch %llu or later within %u ms (last seen: %s)",
                              (unsigned long long)epoch, timeout_ms, why);
         gr_sleep_ms(POLL_MS);
     }

@@ -21,8 +21,9 @@ const char *tc_servers(const tc_job *j);
 void tc_attach(tc_job *j, gr_client *client);
 /* The failures a coordinated run recovers from: a shard gone or refusing the epoch. */
 bool tc_recoverable(int rc);
-/* Waits (up to timeout_ms) until the layout's epoch is past `epoch` and every shard serves at
- * it (fence open), polling the shards' stats. */
+/* Waits (up to timeout_ms) until the layout's epoch is at least `epoch` and every shard of it
+ * serves at that epoch (answers stats with its fence open), polling the layout and the
+ * shards. A lost shard keeps this waiting until a standby serves its index. */
 int tc_wait_healed(tc_job *j, uint64_t epoch, uint32_t timeout_ms);
 /* The epoch of the layout the job last saw. */
 uint64_t tc_epoch(const tc_job *j);

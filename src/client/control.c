@@ -252,6 +252,26 @@ int gr_client_stats(gr_client *c, uint32_t shard, char **json)
     return rc;
 }
 
+int gr_client_call(gr_client *c, uint32_t shard, uint16_t opcode, const void *body, size_t len,
+                   uint32_t timeout_ms, void **reply, size_t *reply_len)
+{
+    *reply = NULL;
+    *reply_len = 0;
+    if (shard >= c->link.nshards) return gr_seterr(GR_EINVAL, "no shard %u", shard);
+    gr_proto_buf b = {(uint8_t *)body, len, len};
+    gr_client_op *op;
+    int rc = cl_op_run(c, &shard, 1, opcode, len ? &b : NULL, timeout_ms, &op);
+    if (rc) return rc;
+    rc = cl_op_result(op);
+    if (!rc) {
+        *reply = op->reqs[0]->reply;
+        *reply_len = op->reqs[0]->reply_len;
+        op->reqs[0]->reply = NULL;
+    }
+    cl_op_free(op);
+    return rc;
+}
+
 int gr_client_shutdown(gr_client *c, int shard)
 {
     if (shard >= (int)c->link.nshards) return gr_seterr(GR_EINVAL, "no shard %d", shard);

@@ -17,6 +17,12 @@ struct gr_local_cluster {
 
 int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out)
 {
+    return gr_local_cluster_start_publishing(shards, threads, 0, out);
+}
+
+int gr_local_cluster_start_publishing(unsigned shards, unsigned threads,
+                                      uint32_t publish_interval_ms, gr_local_cluster **out)
+{
     *out = NULL;
     if (shards == 0 || shards > 256)
         return gr_seterr(GR_EINVAL, "a local cluster has 1..256 shards, not %u", shards);
@@ -32,6 +38,7 @@ int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster *
         cfg.shard = i;
         cfg.shards = shards;
         cfg.threads = threads ? threads : 2;
+        cfg.publish_interval_ms = publish_interval_ms;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;

@@ -6,17 +6,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 static atomic_int log_level = -1;
 
-static gr_log_level level_from_env(void)
+/* The level GRANARY_LOG names; *bad when it names none (then info). */
+static gr_log_level level_from_env(bool *bad)
 {
     const char *e = getenv("GRANARY_LOG");
-    if (!e) return GR_LOG_INFO;
-    if (!strcmp(e, "error")) return GR_LOG_ERROR;
-    if (!strcmp(e, "warn")) return GR_LOG_WARN;
-    if (!strcmp(e, "debug")) return GR_LOG_DEBUG;
+    *bad = false;
+    if (!e || !*e) return GR_LOG_INFO;
+    if (!strcasecmp(e, "error")) return GR_LOG_ERROR;
+    if (!strcasecmp(e, "warn") || !strcasecmp(e, "warning")) return GR_LOG_WARN;
+    if (!strcasecmp(e, "info")) return GR_LOG_INFO;
+    if (!strcasecmp(e, "debug")) return GR_LOG_DEBUG;
+    *bad = true;
     return GR_LOG_INFO;
 }
 
@@ -26,8 +31,15 @@ gr_log_level gr_log_get_level(void)
 {
     int l = atomic_load(&log_level);
     if (l < 0) {
-        l = (int)level_from_env();
-        atomic_store(&log_level, l);
+        bool bad;
+        int want = (int)level_from_env(&bad);
+        int unset = -1;
+        /* The thread that sets it says once that the variable was not understood: a typo
+         * must not silently change nothing. */
+        if (atomic_compare_exchange_strong(&log_level, &unset, want) && bad)
+            fprintf(stderr, "granary: GRANARY_LOG=%s is not one of error, warn, info, debug; "
+                            "logging at info\n", getenv("GRANARY_LOG"));
+        l = atomic_load(&log_level);
     }
     return (gr_log_level)l;
 }

@@ -28,6 +28,7 @@ struct gr_server_join {
     char *ckpt_dir;
     pthread_t thread;
     bool thread_live;
+    bool stopped; /* gr_server_join_stop ran (the caller's thread only) */
     pthread_mutex_t mu; /* guards stop, kick and st */
     pthread_cond_t cv;
     /* The reconciling thread's own state. */
@@ -332,34 +333,48 @@ int gr_server_join_start(gr_server *s, gr_coord *c, const gr_server_join_opts *o
     gr_coord_member_init(&self, GR_COORD_STANDBY);
     snprintf(self.address, sizeof self.address, "%s", j->address);
     int rc = gr_coord_register(c, &self, NULL);
-    if (!rc) rc = gr_coord_watch_session(c, on_session, j);
-    if (!rc) rc = gr_coord_watch_members(c, on_members, j);
-    if (!rc) rc = gr_coord_watch_layout(c, on_layout, j);
     if (!rc && pthread_create(&j->thread, NULL, join_main, j))
         rc = gr_seterr(GR_ENOMEM, "cannot start the coordination thread");
-    if (rc) {
-        gr_server_join_stop(j);
+    if (rc) { /* no callback was installed: nothing can reach j */
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j->ckpt_dir);
+        free(j);
         return rc;
     }
     j->thread_live = true;
     atomic_store(&s->join, j);
+    /* The callbacks only wake the thread sooner: it reconciles on its tick anyway, so a watch
+     * that cannot be installed costs latency, not correctness. */
+    if (gr_coord_watch_session(c, on_session, j) || gr_coord_watch_members(c, on_members, j) ||
+        gr_coord_watch_layout(c, on_layout, j))
+        GR_LOGW("coordinator callbacks: %s (reconciling every %d ms instead)", gr_errmsg(),
+                TICK_MS);
     *out = j;
     return GR_OK;
 }
 
 void gr_server_join_stop(gr_server_join *j)
 {
-    if (!j) return;
+    if (!j || j->stopped) return; /* once: destroy comes after the coordinator is closed */
+    j->stopped = true;
     pthread_mutex_lock(&j->mu);
     j->stop = true;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
     if (j->thread_live) pthread_join(j->thread, NULL);
-    atomic_store(&j->s->join, NULL); /* a STATS already past this point finishes first: the
-                                        caller stops the server before it stops the join */
+    j->thread_live = false;
     gr_coord_watch_session(j->c, NULL, NULL);
     gr_coord_watch_members(j->c, NULL, NULL);
     gr_coord_watch_layout(j->c, NULL, NULL);
+    atomic_store(&j->s->join, NULL); /* a STATS already past this point finishes first: the
+                                        caller stops the server before it stops the join */
+}
+
+void gr_server_join_destroy(gr_server_join *j)
+{
+    if (!j) return;
+    gr_server_join_stop(j);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j->ckpt_dir);

@@ -6,7 +6,8 @@
  *   LOOP    run by the connection loop as the frame arrives (short, never blocking: HELLO,
  *           AUTH, STATS, which must answer even while the pool is busy);
  *   POOL    queued to the worker pool (everything that touches tables);
- *   PARKED  answered at once or parked until its step may start (sync_job.c), on the loop;
+ *   PARKED  answered at once or parked until its step may start (sync_job.c) or until the
+ *           next publication (publish.c), on the loop;
  *   CKPT    handed to the checkpoint thread (ckpt.c), on the loop.
  * A row has `handle` (builds the reply into a buffer; server.c writes it) or `take` (owns the
  * body and answers by itself, now or later). A POOL row with `inline` runs small requests on
@@ -41,6 +42,9 @@ static const srv_op_row rows[GR_PROTO_OP_LIMIT] = {
     [GR_OP_PUSH_STEP] =      {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_push_step, NULL},
     [GR_OP_SYNC_LEAVE] =     {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_sync_leave, NULL},
     [GR_OP_DENSE_SET] =      {SRV_RUN_POOL, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_dense_set, NULL},
+    [GR_OP_SUBSCRIBE] =      {SRV_RUN_PARKED, SRV_FENCE_READ,  0,                   false, 0, NULL,   srv_publish_subscribe_take},
+    [GR_OP_PREDICT] =        {SRV_RUN_LOOP, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_replica_only, NULL},
+    [GR_OP_LOOKUP] =         {SRV_RUN_LOOP, SRV_FENCE_WRITE,   0,                   false, 0, srv_op_replica_only, NULL},
     [GR_OP_CKPT_SAVE] =      {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},
     [GR_OP_CKPT_COMMIT] =    {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},
     [GR_OP_CKPT_LOAD] =      {SRV_RUN_CKPT, SRV_FENCE_WRITE,   0,                   false, 0, NULL,   srv_ckpt_take},

@@ -112,7 +112,7 @@ typedef struct srv_module {
     void (*stats_json)(gr_server *s, void *root); /* adds its object to the cJSON root */
     void (*conn_closed)(gr_server *s, srv_conn *c); /* NULL: holds nothing per connection */
 } srv_module;
-extern const srv_module srv_sync_module, srv_ckpt_module;
+extern const srv_module srv_sync_module, srv_ckpt_module, srv_publish_module;
 extern const srv_module *const srv_modules[];
 extern const size_t srv_nmodules;
 
@@ -143,6 +143,7 @@ struct gr_server {
     uint64_t start_ns;
     srv_sync *sync;
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
+    struct srv_publish *publish; /* publish.c: publications to serving replicas */
     atomic_uint epoch;     /* fence.c: the layout epoch this shard serves (0: not coordinated) */
     atomic_int fence;      /* fence.c: a gr_server_fence */
     atomic_uint_fast64_t lease_ns; /* fence.c: past this monotonic time, fenced (0: no lease) */
@@ -224,5 +225,11 @@ int srv_registry_replace(srv_registry *r, const gr_table_spec *spec, gr_table *t
  * body does not decode), otherwise when it has run, holding a reference on c meanwhile. */
 typedef struct srv_ckpt srv_ckpt;
 void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+
+/* publish.c: SUBSCRIBE is parked (holding a reference on c) until the shard's next publication
+ * or the request's wait runs out; the publisher thread answers it (module srv_publish_module). */
+void srv_publish_subscribe_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+/* PREDICT and LOOKUP are the replicas' (granary serve): a shard says so. */
+int srv_op_replica_only(srv_req *r);
 
 #endif

@@ -85,10 +85,13 @@ static inline uint32_t rank_value(const gen *g, unsigned slot, uint64_t rank)
     return (uint32_t)gr_hash_key((rank << 8) | slot, g->seed ^ 0x72616e6bull);
 }
 
-/* Writes one row into buf, returns its length; *prob gets the teacher's probability. */
-static size_t gen_row(const void *gv, gr_rng *r, char *buf, float *label_out, float *prob_out)
+/* Writes one row into buf, returns its length; *prob gets the teacher's probability. theta
+ * (radians; 0 for the fixed teacher) turns every id's weight from its first draw towards an
+ * independent second one, w = cos(theta) w1 + sin(theta) w2: a drifting world whose
+ * weights keep their scale. */
+static size_t gen_row_drift(const gen *g, gr_rng *r, char *buf, float *label_out, float *prob_out,
+                            double theta)
 {
-    const gen *g = gv;
     static const char hex[] = "0123456789abcdef";
     uint32_t value[GR_CRITEO_SPARSE];
     bool present[GR_CRITEO_SPARSE];
@@ -105,7 +108,9 @@ static size_t gen_row(const void *gv, gr_rng *r, char *buf, float *label_out, fl
         double fade = rank > TAIL_RANK ? pow((double)TAIL_RANK / (double)rank, TAIL_POW) : 1.0;
         value[s] = v;
         uint64_t h = id_hash(g, s, v, 1);
-        logit += SLOTS[s].weight * u16(h, 0) * WEIGHT_SCALE * fade;
+        double w = u16(h, 0);
+        if (theta != 0) w = cos(theta) * w + sin(theta) * u16(id_hash(g, s, v, 3), 0);
+        logit += SLOTS[s].weight * w * WEIGHT_SCALE * fade;
         act[s] = u16(h, 1);
         if (g->in_pair[s]) {
             uint64_t h2 = id_hash(g, s, v, 2);
@@ -160,6 +165,12 @@ static size_t gen_row(const void *gv, gr_rng *r, char *buf, float *label_out, fl
     }
     *p++ = '\n';
     return (size_t)(p - buf);
+}
+
+/* The fixed teacher's row, in the shape every schema's row writer has. */
+static size_t gen_row(const void *gv, gr_rng *r, char *buf, float *label_out, float *prob_out)
+{
+    return gen_row_drift(gv, r, buf, label_out, prob_out, 0.0);
 }
 
 /* ---- the threaded writer ------------------------------------------------------------------- */
@@ -320,6 +331,61 @@ out:
     return rc;
 }
 
+/* ---- the endless, drifting stream ----------------------------------------------------------- */
+
+struct gr_datagen_stream {
+    gen g;
+    gr_rng r;
+    double drift;  /* radians per 100 000 rows */
+    uint64_t rows; /* rows made so far */
+};
+
+static int gen_init(gen *g, uint64_t seed)
+{
+    memset(g, 0, sizeof *g);
+    g->seed = seed;
+    for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
+        int rc = gr_zipf_init(&g->zipf[s], SLOTS[s].vocab, SLOTS[s].zipf_s);
+        if (rc) return rc;
+    }
+    for (size_t p = 0; p < NPAIRS_T; p++) g->in_pair[PAIRS[p][0]] = g->in_pair[PAIRS[p][1]] = 1;
+    return GR_OK;
+}
+
+int gr_datagen_stream_create(uint64_t seed, double drift, gr_datagen_stream **out)
+{
+    *out = NULL;
+    if (!isfinite(drift) || drift < 0 || drift > 1000)
+        return gr_seterr(GR_EINVAL, "datagen: drift %g is not 0..1000 radians per 100000 rows", drift);
+    gr_datagen_stream *s = calloc(1, sizeof *s);
+    if (!s) return gr_seterr(GR_ENOMEM, "datagen: out of memory");
+    int rc = gen_init(&s->g, seed);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    uint64_t st = seed ^ (3ull << 62);
+    gr_rng_seed(&s->r, gr_splitmix64(&st));
+    s->drift = drift;
+    *out = s;
+    return GR_OK;
+}
+
+size_t gr_datagen_stream_next(gr_datagen_stream *s, char *buf, float *label, float *prob)
+{
+    double theta = s->drift * (double)s->rows / 100000.0;
+    s->rows++;
+    float l, p;
+    size_t n = gen_row_drift(&s->g, &s->r, buf, &l, &p, theta);
+    if (label) *label = l;
+    if (prob) *prob = p;
+    return n;
+}
+
+uint64_t gr_datagen_stream_rows(const gr_datagen_stream *s) { return s->rows; }
+
+void gr_datagen_stream_destroy(gr_datagen_stream *s) { free(s); }
+
 int dg_run(const char *dir, const gr_datagen_opts *opts, const dg_split *train_split,
            gr_datagen_result *res)
 {
@@ -412,12 +478,9 @@ int gr_datagen_run(const char *dir, const gr_datagen_opts *opts, gr_datagen_resu
     if (opts->train_rows > (1ull << 40) || opts->test_rows > (1ull << 32))
         return gr_seterr(GR_ETOOBIG, "datagen: too many rows");
     if (opts->schema && !gr_schema_is_criteo(opts->schema)) return dg_schema_run(dir, opts, res);
-    gen g = {.seed = opts->seed};
-    for (unsigned s = 0; s < GR_CRITEO_SPARSE; s++) {
-        int rc = gr_zipf_init(&g.zipf[s], SLOTS[s].vocab, SLOTS[s].zipf_s);
-        if (rc) return rc;
-    }
-    for (size_t p = 0; p < NPAIRS_T; p++) g.in_pair[PAIRS[p][0]] = g.in_pair[PAIRS[p][1]] = 1;
+    gen g;
+    int rc = gen_init(&g, opts->seed);
+    if (rc) return rc;
     snprintf(res->train_file, sizeof res->train_file, "train.tsv");
     snprintf(res->test_file, sizeof res->test_file, "test.tsv");
     dg_split sp = {.gen = &g, .row = gen_row, .max_row_bytes = MAX_ROW_BYTES};

@@ -264,6 +264,7 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
 {
     trainer *tr = w->tr;
     const gr_train_opts *o = tr->o;
+    if (o->follow) return tr_read_follow(w, pool, out, single, each);
     unsigned epoch = 0;
     uint64_t start, end, line, chunk, range_skip;
     bool stopped = false;

@@ -61,8 +61,9 @@ static int item_init(trainer *tr, tr_item *it)
     it->gemb = malloc((slots ? slots : 1) * tr->dim * sizeof *it->gemb);
     it->params = malloc(tr->np * sizeof *it->params);
     it->gdense = malloc(tr->np * sizeof *it->gdense);
+    it->probs = malloc(b * sizeof *it->probs);
     if (!it->uniq || !it->inv || !it->rows || !it->emb || !it->gemb || !it->params ||
-        !it->gdense)
+        !it->gdense || !it->probs)
         return gr_seterr(GR_ENOMEM, "cannot allocate buffers for a batch of %zu", b);
     return GR_OK;
 }
@@ -77,6 +78,7 @@ static void item_fini(tr_item *it)
     free(it->gemb);
     free(it->params);
     free(it->gdense);
+    free(it->probs);
 }
 
 /* Takes the step token for it (waiting for the others as the mode says); the time counts
@@ -213,7 +215,8 @@ static int stage_compute(tr_worker *w, tr_item *it)
     if (rc) return rc;
     double t0 = gr_now_s();
     rc = gr_model_train_step(tr->m, w->ws, it->params, it->batch.n, it->batch.dense, it->emb,
-                             it->batch.labels, &it->loss, NULL, it->gdense, it->gemb);
+                             it->batch.labels, &it->loss, tr->win_cap ? it->probs : NULL,
+                             it->gdense, it->gemb);
     if (rc) return rc;
     if (!isfinite(it->loss))
         return gr_seterr(GR_EINVAL, "training loss is not finite (learning rate too high?)");
@@ -278,6 +281,12 @@ static int stage_push(tr_worker *w, tr_item *it)
         fprintf(tr->loss_log, "%u %llu %.9g\n", w->id, (unsigned long long)w->steps, it->loss);
     tr->loss_sum += it->loss * (double)it->batch.n;
     tr->loss_n += it->batch.n;
+    for (size_t i = 0; tr->win_cap && i < it->batch.n; i++) {
+        tr->win_probs[tr->win_head] = it->probs[i];
+        tr->win_labels[tr->win_head] = it->batch.labels[i];
+        tr->win_head = (tr->win_head + 1) % tr->win_cap;
+        if (tr->win_len < tr->win_cap) tr->win_len++;
+    }
     add_times(&tr->t, &it->t);
     if (tr->hybrid) {
         tr->stale_sum += it->stale;

@@ -91,6 +91,26 @@ typedef struct progress {
     double per_epoch, total;
 } progress;
 
+/* The running AUC over the window (NaN when empty or of one class). */
+static double window_auc(trainer *tr, uint64_t *n)
+{
+    *n = 0;
+    if (!tr->win_cap) return NAN;
+    pthread_mutex_lock(&tr->mu);
+    size_t len = tr->win_len;
+    float *p = malloc((len ? len : 1) * sizeof *p), *l = malloc((len ? len : 1) * sizeof *l);
+    if (p && l) {
+        memcpy(p, tr->win_probs, len * sizeof *p);
+        memcpy(l, tr->win_labels, len * sizeof *l);
+    }
+    pthread_mutex_unlock(&tr->mu);
+    double auc = NAN;
+    if (p && l && len && gr_auc(p, l, len, &auc) == GR_OK) *n = len;
+    free(p);
+    free(l);
+    return auc;
+}
+
 /* Examples the run will train, estimated from the training file's size and the line length
  * of its first MiB (reading the whole file to count lines would cost a pass over it), then
  * capped by max_examples and max_steps. */
@@ -164,6 +184,29 @@ static void progress_line(trainer *tr, progress *pg, bool final)
     tr->loss_sum = 0;
     tr->loss_n = 0;
     pthread_mutex_unlock(&tr->mu);
+    uint64_t wn = 0;
+    double auc = window_auc(tr, &wn);
+    if (tr->follow) {
+        gr_criteo_stats st;
+        gr_follow_get_stats(tr->follow, &st);
+        pthread_mutex_lock(&tr->mu);
+        tr->bad_lines = st.bad_lines;
+        pthread_mutex_unlock(&tr->mu);
+    }
+    if (tr->o->on_progress) {
+        double dt = now - pg->last_t;
+        gr_train_progress p = {.seconds = now - pg->t0, .examples = ex,
+                               .examples_per_sec = dt > 0 ? (double)(ex - pg->last_ex) / dt : 0,
+                               .loss = isnan(loss) ? pg->window_loss : loss, .window_auc = auc,
+                               .window_examples = wn, .bad_lines = tr->bad_lines, .final = final};
+        tr->o->on_progress(tr->o->progress_ctx, &p);
+    }
+    if (tr->o->progress_s <= 0) {
+        if (!isnan(loss)) pg->window_loss = loss;
+        return;
+    }
+    if (wn) fprintf(stderr, "train: running AUC %.5f over the last %llu examples\n", auc,
+                    (unsigned long long)wn);
     if (!isnan(loss)) pg->window_loss = loss;
     double dt = now - pg->last_t, nb = (double)(steps - pg->last_steps);
     double k = nb > 0 ? 1e3 / nb : 0;
@@ -227,7 +270,7 @@ static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
 int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *res)
 {
     memset(res, 0, sizeof *res);
-    res->test_auc = res->test_logloss = NAN;
+    res->test_auc = res->test_logloss = res->window_auc = NAN;
     int rc = check_opts(o, be);
     if (rc) return rc;
     /* The workers are the parallelism; OpenBLAS threads on top would fight them for cores. */
@@ -251,8 +294,16 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     tr.max_ids = gr_schema_max_ids(tr.schema);
     if ((rc = tr_bags_init(&tr.bags, tr.schema))) goto out;
-    /* A file in the wrong format fails here, before any table exists or any step runs. */
-    if ((rc = tr_probe_file(o->train_path, tr.schema, o->min_valid)) ||
+    /* A file in the wrong format fails here, before any table exists or any step runs. A
+     * stream (stdin, a followed file) is not probed: reading ahead would take its lines or
+     * wait for them; its bad lines are counted as it goes. */
+    bool stream = o->follow || !strcmp(o->train_path, "-");
+    if (stream && !gr_schema_is_criteo(tr.schema)) {
+        rc = gr_seterr(GR_EINVAL, "train: a stream (--follow, --train -) is read in the Criteo "
+                       "layout only; drop --schema or train on a file");
+        goto out;
+    }
+    if ((!stream && (rc = tr_probe_file(o->train_path, tr.schema, o->min_valid))) ||
         (o->test_path && (rc = tr_probe_file(o->test_path, tr.schema, o->min_valid))))
         goto out;
     tr.dim = gr_model_emb_dim(tr.m);
@@ -270,9 +321,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr.hybrid = o->mode == GR_MODE_HYBRID;
     tr.emb_bound = o->emb_staleness;
     /* Sync and hybrid take one batch of every worker per step: static ranges. */
-    tr.data.shared = o->data == GR_TRAIN_DATA_SHARED ||
+    tr.data.shared = !o->follow && (o->data == GR_TRAIN_DATA_SHARED ||
                      (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC &&
-                      o->mode != GR_MODE_HYBRID);
+                      o->mode != GR_MODE_HYBRID));
     /* Small chunks taken in turn (shared data): a fast worker reads more of the file, so a
      * straggler does not leave a tail of its own range for the end of the run. A resumed run
      * keeps the chunking it was checkpointed with. */
@@ -291,10 +342,27 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     for (unsigned i = 0; i < o->workers; i++)
         if ((rc = tr_worker_init(&tr, &tr.workers[i], i))) goto out;
-    if ((rc = tr_data_setup(&tr))) goto out;
+    if (o->window) {
+        tr.win_cap = o->window;
+        tr.win_probs = malloc(tr.win_cap * sizeof *tr.win_probs);
+        tr.win_labels = malloc(tr.win_cap * sizeof *tr.win_labels);
+        if (!tr.win_probs || !tr.win_labels) {
+            rc = gr_seterr(GR_ENOMEM, "train: out of memory for an AUC window of %u", o->window);
+            goto out;
+        }
+    }
+    /* Follow mode reads one stream, not ranges of a file. */
+    if (o->follow) {
+        rc = gr_follow_open(o->train_path, o->stop, &tr.follow);
+        if (!rc && o->should_stop) tr_follow_set_stop(tr.follow, o->should_stop, o->stop_ctx);
+    }
+    else rc = tr_data_setup(&tr);
+    if (rc) goto out;
     tr.ck.on = o->ckpt_dir != NULL;
     if ((tr.ck.on || resumed) && (rc = tr_data_track(&tr))) goto out;
-    if (resumed && (rc = tr_ck_apply(&tr, resumed))) goto out;
+    /* A stream has no position to return to: a resumed follow run keeps the restored tables
+     * and dense parameters and reads what comes next. */
+    if (resumed && !o->follow && (rc = tr_ck_apply(&tr, resumed))) goto out;
     tr_ck_setup(&tr);
 
     if (o->loss_log && !(tr.loss_log = fopen(o->loss_log, "w"))) {
@@ -303,7 +371,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     }
     double t0 = gr_now_s();
     progress pg = {.t0 = t0, .last_t = t0, .window_loss = NAN};
-    if (o->progress_s > 0) estimate_work(&tr, &pg);
+    if (o->progress_s > 0 && !o->follow) estimate_work(&tr, &pg); /* a stream has no end */
     tr.running = o->workers;
     for (; started < o->workers; started++) {
         if (pthread_create(&tids[started], NULL, o->pipeline ? tr_pipeline_main : tr_sequential_main,
@@ -348,8 +416,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
     tr_ck_finish(&tr);
     double t1 = gr_now_s();
-    if (o->progress_s > 0) progress_line(&tr, &pg, true);
-    else if (tr.loss_n) pg.window_loss = tr.loss_sum / (double)tr.loss_n;
+    progress_line(&tr, &pg, true);
+    res->window_auc = window_auc(&tr, &(uint64_t){0});
 
     res->examples = tr.examples;
     res->steps = tr.steps;
@@ -388,6 +456,9 @@ out:
         for (unsigned i = 0; i < o->workers; i++) tr_worker_fini(&tr.workers[i]);
     free(tr.workers);
     tr_data_fini(&tr.data);
+    gr_follow_close(tr.follow);
+    free(tr.win_probs);
+    free(tr.win_labels);
     cJSON_Delete(resumed);
     free(tids);
     free(init);

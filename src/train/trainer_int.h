@@ -54,6 +54,7 @@ struct tr_item {
     float *gemb;   /* its gradient */
     float *params; /* dense parameters as pulled */
     float *gdense;
+    float *probs;  /* the model's predictions for the batch, before it trains on it */
     double loss;
     uint64_t token;
     uint64_t chunk;   /* shared data: the chunk (counter value) it was read from */
@@ -219,6 +220,10 @@ struct trainer {
     bool stopping;
     uint64_t stop_at;
     gr_train_result *res;
+    struct gr_follow *follow; /* follow mode: the one stream every worker reads */
+    /* The running AUC's window (under mu): the newest win_len of win_cap predictions. */
+    float *win_probs, *win_labels;
+    size_t win_cap, win_len, win_head;
 };
 
 /* ---- pipeline.c --------------------------------------------------------------------------- */
@@ -248,6 +253,10 @@ void tr_data_fini(tr_data *d);
 /* Reads the worker's part of the file for every epoch, handing full items to `out`. Items come
  * from `pool` (pipeline) or are the single `it` (sequential: each is called per batch). */
 int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each);
+/* follow.c: the same in follow mode, from tr->follow, and the trainer's should_stop as a
+ * second way to end the stream. */
+void tr_follow_set_stop(struct gr_follow *f, bool (*fn)(void *ctx), void *ctx);
+int tr_read_follow(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single, tr_batch_fn each);
 
 /* ---- ckcoord.c ---------------------------------------------------------------------------- */
 

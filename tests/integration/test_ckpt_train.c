@@ -30,6 +30,7 @@
 #include "granary/client.h"
 #include "granary/train.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/train_fixture.h"
 
 #define B 32
 #define STEPS 8 /* per worker in multi.tsv */
@@ -459,16 +460,11 @@ static int wait_exit(pid_t pid, double until, const char *what)
 }
 
 /* "auc" and "logloss" of a --metrics-out file, as printed (17 significant digits). */
+/* "auc" and "logloss" of a --metrics-out file, as printed (17 significant digits). */
 static void read_metrics(const char *path, char *auc, char *logloss)
 {
-    char *txt = NULL;
-    assert_int_equal(gr_read_file(path, &txt, NULL), 0);
-    const char *a = strstr(txt, "\"auc\":"), *l = strstr(txt, "\"logloss\":");
-    assert_non_null(a);
-    assert_non_null(l);
-    sscanf(a + 6, " %63[^,\n]", auc);
-    sscanf(l + 10, " %63[^,\n]", logloss);
-    free(txt);
+    assert_int_equal(tr_metrics_text(path, "auc", auc, 64), 0);
+    assert_int_equal(tr_metrics_text(path, "logloss", logloss, 64), 0);
 }
 
 static void test_cli_kill_and_resume(void **state)

@@ -8,8 +8,8 @@
  *  - async with --recovery partial (the default for async) ends with a test AUC within 0.003
  *    of an uninterrupted run's.
  * Both record one recovery in their metrics. And the chief dies: a second train process that
- * waited takes the job over from the newest checkpoint. Shards and trainers share this host's
- * loopback (no network namespaces here). */
+ * waited takes the job over from the newest checkpoint. The last test runs the sync job again
+ * with every shard in a network namespace of its own (skipped without root or netns). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,10 +18,17 @@
 
 #include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -178,17 +185,11 @@ static void run(job *j, const char *mode, bool kill_after_ckpt)
 
 static void read_metrics(const job *j, char *auc, char *logloss, double *recoveries)
 {
-    char *txt = NULL;
-    assert_int_equal(gr_read_file(j->metrics, &txt, NULL), 0);
-    const char *a = strstr(txt, "\"auc\":"), *l = strstr(txt, "\"logloss\":");
-    const char *r = strstr(txt, "\"recoveries\":");
-    assert_non_null(a);
-    assert_non_null(l);
-    assert_non_null(r);
-    sscanf(a + 6, " %63[^,\n]", auc);
-    sscanf(l + 10, " %63[^,\n]", logloss);
-    *recoveries = atof(r + 13);
-    free(txt);
+    char rec[64];
+    assert_int_equal(tr_metrics_text(j->metrics, "auc", auc, 64), 0);
+    assert_int_equal(tr_metrics_text(j->metrics, "logloss", logloss, 64), 0);
+    assert_int_equal(tr_metrics_text(j->metrics, "recoveries", rec, sizeof rec), 0);
+    *recoveries = atof(rec);
 }
 
 static void test_sync_rollback_is_bitwise_equal(void **state)
@@ -282,12 +283,222 @@ static void test_second_trainer_takes_over_from_a_dead_chief(void **state)
     assert_string_equal(llA, llB);
 }
 
+/* ---- The same job with every shard in a network namespace of its own ----
+ * Each shard runs in its own namespace, joined to this one by a veth pair (10.N.i.0/30: .1
+ * here, .2 there), so shards and trainer reach each other only as hosts on a network: the
+ * shards listen on their veth address (--insecure: not loopback), find ZooKeeper at .1 (a
+ * server of this test's own that listens on every address), and the trainer reaches them
+ * through the layout. Needs root and `ip netns`; skipped cleanly otherwise. */
+
+typedef struct netjob {
+    char ns[3][32], url[3][256], addr[3][64], trainer_url[256];
+    ps_test_server srv[3];
+    pid_t zk_pid;
+    uint16_t zk_port;
+    unsigned net;
+} netjob;
+
+static int sh(const char *cmd)
+{
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void net_down(netjob *n)
+{
+    char cmd[256];
+    for (int i = 0; i < 3; i++) {
+        if (n->srv[i].pid > 0) ps_test_server_stop(&n->srv[i], SIGKILL);
+        snprintf(cmd, sizeof cmd, "ip netns del %s 2>/dev/null", n->ns[i]);
+        if (n->ns[i][0]) sh(cmd);
+    }
+    if (n->zk_pid > 0) {
+        kill(n->zk_pid, SIGKILL);
+        waitpid(n->zk_pid, NULL, 0);
+    }
+}
+
+/* Three namespaces with a veth pair each; false (nothing left behind) when the kernel or our
+ * rights do not allow it. */
+static bool net_up(netjob *n)
+{
+    if (geteuid() != 0) return false;
+    n->net = 100 + (unsigned)getpid() % 150;
+    for (int i = 0; i < 3; i++) {
+        snprintf(n->ns[i], sizeof n->ns[i], "gr%ds%d", (int)getpid(), i);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd,
+                 "ip netns add %s && ip link add gr%dh%d type veth peer name gr%dn%d && "
+                 "ip link set gr%dn%d netns %s && ip addr add 10.%u.%d.1/30 dev gr%dh%d && "
+                 "ip link set gr%dh%d up && ip netns exec %s ip addr add 10.%u.%d.2/30 dev gr%dn%d && "
+                 "ip netns exec %s ip link set gr%dn%d up && ip netns exec %s ip link set lo up",
+                 n->ns[i], (int)getpid(), i, (int)getpid(), i, (int)getpid(), i, n->ns[i], n->net,
+                 i, (int)getpid(), i, (int)getpid(), i, n->ns[i], n->net, i, (int)getpid(), i,
+                 n->ns[i], (int)getpid(), i, n->ns[i]);
+        if (sh(cmd) != 0) {
+            fprintf(stderr, "coord train: no network namespaces here (%s failed)\n", "ip netns");
+            net_down(n);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* This test's own ZooKeeper, listening on every address (the harness's binds loopback only). */
+static bool net_zk(netjob *n)
+{
+    char dir[400], cfg[500];
+    snprintf(dir, sizeof dir, "%s/nszk", tmp);
+    snprintf(cfg, sizeof cfg, "%s/zoo.cfg", dir);
+    mkdir(dir, 0755);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof a;
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    getsockname(s, (struct sockaddr *)&a, &len);
+    n->zk_port = ntohs(a.sin_port);
+    close(s);
+    FILE *f = fopen(cfg, "w");
+    if (!f) return false;
+    fprintf(f, "tickTime=500\ndataDir=%s\nclientPort=%u\nadmin.enableServer=false\n"
+               "4lw.commands.whitelist=ruok\n", dir, n->zk_port);
+    fclose(f);
+    pid_t parent = getpid();
+    n->zk_pid = fork();
+    if (n->zk_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl("/usr/bin/java", "java", "-cp", "/usr/share/java/zookeeper.jar",
+              "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg, (char *)NULL);
+        _exit(127);
+    }
+    for (int t = 0; t < 300; t++) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "exec 3<>/dev/tcp/127.0.0.1/%u && printf ruok >&3 && "
+                 "grep -q imok <&3", n->zk_port);
+        char full[300];
+        snprintf(full, sizeof full, "bash -c '%s' 2>/dev/null", cmd);
+        if (sh(full) == 0) break;
+        usleep(100000);
+    }
+    snprintf(n->trainer_url, sizeof n->trainer_url, "zk://127.0.0.1:%u/jobs/netns", n->zk_port);
+    for (int i = 0; i < 3; i++)
+        snprintf(n->url[i], sizeof n->url[i], "zk://10.%u.%d.1:%u/jobs/netns", n->net, i,
+                 n->zk_port);
+    return true;
+}
+
+/* `granary server --coord` inside namespace i (setns in the child, then exec: the pid is the
+ * shard's, so SIGKILL reaches it). */
+static void net_shard(netjob *n, int i, const char *ck)
+{
+    char listen[64], path[128];
+    snprintf(listen, sizeof listen, "10.%u.%d.2:0", n->net, i);
+    snprintf(path, sizeof path, "/var/run/netns/%s", n->ns[i]);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(126);
+        dup2(p[1], 1);
+        close(p[0]);
+        execl(ps_test_granary_bin(), "granary", "server", "--coord", n->url[i], "--listen", listen,
+              "--insecure", "--shards", "2", "--threads", "1", "--session-timeout", "2000",
+              "--ckpt-root", tmp, "--ckpt-dir", ck, i == 2 ? "--standby" : (char *)NULL,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char line[256] = "";
+    size_t len = 0;
+    while (len < sizeof line - 1) {
+        struct pollfd pf = {p[0], POLLIN, 0};
+        if (poll(&pf, 1, 20000) <= 0) break;
+        ssize_t r = read(p[0], line + len, sizeof line - 1 - len);
+        if (r <= 0) break;
+        len += (size_t)r;
+        line[len] = '\0';
+        if (strchr(line, '\n')) break;
+    }
+    close(p[0]);
+    n->srv[i].pid = pid;
+    line[strcspn(line, "\n")] = '\0';
+    assert_true(strncmp(line, "listening on 10.", 16) == 0);
+    snprintf(n->srv[i].addr, sizeof n->srv[i].addr, "%.60s", line + 13);
+}
+
+static void test_sync_rollback_across_network_namespaces(void **state)
+{
+    (void)state;
+    if (!zk.pid) skip();
+    netjob n;
+    memset(&n, 0, sizeof n);
+    if (!net_up(&n)) skip();
+    job clean;
+    start_job(&clean, "nsclean", false);
+    run(&clean, "sync", false);
+    stop_job(&clean);
+    assert_true(net_zk(&n));
+    job b; /* the trainer's side of the job: its files and url */
+    memset(&b, 0, sizeof b);
+    snprintf(b.url, sizeof b.url, "%s", n.trainer_url);
+    snprintf(b.ck, sizeof b.ck, "ck-netns");
+    snprintf(b.ckpath, sizeof b.ckpath, "%s/%s", tmp, b.ck);
+    snprintf(b.metrics, sizeof b.metrics, "%s/metrics-netns.json", tmp);
+    snprintf(b.log, sizeof b.log, "%s/train-netns.log", tmp);
+    net_shard(&n, 0, b.ck);
+    net_shard(&n, 1, b.ck);
+    net_shard(&n, 2, b.ck);
+    for (int i = 0; i < 2; i++) b.shard[i] = n.srv[i]; /* serving_index1 looks here */
+    double until = gr_now_s() + RUN_BUDGET_S;
+    pid_t pid = spawn_train(&b, "sync");
+    ps_test_server *victim = serving_index1(&b);
+    char name[GR_CKPT_NAME_MAX];
+    uint64_t step = 0;
+    int st;
+    while (gr_ckpt_latest(b.ckpath, name, &step) != GR_OK) {
+        assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
+        assert_true(gr_now_s() < until);
+        usleep(2000);
+    }
+    assert_int_equal(waitpid(pid, &st, WNOHANG), 0);
+    int vi = victim == &b.shard[0] ? 0 : 1;
+    fprintf(stderr, "coord train: killing shard 1 at %s in namespace %s after %s\n",
+            n.srv[vi].addr, n.ns[vi], name);
+    assert_int_equal(ps_test_server_stop(&n.srv[vi], SIGKILL), 128 + SIGKILL);
+    n.srv[vi].pid = 0;
+    int rc = wait_exit(pid, until, "the interrupted run across namespaces");
+    if (rc) {
+        char *txt = NULL;
+        if (gr_read_file(b.log, &txt, NULL) == 0) fprintf(stderr, "%s\n", txt);
+        free(txt);
+    }
+    net_down(&n);
+    assert_int_equal(rc, 0);
+    char aucA[64], llA[64], aucB[64], llB[64];
+    double recA, recB;
+    read_metrics(&clean, aucA, llA, &recA);
+    read_metrics(&b, aucB, llB, &recB);
+    fprintf(stderr, "coord train netns: clean auc %s; killed auc %s\n", aucA, aucB);
+    assert_true(recB == 1);
+    assert_string_equal(aucA, aucB);
+    assert_string_equal(llA, llB);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_rollback_is_bitwise_equal),
         cmocka_unit_test(test_async_partial_keeps_auc),
         cmocka_unit_test(test_second_trainer_takes_over_from_a_dead_chief),
+        cmocka_unit_test(test_sync_rollback_across_network_namespaces),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -117,6 +117,19 @@ static void test_tables_with_rows(void **state)
     assert_non_null(strstr(out, "dropped table 'embeddings'"));
     assert_int_equal(strncmp(auc_of(out), auc1, strlen(auc1)), 0);
 
+    /* A resume needs neither: its restore replaces the tables. */
+    char ck[300], ckflag[320], resflag[320];
+    snprintf(ck, sizeof ck, "%s/ckres", tmp);
+    snprintf(ckflag, sizeof ckflag, "--ckpt-dir=%s", ck);
+    snprintf(resflag, sizeof resflag, "--resume=%s", ck);
+    st = train_cli(servers, ckflag, "--reuse-tables", out, sizeof out);
+    if (st) fprintf(stderr, "%s\n", out);
+    assert_int_equal(st, 0);
+    st = train_cli(servers, ckflag, resflag, out, sizeof out);
+    if (st) fprintf(stderr, "%s\n", out);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "resumed from"));
+
     /* --fresh with --resume or --reuse-tables is a usage error. */
     assert_int_equal(train_cli(servers, "--fresh", "--reuse-tables", out, sizeof out), 2);
     char res[300];

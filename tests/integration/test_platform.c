@@ -29,6 +29,7 @@
 #include "granary/http.h"
 #include "tests/support/ctl_harness.h"
 #include "tests/support/ps_harness.h"
+#include "tests/support/train_fixture.h"
 
 static char tmp[256], data[300], state_dir[300], tokens_path[300];
 
@@ -185,16 +186,11 @@ static void test_api_and_access_control(void **state)
     ctl_test_kill(&c, SIGTERM);
 }
 
+/* "auc" and "logloss" of a --metrics-out file, as printed (17 significant digits). */
 static void read_metrics(const char *path, char *auc, char *logloss)
 {
-    char *txt = NULL;
-    assert_int_equal(gr_read_file(path, &txt, NULL), 0);
-    const char *a = strstr(txt, "\"auc\":"), *l = strstr(txt, "\"logloss\":");
-    assert_non_null(a);
-    assert_non_null(l);
-    sscanf(a + 6, " %63[^,\n]", auc);
-    sscanf(l + 10, " %63[^,\n]", logloss);
-    free(txt);
+    assert_int_equal(tr_metrics_text(path, "auc", auc, 64), 0);
+    assert_int_equal(tr_metrics_text(path, "logloss", logloss, 64), 0);
 }
 
 static void test_preemption_resumes_bitwise(void **state)

@@ -339,6 +339,14 @@ static void test_refusals(void **state)
     assert_int_equal(ps_test_run_granary(args, out, sizeof out), 1);
     assert_non_null(strstr(out, "granary eval: "));
     assert_non_null(strstr(out, "missing"));
+    /* An unwritable predictions file fails before the model is loaded. */
+    char nowhere[600];
+    snprintf(nowhere, sizeof nowhere, "%s/no-such-dir/p.txt", fx.dir);
+    const char *badout[] = {"eval", "--model", root, "--test", fx.test, "--predictions-out",
+                            nowhere, NULL};
+    assert_int_equal(ps_test_run_granary(badout, out, sizeof out), 1);
+    assert_non_null(strstr(out, "--predictions-out: cannot write"));
+    assert_null(strstr(out, "auc "));
     const char *noargs[] = {"eval", "--model", root, NULL};
     assert_int_equal(ps_test_run_granary(noargs, out, sizeof out), 2);
 }

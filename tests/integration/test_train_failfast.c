@@ -280,6 +280,15 @@ static void test_progress_with_checkpoints(void **state)
     assert_non_null(strstr(out, " I shard 0 of 2 listening on"));
     assert_non_null(strstr(out, "train: the model was not saved (give --ckpt-dir DIR to keep it)"));
     free(out);
+    /* A level that is not one says so. */
+    assert_int_equal(run((const char *const[]){"train", "--train", g_fx.train, SMALL, "--progress",
+                                               "0", "--max-steps", "1", NULL},
+                         &out, "GRANARY_LOG=verbose"),
+                     0);
+    assert_non_null(strstr(out, "granary: GRANARY_LOG=verbose is not one of error, warn, info, "
+                                "debug; logging at info\n"));
+    assert_int_equal(count(out, "GRANARY_LOG=verbose"), 1);
+    free(out);
 }
 
 /* Starts a long run, waits for its first progress line, sends `sig`; returns its output and
@@ -463,9 +472,18 @@ static void test_messages(void **state)
     snprintf(addr, sizeof addr, "127.0.0.1:%u", gr_http_port(h));
     int rc = ps_test_run_granary((const char *const[]){"stats", "--server", addr, NULL}, out,
                                  sizeof out);
-    gr_http_stop(h);
-    if (rc != 1 || !strstr(out, "not a granary server: it answered in HTTP"))
+    if (rc != 1 || !strstr(out, "is not a granary server: it answered in HTTP"))
         fail_msg("wanted 'not a granary server', got %d: %s", rc, out);
+    /* The same for train --servers. */
+    rc = ps_test_run_granary((const char *const[]){"train", "--train", g_fx.train, "--servers",
+                                                   addr, NULL},
+                             out, sizeof out);
+    gr_http_stop(h);
+    char want_http[128];
+    snprintf(want_http, sizeof want_http, "granary train: %s is not a granary server: it answered "
+             "in HTTP", addr);
+    if (rc != 1 || !strstr(out, want_http))
+        fail_msg("wanted 'not a granary server' from train, got %d: %s", rc, out);
 }
 
 int main(void)

@@ -6,7 +6,8 @@ count in "N passed, N failed".
 - When torch is not importable the file prints why and passes with 0 tests (the only skip).
 - Under an ASan build (GR_BUILD_DIR ending in /address) the interpreter is not instrumented,
   so the file re-executes itself with libasan preloaded (LD_PRELOAD, as the ASan runtime must
-  come first) and ASAN_OPTIONS=detect_leaks=0: the interpreter's own allocations at exit would
+  come first; libstdc++ right after it, for ASan's C++ exception interceptor) and
+  ASAN_OPTIONS=detect_leaks=0: the interpreter's own allocations at exit would
   otherwise be reported as leaks. Everything else ASan checks (overflows, use after free, in the
   extension and libgranary) stays on and aborts the test.
 """
@@ -25,8 +26,13 @@ GRANARY_BIN = os.path.join(BUILD, "granary")
 def _asan_reexec():
     if not BUILD.rstrip("/").endswith("address") or os.environ.get("GR_PY_ASAN") == "1":
         return
-    lib = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
-                         text=True).stdout.strip()
+    def cc_lib(name):
+        return subprocess.run(["cc", "-print-file-name=" + name], capture_output=True,
+                              text=True).stdout.strip()
+    # libstdc++ right after libasan: ASan's __cxa_throw interceptor finds the real one only
+    # if libstdc++ is loaded when the runtime starts (torch's gloo threads throw and catch
+    # exceptions; without it ASan's CHECK fails on the first throw).
+    lib = cc_lib("libasan.so") + ":" + cc_lib("libstdc++.so.6")
     env = dict(os.environ)
     env["GR_PY_ASAN"] = "1"
     env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")

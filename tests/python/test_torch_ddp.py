@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Multi-process training: 2 worker processes, dense DLRM layers under
+"""Multi-process training (sync, ssp with staleness 2, async): 2 worker processes, dense DLRM layers under
 DistributedDataParallel over gloo, embeddings on a 2-shard granary cluster started by this
 test, each worker reading its own half of a generated data set. In sync mode the shards
 average both workers' row gradients per step and DDP averages the dense ones, so both
@@ -35,7 +35,7 @@ def worker(rank, servers, port, path, offsets, mode, outdir):
                             world_size=WORKERS)
     client = granary.Client(servers=servers)
     ec = dlrm.embedding_collection(client, mode=mode, worker=rank, workers=WORKERS,
-                                   aggregate=WORKERS)
+                                   aggregate=WORKERS, staleness=2 if mode == "ssp" else 0)
     model = DDP(dlrm.DenseDLRM())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = dlrm.criteo_batches(path, BATCH, start=offsets[rank], end=offsets[rank + 1],
@@ -105,6 +105,9 @@ class DDPTest(unittest.TestCase):
 
     def test_async(self):
         self.run_job("async")
+
+    def test_ssp(self):
+        self.run_job("ssp")  # a worker may run 2 steps ahead of the other
 
 
 if __name__ == "__main__":

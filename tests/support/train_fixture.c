@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int tr_fixture_make(tr_fixture *f, const char *name, uint64_t seed)
 {
@@ -39,4 +40,26 @@ void tr_fixture_small_dlrm(const tr_fixture *f, gr_train_opts *o, gr_train_mode 
     o->workers = workers;
     o->mode = mode;
     o->progress_s = 0;
+}
+
+int tr_metrics_text(const char *path, const char *key, char *out, size_t cap)
+{
+    char *txt = NULL;
+    if (gr_read_file(path, &txt, NULL) != 0) return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = strstr(txt, pat);
+    int rc = -1;
+    if (at) {
+        at += strlen(pat);
+        while (*at == ' ') at++;
+        size_t n = strcspn(at, ",}\n");
+        if (n < cap) {
+            memcpy(out, at, n);
+            out[n] = '\0';
+            rc = 0;
+        }
+    }
+    free(txt);
+    return rc;
 }

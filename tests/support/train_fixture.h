@@ -18,6 +18,9 @@ typedef struct tr_fixture {
 int tr_fixture_make(tr_fixture *f, const char *name, uint64_t seed);
 /* Removes the folder and everything in it; 0 or -1. */
 int tr_fixture_remove(tr_fixture *f);
+/* The value of "key" in a --metrics-out file exactly as printed (every digit it has), in out;
+ * 0, or -1 when the file or the key is missing. */
+int tr_metrics_text(const char *path, const char *key, char *out, size_t cap);
 /* A small DLRM (dim 8, bottom 16, top 32, batch 256, no progress lines) on f's files. */
 void tr_fixture_small_dlrm(const tr_fixture *f, gr_train_opts *o, gr_train_mode mode,
                            unsigned workers);

@@ -68,6 +68,19 @@ static void test_ps(void **state)
     expect_refused("bench ps --no-baseline", "unknown option --no-baseline");
 }
 
+static void test_torch(void **state)
+{
+    (void)state;
+    expect_help_lists("torch", (const char *const[]){"--json", "--rows N", "--test-rows M",
+                                                     "--data DIR", "--threads T", "--workers W",
+                                                     "--granary-workers W", NULL});
+    expect_refused("bench torch --rows 10x", "granary bench torch: --rows wants a whole number");
+    expect_refused("bench torch --threads 0", "--threads must be in 1..256, got 0");
+    expect_refused("bench torch --workers 65", "--workers must be in 1..64, got 65");
+    expect_refused("bench torch --data", "--data needs a value");
+    expect_refused("bench torch --shards 2", "unknown option --shards");
+}
+
 static void test_ckpt(void **state)
 {
     (void)state;
@@ -161,7 +174,7 @@ int main(void)
         cmocka_unit_test(test_ps),           cmocka_unit_test(test_ckpt),
         cmocka_unit_test(test_soak),         cmocka_unit_test(test_train),
         cmocka_unit_test(test_table),        cmocka_unit_test(test_parse_port),
-        cmocka_unit_test(test_parse_double),
+        cmocka_unit_test(test_parse_double), cmocka_unit_test(test_torch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

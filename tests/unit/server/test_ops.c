@@ -54,8 +54,9 @@ static void test_where_flags_and_auth(void **state)
     assert_int_equal(srv_op_row_of(GR_OP_PUSH)->inline_body, 0);
 }
 
-/* A fenced shard still answers the handshake, stats and shutdown; only pulls and descriptions
- * pass a write fence; everything else changes state and is stopped by any fence. */
+/* A fenced shard still answers the handshake, stats and shutdown; only pulls, descriptions and
+ * the replicas' subscriptions pass a write fence; everything else changes state and is stopped
+ * by any fence. */
 static void test_fence_classes(void **state)
 {
     (void)state;
@@ -65,7 +66,8 @@ static void test_fence_classes(void **state)
         srv_fence_class want = SRV_FENCE_WRITE;
         if (op == GR_OP_HELLO || op == GR_OP_AUTH || op == GR_OP_STATS || op == GR_OP_SHUTDOWN)
             want = SRV_FENCE_NEVER;
-        else if (op == GR_OP_PULL || op == GR_OP_DENSE_PULL || op == GR_OP_DESCRIBE_TABLE)
+        else if (op == GR_OP_PULL || op == GR_OP_DENSE_PULL || op == GR_OP_DESCRIBE_TABLE ||
+                 op == GR_OP_SUBSCRIBE)
             want = SRV_FENCE_READ;
         assert_int_equal(row->fence, want);
     }

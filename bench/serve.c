@@ -1,0 +1,917 @@
+/* `granary bench serve`: the serving replica's predict path and its freshness.
+ *
+ * - Predict: a replica (in this process) holds a DLRM (dim 16) and the rows of every id of
+ *   REQUESTS requests drawn from the data generator. `wrk` drives POST /v1/predict at
+ *   saturation (batches of 1 and of 100 examples); then a paced client of our own (keep-alive
+ *   connections, each request due at a fixed time, latency counted from when it was due, so a
+ *   stall is not hidden) sends batch-1 requests at half the saturation rate: p50/p99 there.
+ * - Baseline in the same run: the same model and rows with the rows in Redis (redis-server
+ *   started here): an HTTP server of the same kind parses the same bodies, does one MGET of
+ *   the request's ids, and runs the same forward pass. Measured the same way.
+ * - Freshness: a training shard (in this process) publishing every 100 ms, then every
+ *   1000 ms, a subscribed replica, a background "trainer" pushing gradients all the time, and a
+ *   probe that pushes a fresh key and times until the replica returns its new row.
+ *
+ * docs/benchmarks.md ("Serving") records the figures and the command. */
+#include "bench/bench.h"
+#include "cli/opts.h"
+#include "granary/client.h"
+#include "granary/http.h"
+#include "granary/serve.h"
+#include "granary/server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIM 16
+#define REQUESTS 400 /* distinct request bodies per batch size */
+
+#define SERVE_BENCH_OPTIONS(X)                                                                 \
+    X(SB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")     \
+    X(SB_SECONDS, "seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "5",                          \
+      "length of each load run")                                                               \
+    X(SB_CONNS, "connections", GR_CLI_INT, NULL, 1, 1024, NULL, "C", "16",                      \
+      "wrk connections at saturation")                                                         \
+    X(SB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "4",                          \
+      "HTTP handler threads of the replica and of the Redis-backed server")                   \
+    X(SB_FRESH, "freshness-seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "6",                  \
+      "length of each freshness run")
+
+enum { SERVE_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
+static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
+static const gr_cli_spec serve_bench_spec = {
+    .command = "bench serve",
+    .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T]",
+    .opts = serve_bench_opts,
+    .n_opts = SB_COUNT,
+    .config_section = NULL,
+};
+
+static double now_s(void) { return (double)gr_now_ns() / 1e9; }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n) return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)ceil(p * (double)n) - 1;
+    return v[i < n ? i : n - 1];
+}
+
+/* ---- request bodies ---- */
+
+typedef struct bodies {
+    char **b;
+    size_t *len;
+    size_t n;
+} bodies;
+
+/* REQUESTS bodies of `batch` lines each ({"lines": [...]}) from the generator; every id they
+ * use goes to ids (for loading rows). */
+static void make_bodies(gr_datagen_stream *g, unsigned batch, bodies *out, uint64_t **ids, size_t *nids,
+                        size_t *capids)
+{
+    out->n = REQUESTS;
+    out->b = calloc(REQUESTS, sizeof *out->b);
+    out->len = calloc(REQUESTS, sizeof *out->len);
+    char row[GR_DATAGEN_ROW_MAX];
+    for (size_t r = 0; r < REQUESTS; r++) {
+        size_t cap = 64 + (size_t)batch * (GR_DATAGEN_ROW_MAX + 64), n = 0;
+        char *b = malloc(cap);
+        n += (size_t)snprintf(b + n, cap - n, "{\"lines\":[");
+        for (unsigned i = 0; i < batch; i++) {
+            size_t len = gr_datagen_stream_next(g, row, NULL, NULL);
+            float label, dense[GR_CRITEO_DENSE];
+            uint64_t fid[GR_CRITEO_SPARSE];
+            gr_criteo_parse_line(row, len - 1, &label, dense, fid);
+            if (*nids + GR_CRITEO_SPARSE > *capids) {
+                *capids = *capids ? *capids * 2 : 65536;
+                *ids = realloc(*ids, *capids * sizeof **ids);
+            }
+            memcpy(*ids + *nids, fid, sizeof fid);
+            *nids += GR_CRITEO_SPARSE;
+            /* Without the label, tabs as JSON escapes. */
+            n += (size_t)snprintf(b + n, cap - n, "%s\"", i ? "," : "");
+            for (size_t k = 2; k < len - 1; k++) {
+                if (row[k] == '\t') b[n++] = '\\', b[n++] = 't';
+                else b[n++] = row[k];
+            }
+            b[n++] = '"';
+        }
+        n += (size_t)snprintf(b + n, cap - n, "]}");
+        out->b[r] = b;
+        out->len[r] = n;
+    }
+}
+
+static void bodies_free(bodies *b)
+{
+    for (size_t i = 0; i < b->n; i++) free(b->b[i]);
+    free(b->b);
+    free(b->len);
+}
+
+/* ---- wrk at saturation ---- */
+
+typedef struct load {
+    double qps, p50_ms, p99_ms;
+    uint64_t requests, errors;
+} load;
+
+static double wrk_ms(const char *s)
+{
+    double v = atof(s);
+    if (strstr(s, "us")) return v / 1000.0;
+    if (strstr(s, "ms")) return v;
+    if (strchr(s, 's')) return v * 1000.0;
+    return v;
+}
+
+/* Writes a wrk Lua script that cycles through the bodies. */
+static int write_script(const char *path, const bodies *b)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+               "bodies = {\n");
+    for (size_t i = 0; i < b->n; i++) fprintf(f, "[==[%s]==],\n", b->b[i]);
+    fprintf(f, "}\ni = 0\nrequest = function()\n  i = i %% #bodies + 1\n"
+               "  return wrk.format(nil, nil, nil, bodies[i])\nend\n");
+    return fclose(f);
+}
+
+static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, load *out)
+{
+    memset(out, 0, sizeof *out);
+    out->qps = out->p50_ms = out->p99_ms = NAN;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "wrk -t2 -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
+             conns, secs, script, port);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char line[512];
+    bool dist = false;
+    while (fgets(line, sizeof line, p)) {
+        char a[64];
+        if (strstr(line, "Latency Distribution")) dist = true;
+        if (dist && sscanf(line, " 50%% %63s", a) == 1) out->p50_ms = wrk_ms(a);
+        if (dist && sscanf(line, " 99%% %63s", a) == 1) out->p99_ms = wrk_ms(a);
+        if (sscanf(line, "Requests/sec: %63s", a) == 1) out->qps = atof(a);
+        unsigned long long n;
+        if (sscanf(line, " %llu requests in", &n) == 1) out->requests = n;
+        if (sscanf(line, " Non-2xx or 3xx responses: %llu", &n) == 1) out->errors = n;
+    }
+    int st = pclose(p);
+    return st == 0 && !isnan(out->qps) ? 0 : -1;
+}
+
+/* ---- the paced client: keep-alive connections, each request due at a fixed time ---- */
+
+typedef struct paced {
+    uint16_t port;
+    const bodies *b;
+    double rate, secs, t0;
+    double *lat;
+    size_t n, cap;
+    atomic_ullong errors;
+    pthread_mutex_t mu;
+} paced;
+
+typedef struct paced_arg {
+    paced *p;
+    unsigned id, nthreads;
+} paced_arg;
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads one HTTP response (headers, then Content-Length bytes); its status or -1. */
+static int read_response(int fd, char *buf, size_t cap)
+{
+    size_t len = 0;
+    char *end = NULL;
+    while (!end) {
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+        if (r <= 0) return -1;
+        len += (size_t)r;
+        buf[len] = 0;
+        end = strstr(buf, "\r\n\r\n");
+        if (!end && len >= cap - 1) return -1;
+    }
+    int status = atoi(buf + 9);
+    char *cl = strcasestr(buf, "Content-Length:");
+    size_t want = cl ? (size_t)atol(cl + 15) : 0, have = len - (size_t)(end + 4 - buf);
+    while (have < want) {
+        ssize_t r = recv(fd, buf, cap - 1, 0);
+        if (r <= 0) return -1;
+        have += (size_t)r;
+    }
+    return status;
+}
+
+static void *paced_main(void *arg)
+{
+    paced_arg *a = arg;
+    paced *p = a->p;
+    int fd = gr_bench_tcp_connect(p->port);
+    char *buf = malloc(1 << 16);
+    double interval = a->nthreads / p->rate;
+    size_t k = 0;
+    char head[256];
+    for (;;) {
+        double due = p->t0 + ((double)k + (double)a->id / a->nthreads) * interval;
+        if (due > p->t0 + p->secs) break;
+        double now = now_s();
+        if (due > now) usleep((useconds_t)((due - now) * 1e6));
+        const char *body = p->b->b[(k * a->nthreads + a->id) % p->b->n];
+        size_t blen = p->b->len[(k * a->nthreads + a->id) % p->b->n];
+        int hn = snprintf(head, sizeof head, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", blen);
+        int st = fd < 0 || send_all(fd, head, (size_t)hn) || send_all(fd, body, blen)
+                     ? -1 : read_response(fd, buf, 1 << 16);
+        double lat = (now_s() - due) * 1e3;
+        if (st != 200) {
+            atomic_fetch_add(&p->errors, 1);
+            if (st < 0) { /* reconnect */
+                if (fd >= 0) close(fd);
+                fd = gr_bench_tcp_connect(p->port);
+            }
+        } else {
+            pthread_mutex_lock(&p->mu);
+            if (p->n == p->cap) {
+                p->cap = p->cap ? p->cap * 2 : 4096;
+                p->lat = realloc(p->lat, p->cap * sizeof *p->lat);
+            }
+            p->lat[p->n++] = lat;
+            pthread_mutex_unlock(&p->mu);
+        }
+        k++;
+    }
+    if (fd >= 0) close(fd);
+    free(buf);
+    return NULL;
+}
+
+static void run_paced(uint16_t port, const bodies *b, double rate, double secs, load *out)
+{
+    enum { THREADS = 4 };
+    paced p = {.port = port, .b = b, .rate = rate, .secs = secs};
+    pthread_mutex_init(&p.mu, NULL);
+    p.t0 = now_s() + 0.05;
+    pthread_t th[THREADS];
+    paced_arg args[THREADS];
+    for (unsigned i = 0; i < THREADS; i++) {
+        args[i] = (paced_arg){&p, i, THREADS};
+        pthread_create(&th[i], NULL, paced_main, &args[i]);
+    }
+    for (unsigned i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+    out->requests = p.n;
+    out->errors = atomic_load(&p.errors);
+    out->qps = (double)p.n / secs;
+    out->p50_ms = pct(p.lat, p.n, 0.50);
+    out->p99_ms = pct(p.lat, p.n, 0.99);
+    free(p.lat);
+    pthread_mutex_destroy(&p.mu);
+}
+
+/* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
+
+typedef struct binload {
+    uint16_t port;
+    double secs;
+    const float *dense;   /* REQUESTS examples */
+    const uint64_t *ids;
+    atomic_ullong done, errors;
+} binload;
+
+static void *bin_main(void *arg)
+{
+    binload *b = arg;
+    int fd = gr_bench_tcp_connect(b->port);
+    gr_proto_buf out;
+    gr_proto_buf_init(&out);
+    uint8_t *reply = malloc(1 << 16);
+    double end = now_s() + b->secs;
+    for (uint64_t k = 0; fd >= 0 && now_s() < end; k++) {
+        size_t i = k % REQUESTS;
+        gr_proto_predict q = {.n = 1, .ndense = GR_CRITEO_DENSE, .nsparse = GR_CRITEO_SPARSE,
+                              .dense = b->dense + i * GR_CRITEO_DENSE,
+                              .ids = b->ids + i * GR_CRITEO_SPARSE};
+        out.len = 0;
+        if (gr_proto_begin(&out, GR_PROTO_REQUEST, GR_OP_PREDICT, 0, 0, k) ||
+            gr_proto_put_predict(&out, &q) || gr_proto_end(&out, 0) || send_all(fd, (char *)out.data, out.len))
+            break;
+        size_t got = 0, need = GR_PROTO_HEADER_SIZE;
+        gr_proto_header h = {0};
+        while (got < need) {
+            ssize_t r = recv(fd, reply + got, need - got, 0);
+            if (r <= 0) break;
+            got += (size_t)r;
+            if (got == GR_PROTO_HEADER_SIZE && need == GR_PROTO_HEADER_SIZE) {
+                gr_proto_limits lim;
+                gr_proto_limits_default(&lim);
+                int hr = gr_proto_header_decode(reply, got, &lim, &h, NULL);
+                if (hr != GR_OK && hr != GR_EAGAIN) break;
+                need += h.body_len;
+            }
+        }
+        if (got < need) break;
+        if (h.status) atomic_fetch_add(&b->errors, 1);
+        else atomic_fetch_add(&b->done, 1);
+    }
+    if (fd >= 0) close(fd);
+    gr_proto_buf_fini(&out);
+    free(reply);
+    return NULL;
+}
+
+/* Requests/s of `conns` connections each sending the next PREDICT as soon as the last one is
+ * answered. */
+static double run_binary(uint16_t port, const bodies *b1, unsigned conns, double secs)
+{
+    float *dense = malloc(REQUESTS * GR_CRITEO_DENSE * sizeof *dense);
+    uint64_t *ids = malloc(REQUESTS * GR_CRITEO_SPARSE * sizeof *ids);
+    for (size_t i = 0; i < REQUESTS; i++) {
+        size_t n;
+        float *d;
+        uint64_t *x;
+        char err[128];
+        if (gr_serve_parse_predict(b1->b[i], b1->len[i], 1, &n, &d, &x, err, sizeof err)) continue;
+        memcpy(dense + i * GR_CRITEO_DENSE, d, GR_CRITEO_DENSE * sizeof *d);
+        memcpy(ids + i * GR_CRITEO_SPARSE, x, GR_CRITEO_SPARSE * sizeof *x);
+        free(d), free(x);
+    }
+    binload b = {.port = port, .secs = secs, .dense = dense, .ids = ids};
+    pthread_t th[64];
+    if (conns > 64) conns = 64;
+    double t0 = now_s();
+    for (unsigned i = 0; i < conns; i++) pthread_create(&th[i], NULL, bin_main, &b);
+    for (unsigned i = 0; i < conns; i++) pthread_join(th[i], NULL);
+    double dt = now_s() - t0;
+    free(dense), free(ids);
+    return atomic_load(&b.errors) ? NAN : (double)atomic_load(&b.done) / dt;
+}
+
+/* ---- the Redis-backed baseline ---- */
+
+typedef struct rconn {
+    int fd;
+    char *buf;
+    size_t len, off, cap;
+    struct rconn *next;
+} rconn;
+
+static int r_fill(rconn *r)
+{
+    if (r->off) {
+        memmove(r->buf, r->buf + r->off, r->len - r->off);
+        r->len -= r->off;
+        r->off = 0;
+    }
+    if (r->len == r->cap) return -1;
+    ssize_t n = recv(r->fd, r->buf + r->len, r->cap - r->len, 0);
+    if (n <= 0) return -1;
+    r->len += (size_t)n;
+    return 0;
+}
+
+static char *r_line(rconn *r)
+{
+    for (;;) {
+        char *nl = memchr(r->buf + r->off, '\n', r->len - r->off);
+        if (nl) {
+            char *line = r->buf + r->off;
+            *nl = 0;
+            if (nl > line && nl[-1] == '\r') nl[-1] = 0;
+            r->off = (size_t)(nl + 1 - r->buf);
+            return line;
+        }
+        if (r_fill(r)) return NULL;
+    }
+}
+
+static int r_read(rconn *r, void *out, size_t n)
+{
+    while (r->len - r->off < n)
+        if (r_fill(r)) return -1;
+    memcpy(out, r->buf + r->off, n);
+    r->off += n;
+    return 0;
+}
+
+typedef struct redis_srv {
+    uint16_t redis_port;
+    gr_model *m;
+    float *params;
+    pthread_mutex_t mu; /* the free lists */
+    rconn *conns;
+    gr_model_ws **ws;
+    size_t nws, capws;
+    uint32_t max_batch;
+} redis_srv;
+
+static rconn *conn_take(redis_srv *rs)
+{
+    pthread_mutex_lock(&rs->mu);
+    rconn *r = rs->conns;
+    if (r) rs->conns = r->next;
+    pthread_mutex_unlock(&rs->mu);
+    if (r) return r;
+    r = calloc(1, sizeof *r);
+    r->fd = gr_bench_tcp_connect(rs->redis_port);
+    r->cap = 1 << 22;
+    r->buf = malloc(r->cap);
+    return r;
+}
+
+static void conn_give(redis_srv *rs, rconn *r)
+{
+    pthread_mutex_lock(&rs->mu);
+    r->next = rs->conns;
+    rs->conns = r;
+    pthread_mutex_unlock(&rs->mu);
+}
+
+static gr_model_ws *ws_take(redis_srv *rs)
+{
+    pthread_mutex_lock(&rs->mu);
+    gr_model_ws *w = rs->nws ? rs->ws[--rs->nws] : NULL;
+    pthread_mutex_unlock(&rs->mu);
+    if (!w) gr_model_ws_create(rs->m, &w);
+    return w;
+}
+
+static void ws_give(redis_srv *rs, gr_model_ws *w)
+{
+    pthread_mutex_lock(&rs->mu);
+    if (rs->nws == rs->capws) {
+        rs->capws = rs->capws ? rs->capws * 2 : 16;
+        rs->ws = realloc(rs->ws, rs->capws * sizeof *rs->ws);
+    }
+    rs->ws[rs->nws++] = w;
+    pthread_mutex_unlock(&rs->mu);
+}
+
+/* The same request as the replica's /v1/predict: parse, one MGET of the unique ids, the same
+ * forward pass, the same reply. */
+static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    redis_srv *rs = ctx;
+    size_t n;
+    float *dense;
+    uint64_t *ids;
+    char err[256];
+    if (gr_serve_parse_predict(req->body, req->body_len, rs->max_batch, &n, &dense, &ids, err,
+                               sizeof err)) {
+        gr_http_error(resp, 400, "%s", err);
+        return;
+    }
+    size_t occ = n * GR_CRITEO_SPARSE;
+    uint64_t *uniq = malloc(occ * sizeof *uniq);
+    uint32_t *inv = malloc(occ * sizeof *inv);
+    gr_dedup_scratch ds = {0};
+    long nu = gr_dedup(ids, occ, uniq, inv, &ds);
+    gr_dedup_scratch_fini(&ds);
+    float *rows = calloc((size_t)(nu > 0 ? nu : 1) * DIM, sizeof *rows);
+    float *emb = malloc(occ * DIM * sizeof *emb), *probs = malloc(n * sizeof *probs);
+    /* One MGET of the request's unique ids. */
+    size_t cap = 64 + (size_t)nu * 48, len = 0;
+    char *cmd = malloc(cap);
+    len += (size_t)snprintf(cmd + len, cap - len, "*%ld\r\n$4\r\nMGET\r\n", nu + 1);
+    for (long i = 0; i < nu; i++) {
+        char key[24];
+        int kn = snprintf(key, sizeof key, "%llx", (unsigned long long)uniq[i]);
+        len += (size_t)snprintf(cmd + len, cap - len, "$%d\r\n%s\r\n", kn, key);
+    }
+    rconn *r = conn_take(rs);
+    bool ok = r->fd >= 0 && send_all(r->fd, cmd, len) == 0;
+    char *l = ok ? r_line(r) : NULL;
+    ok = l && l[0] == '*' && atol(l + 1) == nu;
+    for (long i = 0; ok && i < nu; i++) {
+        l = r_line(r);
+        if (!l || l[0] != '$') ok = false;
+        else if (atol(l + 1) == DIM * 4) ok = r_read(r, rows + (size_t)i * DIM, DIM * 4) == 0 && r_line(r);
+        else if (atol(l + 1) >= 0) ok = false; /* missing keys ($-1) read zeros */
+    }
+    if (ok) conn_give(rs, r);
+    else {
+        if (r->fd >= 0) close(r->fd);
+        free(r->buf);
+        free(r);
+    }
+    if (ok) {
+        for (size_t i = 0; i < occ; i++) memcpy(emb + i * DIM, rows + (size_t)inv[i] * DIM, DIM * 4);
+        gr_model_ws *w = ws_take(rs);
+        ok = gr_model_predict(rs->m, w, rs->params, n, dense, emb, probs) == 0;
+        ws_give(rs, w);
+    }
+    if (!ok) {
+        gr_http_error(resp, 502, "redis MGET failed");
+    } else {
+        size_t rcap = 64 + n * 20, rn = 0;
+        char *out = malloc(rcap);
+        rn += (size_t)snprintf(out + rn, rcap - rn, "{\"predictions\":[");
+        for (size_t i = 0; i < n; i++) rn += (size_t)snprintf(out + rn, rcap - rn, "%s%.9g", i ? "," : "", probs[i]);
+        rn += (size_t)snprintf(out + rn, rcap - rn, "],\"model_version\":0}");
+        gr_http_take(resp, 200, "application/json", out, rn);
+    }
+    free(cmd), free(uniq), free(inv), free(rows), free(emb), free(probs), free(dense), free(ids);
+}
+
+static pid_t start_redis(uint16_t *port_out)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        int lfd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof a;
+        if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) ||
+            getsockname(lfd, (struct sockaddr *)&a, &sl)) {
+            if (lfd >= 0) close(lfd);
+            return -1;
+        }
+        uint16_t port = ntohs(a.sin_port);
+        close(lfd);
+        char ps[16];
+        snprintf(ps, sizeof ps, "%u", port);
+        pid_t parent = getpid(), pid = fork();
+        if (pid < 0) return -1;
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent) _exit(127);
+            freopen("/dev/null", "w", stdout);
+            freopen("/dev/null", "w", stderr);
+            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--protected-mode", "no", (char *)NULL);
+            _exit(127);
+        }
+        for (int i = 0; i < 300; i++) {
+            int s = gr_bench_tcp_connect(port);
+            if (s >= 0) {
+                char pong[8] = {0};
+                bool up = send_all(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&
+                          !strncmp(pong, "+PONG", 5);
+                close(s);
+                if (up) {
+                    *port_out = port;
+                    return pid;
+                }
+            }
+            if (waitpid(pid, NULL, WNOHANG) == pid) break;
+            usleep(10000);
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return -1;
+}
+
+static void stop_pid(pid_t pid)
+{
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* MSET of every row, 1000 keys per command. */
+static int redis_load(uint16_t port, const uint64_t *ids, size_t n, const float *rows)
+{
+    int fd = gr_bench_tcp_connect(port);
+    if (fd < 0) return -1;
+    rconn r = {fd, malloc(1 << 20), 0, 0, 1 << 20, NULL};
+    size_t cap = 1000 * (DIM * 4 + 64) + 64;
+    char *cmd = malloc(cap);
+    int rc = 0;
+    for (size_t lo = 0; lo < n && !rc; lo += 1000) {
+        size_t hi = lo + 1000 < n ? lo + 1000 : n, len = 0;
+        len += (size_t)snprintf(cmd + len, cap - len, "*%zu\r\n$4\r\nMSET\r\n", 2 * (hi - lo) + 1);
+        for (size_t i = lo; i < hi; i++) {
+            char key[24];
+            int kn = snprintf(key, sizeof key, "%llx", (unsigned long long)ids[i]);
+            len += (size_t)snprintf(cmd + len, cap - len, "$%d\r\n%s\r\n$%d\r\n", kn, key, DIM * 4);
+            memcpy(cmd + len, rows + i * DIM, DIM * 4);
+            len += DIM * 4;
+            len += (size_t)snprintf(cmd + len, cap - len, "\r\n");
+        }
+        char *l;
+        rc = send_all(fd, cmd, len) || !(l = r_line(&r)) || strcmp(l, "+OK") ? -1 : 0;
+    }
+    free(cmd);
+    free(r.buf);
+    close(fd);
+    return rc;
+}
+
+/* ---- freshness ---- */
+
+typedef struct fresh {
+    gr_client *c;
+    atomic_bool stop;
+} fresh;
+
+/* The background trainer: batches of 512 random rows pushed back to back. */
+static void *trainer_main(void *arg)
+{
+    fresh *f = arg;
+    uint64_t keys[512];
+    float grads[512 * DIM];
+    gr_rng r;
+    gr_rng_seed(&r, 5);
+    for (size_t i = 0; i < 512 * DIM; i++) grads[i] = 0.001f;
+    while (!atomic_load(&f->stop)) {
+        for (int i = 0; i < 512; i++) keys[i] = gr_rng_next(&r) % 1000000;
+        if (gr_client_push(f->c, GR_TRAIN_EMB_TABLE, DIM, keys, 512, grads)) usleep(1000);
+        usleep(2000);
+    }
+    return NULL;
+}
+
+typedef struct probe_t {
+    uint64_t key;
+    float want;
+    double t;
+    bool live;
+} probe_t;
+
+/* Freshness at one publish interval: ms from a probe's push returning (the row updated on the
+ * shard) to the replica returning the new row; *n samples. */
+static int run_freshness(uint32_t interval_ms, double secs, double *p50, double *p99, size_t *nout)
+{
+    *p50 = *p99 = NAN;
+    *nout = 0;
+    gr_server_config sc;
+    gr_server_config_default(&sc);
+    sc.threads = 2;
+    sc.publish_interval_ms = interval_ms;
+    gr_server *srv = NULL;
+    if (gr_server_create(&sc, &srv) || gr_server_start(srv)) return -1;
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", gr_server_port(srv));
+    gr_client_config cc;
+    gr_client_config_default(&cc);
+    cc.servers = addr;
+    fresh f = {0};
+    gr_client *probe = NULL;
+    gr_serve *rep = NULL;
+    int rc = gr_client_create(&cc, &f.c);
+    if (!rc) rc = gr_client_create(&cc, &probe);
+    char spec[160];
+    snprintf(spec, sizeof spec, "{\"name\":\"emb\",\"id\":%u,\"dim\":%u,\"optimizer\":{\"kind\":\"sgd\",\"lr\":1}}",
+             GR_TRAIN_EMB_TABLE, DIM);
+    if (!rc) rc = gr_client_create_table(f.c, spec);
+    gr_model_config mc;
+    gr_model_config_default(&mc, GR_MODEL_DLRM);
+    gr_serve_config cfg;
+    gr_serve_config_default(&cfg);
+    cfg.model = &mc;
+    cfg.from = addr;
+    if (!rc) rc = gr_serve_create(&cfg, &rep);
+    if (!rc) rc = gr_serve_start(rep);
+    pthread_t th;
+    bool started = !rc && pthread_create(&th, NULL, trainer_main, &f) == 0;
+    /* Let the replica take its first snapshot before probing. */
+    for (int i = 0; !rc && i < 200; i++) {
+        gr_serve_stats st;
+        gr_serve_get_stats(rep, &st);
+        if (st.publications) break;
+        usleep(20000);
+    }
+    enum { PENDING = 64 };
+    probe_t pend[PENDING] = {{0}};
+    double *lat = malloc(100000 * sizeof *lat);
+    size_t n = 0;
+    uint64_t next_key = 1ull << 40;
+    double t_end = now_s() + secs, next_probe = now_s();
+    while (!rc && now_s() < t_end + 3.0 * interval_ms / 1000.0) {
+        double now = now_s();
+        if (now < t_end && now >= next_probe) {
+            for (int i = 0; i < PENDING; i++)
+                if (!pend[i].live) {
+                    float g[DIM];
+                    for (int k = 0; k < DIM; k++) g[k] = -1.0f - (float)(next_key % 1000);
+                    uint64_t key = next_key++;
+                    if (gr_client_push(probe, GR_TRAIN_EMB_TABLE, DIM, &key, 1, g)) break;
+                    pend[i] = (probe_t){key, -g[0], now_s(), true};
+                    break;
+                }
+            next_probe = now + 0.02;
+        }
+        for (int i = 0; i < PENDING; i++) {
+            if (!pend[i].live) continue;
+            float row[DIM];
+            bool found;
+            gr_serve_lookup(rep, GR_TRAIN_EMB_TABLE, &pend[i].key, 1, row, &found);
+            if (found && row[0] == pend[i].want) {
+                if (n < 100000) lat[n++] = (now_s() - pend[i].t) * 1e3;
+                pend[i].live = false;
+            }
+        }
+        usleep(200);
+    }
+    atomic_store(&f.stop, true);
+    if (started) pthread_join(th, NULL);
+    if (n) {
+        *p50 = pct(lat, n, 0.5);
+        *p99 = pct(lat, n, 0.99);
+    }
+    *nout = n;
+    free(lat);
+    gr_serve_destroy(rep);
+    gr_client_destroy(probe);
+    gr_client_destroy(f.c);
+    gr_server_destroy(srv);
+    return rc;
+}
+
+/* ---- the run ---- */
+
+static void print_load(const char *what, const load *l)
+{
+    printf("  %-44s %9.0f req/s  p50 %7.3f ms  p99 %7.3f ms  (%llu requests, %llu errors)\n", what,
+           l->qps, l->p50_ms, l->p99_ms, (unsigned long long)l->requests,
+           (unsigned long long)l->errors);
+}
+
+static void json_num(const char *key, double v, bool comma)
+{
+    if (isnan(v)) printf("\"%s\":null%s", key, comma ? "," : "");
+    else printf("\"%s\":%.4f%s", key, v, comma ? "," : "");
+}
+
+int gr_bench_serve(int argc, char **argv)
+{
+    gr_cli_value v[SB_COUNT];
+    gr_cli_parsed parsed;
+    int exit_now = gr_cli_parse_or_exit(&serve_bench_spec, argc, argv, v, &parsed);
+    gr_cli_parsed_fini(&parsed);
+    if (exit_now >= 0) return exit_now;
+    double secs = v[SB_SECONDS].d, fsecs = v[SB_FRESH].d;
+    unsigned conns = (unsigned)v[SB_CONNS].i, threads = (unsigned)v[SB_THREADS].i;
+    signal(SIGPIPE, SIG_IGN);
+
+    /* The model and its rows. */
+    gr_model_config mc;
+    gr_model_config_default(&mc, GR_MODEL_DLRM);
+    gr_serve_config cfg;
+    gr_serve_config_default(&cfg);
+    cfg.model = &mc;
+    cfg.http = "127.0.0.1:0";
+    cfg.listen = "127.0.0.1:0";
+    cfg.threads = threads;
+    gr_serve *rep = NULL;
+    if (gr_serve_create(&cfg, &rep) || gr_serve_start(rep)) {
+        fprintf(stderr, "granary bench serve: %s\n", gr_errmsg());
+        gr_serve_destroy(rep);
+        return 1;
+    }
+    const gr_model *m = gr_serve_model(rep);
+    size_t np = gr_model_dense_size(m);
+    float *params = malloc(np * sizeof *params);
+    gr_model_init_dense(m, params);
+    gr_serve_set_dense(rep, params, np, 1);
+    gr_datagen_stream *g;
+    gr_datagen_stream_create(3, 0, &g);
+    bodies b1 = {0}, b100 = {0};
+    uint64_t *ids = NULL;
+    size_t nids = 0, capids = 0;
+    make_bodies(g, 1, &b1, &ids, &nids, &capids);
+    make_bodies(g, 100, &b100, &ids, &nids, &capids);
+    gr_datagen_stream_destroy(g);
+    gr_dedup_scratch ds = {0};
+    uint64_t *uniq = malloc(nids * sizeof *uniq);
+    uint32_t *inv = malloc(nids * sizeof *inv);
+    long nu = gr_dedup(ids, nids, uniq, inv, &ds);
+    gr_dedup_scratch_fini(&ds);
+    float *rows = malloc((size_t)nu * DIM * sizeof *rows);
+    gr_rng r;
+    gr_rng_seed(&r, 9);
+    for (size_t i = 0; i < (size_t)nu * DIM; i++) rows[i] = (float)(gr_rng_uniform(&r) * 0.1 - 0.05);
+    gr_serve_put_rows(rep, GR_TRAIN_EMB_TABLE, DIM, uniq, (size_t)nu, rows, 1);
+    fprintf(stderr, "bench serve: DLRM dim %u, %ld rows; %u requests each of batch 1 and 100\n", DIM,
+            nu, REQUESTS);
+
+    char s1[64] = "/tmp/granary-bench-serve-1-XXXXXX", s100[64] = "/tmp/granary-bench-serve-100-XXXXXX";
+    int f1 = mkstemp(s1), f100 = mkstemp(s100);
+    if (f1 >= 0) close(f1);
+    if (f100 >= 0) close(f100);
+    bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
+                    system("wrk --version >/dev/null 2>&1") != 127 * 256;
+    load sat = {NAN, NAN, NAN, 0, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat;
+    uint16_t hp = gr_serve_http_port(rep);
+    if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
+    if (have_wrk) {
+        fprintf(stderr, "bench serve: replica, wrk at saturation (%u connections, %.0f s)\n", conns, secs);
+        run_wrk(hp, s1, conns, secs, &sat);
+        run_wrk(hp, s100, conns, secs, &sat100);
+        fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
+        run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
+    }
+    fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
+    double bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
+
+    /* The Redis-backed baseline. */
+    uint16_t rport = 0;
+    pid_t rpid = have_wrk ? start_redis(&rport) : -1;
+    if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
+        redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
+                        .max_batch = 10000};
+        pthread_mutex_init(&rs.mu, NULL);
+        gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
+                             .handler = redis_handle, .ctx = &rs};
+        gr_http_server *hs = NULL;
+        if (gr_http_start(&hc, &hs) == 0) {
+            fprintf(stderr, "bench serve: Redis-backed, wrk at saturation\n");
+            run_wrk(gr_http_port(hs), s1, conns, secs, &rsat);
+            fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
+                    rsat.qps / 2);
+            run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, &rfixed);
+            gr_http_stop(hs);
+        }
+        while (rs.conns) {
+            rconn *c = rs.conns;
+            rs.conns = c->next;
+            close(c->fd);
+            free(c->buf);
+            free(c);
+        }
+        for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
+        free(rs.ws);
+        pthread_mutex_destroy(&rs.mu);
+    } else if (have_wrk) {
+        fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
+    }
+    stop_pid(rpid);
+    gr_serve_destroy(rep);
+    unlink(s1);
+    unlink(s100);
+
+    fprintf(stderr, "bench serve: freshness while training (publish every 100 ms, then 1000 ms)\n");
+    double f100p50, f100p99, f1000p50, f1000p99;
+    size_t n100, n1000;
+    run_freshness(100, fsecs, &f100p50, &f100p99, &n100);
+    run_freshness(1000, fsecs * 2, &f1000p50, &f1000p99, &n1000);
+
+    printf("bench serve: predict over HTTP (DLRM dim %u, model in memory)\n", DIM);
+    print_load("replica, batch 1, saturation (wrk)", &sat);
+    print_load("replica, batch 1, half saturation (paced)", &fixed);
+    print_load("replica, batch 100, saturation (wrk)", &sat100);
+    print_load("Redis-backed, batch 1, saturation (wrk)", &rsat);
+    print_load("Redis-backed, batch 1, half its saturation", &rfixed);
+    printf("  replica, batch 1, binary PREDICT (%u conns)    %9.0f req/s\n", threads, bin_qps);
+    printf("  replica / Redis-backed throughput        %9.2fx\n", sat.qps / rsat.qps);
+    printf("  freshness, publish 100 ms:  p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f100p50,
+           f100p99, n100);
+    printf("  freshness, publish 1000 ms: p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f1000p50,
+           f1000p99, n1000);
+    if (v[SB_JSON].b) {
+        printf("{\"bench\":\"serve\",");
+        json_num("predict_qps", sat.qps, true);
+        json_num("predict_p50_ms", fixed.p50_ms, true);
+        json_num("predict_p99_ms", fixed.p99_ms, true);
+        json_num("predict_rate", fixed.qps, true);
+        json_num("predict_sat_p50_ms", sat.p50_ms, true);
+        json_num("predict_sat_p99_ms", sat.p99_ms, true);
+        json_num("predict_batch100_qps", sat100.qps, true);
+        json_num("predict_batch100_examples_per_sec", sat100.qps * 100, true);
+        json_num("predict_batch100_p99_ms", sat100.p99_ms, true);
+        json_num("redis_predict_qps", rsat.qps, true);
+        json_num("redis_predict_p50_ms", rfixed.p50_ms, true);
+        json_num("redis_predict_p99_ms", rfixed.p99_ms, true);
+        json_num("redis_predict_sat_p99_ms", rsat.p99_ms, true);
+        json_num("qps_vs_redis", sat.qps / rsat.qps, true);
+        json_num("predict_binary_qps", bin_qps, true);
+        json_num("freshness_p50_ms", f100p50, true);
+        json_num("freshness_p99_ms", f100p99, true);
+        printf("\"publish_interval_ms\":100,");
+        json_num("freshness_1000_p50_ms", f1000p50, true);
+        json_num("freshness_1000_p99_ms", f1000p99, true);
+        printf("\"connections\":%u,\"threads\":%u,\"seconds\":%.0f}\n", conns, threads, secs);
+    }
+    bodies_free(&b1);
+    bodies_free(&b100);
+    free(ids), free(uniq), free(inv), free(rows), free(params);
+    return 0;
+}
