@@ -142,3 +142,7 @@ out:
     gr_cli_parsed_fini(&p);
     return status;
 }
+
+/* The option table, for the controller's checks of job arguments (cli/job_args.c). */
+const gr_cli_spec *gr_cli_serve_spec(void);
+const gr_cli_spec *gr_cli_serve_spec(void) { return &serve_spec; }

@@ -311,6 +311,7 @@ static void one_job(gr_controller *c, const caller *who, const gr_http_request *
         cJSON_AddNumberToObject(o, "id", (double)j->id);
         cJSON_AddItemToObject(o, "samples", store_samples(c->store, j->id, 2000));
         cJSON_AddItemToObject(o, "checkpoints", checkpoints_json(j));
+        cJSON_AddItemToObject(o, "shards", store_shard_samples(c->store, j->id, 4000));
         reply_json(resp, 200, o);
     } else if ((!strcmp(tail, "/predict") || !strcmp(tail, "/lookup") || !strcmp(tail, "/model"))
                && strcmp(j->kind, "serve") == 0) {

@@ -192,6 +192,11 @@ static int start_proc(gr_controller *c, job *j, int slot)
             argv[n++] = (char *)"--progress";
             argv[n++] = progress;
         }
+        /* Its embedded shards' series (rows, requests) come from the trainer's /metrics. */
+        p->port = free_port();
+        snprintf(port_arg, sizeof port_arg, "127.0.0.1:%d", p->port);
+        argv[n++] = (char *)"--metrics";
+        argv[n++] = port_arg;
         if (!has_flag(j, "--ckpt-dir")) {
             argv[n++] = (char *)"--ckpt-dir";
             argv[n++] = j->ckpt_dir;
@@ -304,6 +309,44 @@ static void read_final_metrics(gr_controller *c, job *j)
         j->loss = v->valuedouble;
     cJSON_Delete(m);
     store_sample(c->store, j);
+}
+
+/* Reads a training job's shards from its trainer's Prometheus page: rows held
+ * (granary_server_rows) and requests served (granary_server_requests_total, all operations),
+ * per shard label. A trainer without the page (still starting) is tried again later. */
+static void read_shards(gr_controller *c, job *j)
+{
+    double now = gr_now_s();
+    if (!j->procs[0].port || now - j->shards_scraped < 2.0) return;
+    j->shards_scraped = now;
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", j->procs[0].port);
+    gr_http_result r;
+    if (gr_http_fetch("GET", url, NULL, NULL, 0, 500, &r) != 0) return;
+    enum { MAX_SHARDS = 64 };
+    double rows[MAX_SHARDS] = {0}, reqs[MAX_SHARDS] = {0};
+    bool seen[MAX_SHARDS] = {false};
+    for (char *line = r.status == 200 ? r.body : NULL; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        bool is_rows = !strncmp(line, "granary_server_rows{", 20);
+        bool is_reqs = !strncmp(line, "granary_server_requests_total{", 30);
+        const char *sh = (is_rows || is_reqs) ? strstr(line, "shard=\"") : NULL;
+        const char *val = sh ? strchr(sh, '}') : NULL;
+        if (sh && val) {
+            unsigned k = (unsigned)strtoul(sh + 7, NULL, 10);
+            double v = strtod(val + 1, NULL);
+            if (k < MAX_SHARDS && isfinite(v)) {
+                seen[k] = true;
+                if (is_rows) rows[k] = v;
+                else reqs[k] += v;
+            }
+        }
+        line = next;
+    }
+    gr_http_result_free(&r);
+    for (unsigned k = 0; k < MAX_SHARDS; k++)
+        if (seen[k]) store_shard_sample(c->store, j->id, k, rows[k], reqs[k]);
 }
 
 /* ---- the tick ------------------------------------------------------------------------------ */
@@ -446,7 +489,10 @@ void controller_tick(gr_controller *c)
     for (size_t i = 0; i < c->njobs; i++) {
         job *j = c->jobs[i];
         reap(c, j);
-        if (j->state == JOB_RUNNING && !strcmp(j->kind, "train")) read_progress(c, j);
+        if (j->state == JOB_RUNNING && !strcmp(j->kind, "train")) {
+            read_progress(c, j);
+            read_shards(c, j);
+        }
     }
     sched_job *sj = calloc(c->njobs + 1, sizeof *sj);
     sched_action act[64];

@@ -82,6 +82,7 @@ typedef struct job {
     /* latest progress */
     double examples, loss, auc, logloss, eps, rps;
     long log_offset;      /* how far the log has been read for progress lines */
+    double shards_scraped; /* train: when its shards' series were last read (gr_now_s) */
 } job;
 
 void job_free(job *j);
@@ -104,6 +105,10 @@ cJSON *store_events(store *s, int64_t job_id, int limit);
 int store_sample(store *s, const job *j);
 /* The job's progress samples as a JSON array [{t, examples, loss, auc, eps, rps}]. */
 cJSON *store_samples(store *s, int64_t job_id, int limit);
+/* One reading of a training job's shards: rows held and requests served so far. */
+int store_shard_sample(store *s, int64_t job_id, unsigned shard, double rows, double requests);
+/* [{t, shard, rows, requests}] oldest first (at most limit). */
+cJSON *store_shard_samples(store *s, int64_t job_id, int limit);
 
 /* ---- auth ---------------------------------------------------------------------------------- */
 

@@ -33,7 +33,11 @@ static const char schema_sql[] =
     "CREATE TABLE IF NOT EXISTS samples ("
     "  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, t REAL NOT NULL,"
     "  examples REAL, loss REAL, auc REAL, eps REAL, rps REAL, replicas INTEGER);"
-    "CREATE INDEX IF NOT EXISTS samples_job ON samples(job_id, id);";
+    "CREATE INDEX IF NOT EXISTS samples_job ON samples(job_id, id);"
+    "CREATE TABLE IF NOT EXISTS shard_samples ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT NULL, t REAL NOT NULL,"
+    "  shard INTEGER NOT NULL, rows REAL NOT NULL, requests REAL NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS shard_samples_job ON shard_samples(job_id, id);";
 
 static int db_err(store *s, const char *what)
 {
@@ -325,6 +329,43 @@ cJSON *store_samples(store *s, int64_t job_id, int limit)
             if (sqlite3_column_type(st, k) == SQLITE_NULL) cJSON_AddNullToObject(o, keys[k]);
             else cJSON_AddNumberToObject(o, keys[k], sqlite3_column_double(st, k));
         }
+        cJSON_AddItemToArray(a, o);
+    }
+    sqlite3_finalize(st);
+    return a;
+}
+
+int store_shard_sample(store *s, int64_t job_id, unsigned shard, double rows, double requests)
+{
+    sqlite3_stmt *st;
+    const char *sql = "INSERT INTO shard_samples(job_id, t, shard, rows, requests) "
+                      "VALUES(?,?,?,?,?)";
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return db_err(s, "shard");
+    sqlite3_bind_int64(st, 1, job_id);
+    sqlite3_bind_double(st, 2, wall_now());
+    sqlite3_bind_int(st, 3, (int)shard);
+    sqlite3_bind_double(st, 4, rows);
+    sqlite3_bind_double(st, 5, requests);
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : db_err(s, "shard");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+cJSON *store_shard_samples(store *s, int64_t job_id, int limit)
+{
+    cJSON *a = cJSON_CreateArray();
+    sqlite3_stmt *st;
+    const char *sql = "SELECT t, shard, rows, requests FROM (SELECT * FROM shard_samples "
+                      "WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id";
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return a;
+    sqlite3_bind_int64(st, 1, job_id);
+    sqlite3_bind_int(st, 2, limit);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "t", sqlite3_column_double(st, 0));
+        cJSON_AddNumberToObject(o, "shard", sqlite3_column_int(st, 1));
+        cJSON_AddNumberToObject(o, "rows", sqlite3_column_double(st, 2));
+        cJSON_AddNumberToObject(o, "requests", sqlite3_column_double(st, 3));
         cJSON_AddItemToArray(a, o);
     }
     sqlite3_finalize(st);

@@ -80,6 +80,11 @@ const points = await waitFor("the loss chart has two points or more", `(() => {
   const n = Number(document.getElementById('chart-loss').dataset.points || 0);
   return n >= 2 && document.querySelector('#chart-loss polyline') !== null ? n : 0; })()`);
 console.log("page: loss chart has " + points + " points");
+const shards = await waitFor("the rows-per-shard chart has a line per shard", `(() => {
+  const svg = document.getElementById('chart-shard-rows');
+  const n = Number(svg.dataset.shards || 0);
+  return n >= 1 && svg.querySelectorAll('polyline').length === n ? n : 0; })()`);
+console.log("page: rows-per-shard chart has " + shards + " shard line(s)");
 await evaluate("window.confirm = () => true");
 await waitFor("the stop button is there", `${row}.querySelector('button.stop') !== null`);
 await evaluate(`${row}.querySelector('button.stop').click()`);

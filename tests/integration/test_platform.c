@@ -303,12 +303,96 @@ static void test_controller_killed_loses_nothing(void **state)
     ctl_test_kill(&c2, SIGTERM);
 }
 
+
+/* Serving jobs scale on their load: a replica more while the requests per replica stay above
+ * --scale-up-rps, one fewer once they fall below --scale-down-rps, each change an event. */
+static void test_serving_autoscales(void **state)
+{
+    (void)state;
+    fresh_state("state-scale");
+    char model[400], train[400], test[400];
+    snprintf(model, sizeof model, "%s/model", data);
+    snprintf(train, sizeof train, "%s/train.tsv", data);
+    snprintf(test, sizeof test, "%s/test.tsv", data);
+    const char *fit[] = {"train", "--train", train, "--workers", "1", "--shards", "1",
+                         "--max-examples", "4096", "--progress", "0", "--ckpt-dir", model, NULL};
+    char out[8192];
+    assert_int_equal(ps_test_run_granary(fit, out, sizeof out), 0);
+    /* One example in the predict form: the test line without its label. */
+    FILE *f = fopen(test, "r");
+    char line[4096];
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    line[strcspn(line, "\n")] = '\0';
+    char body[4200];
+    snprintf(body, sizeof body, "{\"lines\": [\"%s\"]}", strchr(line, '\t') + 1);
+    for (char *t = body; (t = strchr(t, '\t'));) {
+        memmove(t + 2, t + 1, strlen(t + 1) + 1);
+        t[0] = '\\';
+        t[1] = 't';
+    }
+    const char *extra[] = {"--scale-up-rps", "20", "--scale-down-rps", "2", NULL};
+    ctl_test c = {.admin_token = ADMIN, .extra = extra};
+    ctl_test_start(&c, state_dir, data, 2, NULL, ctl_log());
+    int id = ctl_submit(&c, NULL, "{\"name\":\"srv\",\"kind\":\"serve\",\"cores\":1,"
+                                  "\"min_replicas\":1,\"max_replicas\":2,\"args\":[\"--model\","
+                                  "\"model\",\"--threads\",\"1\"]}");
+    cJSON_Delete(ctl_wait_job(&c, id, "running", 60));
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%d/predict", id);
+    /* Load until a second replica serves (each request goes through the controller). */
+    double until = gr_now_s() + 120;
+    int replicas = 1, ok = 0;
+    while (replicas < 2) {
+        assert_true(gr_now_s() < until);
+        for (int i = 0; i < 20; i++) {
+            cJSON *r = NULL;
+            if (ctl_api(&c, "POST", path, NULL, body, &r) == 200 &&
+                cJSON_GetArraySize(cJSON_GetObjectItem(r, "predictions")) == 1)
+                ok++;
+            cJSON_Delete(r);
+        }
+        cJSON *j = ctl_get_job(&c, id);
+        replicas = (int)ctl_jnum(j, "replicas");
+        cJSON_Delete(j);
+    }
+    assert_true(ok > 0);
+    cJSON *j = ctl_get_job(&c, id);
+    assert_true(ctl_has_event(j, "scaled"));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "processes")), 2);
+    cJSON_Delete(j);
+    /* Idle: back to one. */
+    until = gr_now_s() + 120;
+    while (replicas > 1) {
+        assert_true(gr_now_s() < until);
+        usleep(200000);
+        j = ctl_get_job(&c, id);
+        replicas = (int)ctl_jnum(j, "replicas");
+        cJSON_Delete(j);
+    }
+    j = ctl_get_job(&c, id);
+    int scaled = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "events")) scaled += !strcmp(ctl_jstr(e, "kind"), "scaled");
+    assert_true(scaled >= 2);
+    cJSON_Delete(j);
+    /* Requests still served by the one left; then the job stops. */
+    cJSON *r = NULL;
+    assert_int_equal(ctl_api(&c, "POST", path, NULL, body, &r), 200);
+    cJSON_Delete(r);
+    snprintf(path, sizeof path, "/v1/jobs/%d", id);
+    assert_int_equal(ctl_api(&c, "DELETE", path, NULL, NULL, NULL), 202);
+    cJSON_Delete(ctl_wait_job(&c, id, "stopped", 60));
+    ctl_test_kill(&c, SIGTERM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_api_and_access_control, stop_controllers),
         cmocka_unit_test_teardown(test_preemption_resumes_bitwise, stop_controllers),
         cmocka_unit_test_teardown(test_controller_killed_loses_nothing, stop_controllers),
+        cmocka_unit_test_teardown(test_serving_autoscales, stop_controllers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

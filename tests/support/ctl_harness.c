@@ -62,12 +62,16 @@ void ctl_test_start(ctl_test *c, const char *state_dir, const char *data, unsign
          * the test runner's pipe open. */
         if (!freopen(log, "a", stderr) || dup2(2, 1) < 0) _exit(126);
         const char *bin = ps_test_granary_bin();
-        if (tokens_path)
-            execl(bin, "granary", "controller", "--http", http, "--state", state_dir,
-                  "--data-root", data, "--capacity", cap, "--tokens", tokens_path, (char *)NULL);
-        else
-            execl(bin, "granary", "controller", "--http", http, "--state", state_dir,
-                  "--data-root", data, "--capacity", cap, (char *)NULL);
+        const char *argv[48] = {"granary", "controller", "--http", http, "--state", state_dir,
+                                "--data-root", data, "--capacity", cap};
+        int n = 10;
+        if (tokens_path) {
+            argv[n++] = "--tokens";
+            argv[n++] = tokens_path;
+        }
+        for (int i = 0; c->extra && c->extra[i] && n < 46; i++) argv[n++] = c->extra[i];
+        argv[n] = NULL;
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     static bool registered;

@@ -13,6 +13,7 @@ typedef struct ctl_test {
     uint16_t port;
     char base[96]; /* "http://127.0.0.1:PORT" */
     const char *admin_token; /* used by ctl_get_job/ctl_wait_job/ctl_kill_jobs; NULL = none */
+    const char *const *extra; /* more controller flags (NULL-terminated), or NULL */
 } ctl_test;
 
 /* Starts a controller (stderr appended to log) and waits for /healthz. tokens may be NULL. */
