@@ -126,7 +126,8 @@ int tr_model_meta_parse(const cJSON *j, const char *where, gr_saved_model_info *
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "dense");
     const cJSON *dn = cJSON_GetObjectItemCaseSensitive(d, "name");
     const cJSON *ds = cJSON_GetObjectItemCaseSensitive(d, "size");
-    if (!cJSON_IsString(dn) || strlen(dn->valuestring) >= GR_TABLE_NAME_MAX || !cJSON_IsNumber(ds) ||
+    if (!cJSON_IsString(dn) || !dn->valuestring[0] || strlen(dn->valuestring) >= GR_TABLE_NAME_MAX ||
+        !cJSON_IsNumber(ds) ||
         ds->valuedouble < 1 || ds->valuedouble > 9007199254740992.0)
         return gr_seterr(GR_ECORRUPT, "%s: model.dense: want {\"name\", \"size\"}", where);
     snprintf(info->dense_name, sizeof info->dense_name, "%s", dn->valuestring);
