@@ -61,6 +61,10 @@ struct tr_item {
     uint64_t seq;     /* this worker's batch number, from 0 (hybrid: embedding staleness) */
     uint64_t stale;   /* hybrid: this worker's earlier batches not yet pushed at its pull */
     bool dropped;     /* its step push was refused as stale */
+    /* Hybrid with the dense step in flight beside the row push (tr->dense_beside): the
+     * compute stage's dense push is done (under the worker's mu; inflight_cv), with its rc. */
+    bool dense_done;
+    int dense_rc;
     tr_stage_times t; /* seconds this batch spent in each stage */
 };
 
@@ -196,6 +200,10 @@ struct trainer {
      * the step calls; embedding rows are pulled and pushed asynchronously. */
     bool stepped, hybrid;
     uint32_t emb_bound; /* hybrid: batches a worker may have pulled but not pushed */
+    /* Hybrid with emb_bound 0, pipelined: the fetch stage takes the token and fetches the rows
+     * with the dense parameters (one round trip), and the compute stage hands a batch to the
+     * push stage before its dense step push, so the two pushes are in flight together. */
+    bool token_in_fetch, dense_beside;
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;
