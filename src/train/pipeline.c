@@ -132,6 +132,18 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
+    /* dense_beside: the rows the previous batch did not touch are pulled now, while it still
+     * computes (prefetch.c); only the others wait for its push, below. */
+    tr_prefetch *pf = tr->dense_beside ? &w->pf : NULL;
+    if (pf) {
+        tr_prefetch_split(pf, it->uniq, it->nuniq);
+        double t0 = gr_now_s();
+        if (pf->nfresh &&
+            (rc = be->pull(be->ctx, tr->o->emb.id, pf->fresh_keys, pf->nfresh, pf->rows, 0)))
+            return rc;
+        tr_prefetch_place(pf->rows, pf->fresh_at, pf->nfresh, tr->dim, it->rows);
+        it->t.pull += gr_now_s() - t0;
+    }
     if (tr->ck.on && (rc = tr_ck_gate(w, false))) return rc;
     /* Hybrid with a staleness bound takes its token in compute: only the dense parameters
      * wait for the step, and the rows of the next batch are pulled while this one computes.
@@ -145,11 +157,18 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     double t0 = gr_now_s();
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
-    if (token_here)
+    if (pf) {
+        rc = be->steps->fetch(be->ctx, tr->o->emb.id, pf->common_keys, pf->ncommon, pf->rows,
+                              tr->dense_name, it->params, tr->np);
+        if (rc) return rc;
+        tr_prefetch_place(pf->rows, pf->common_at, pf->ncommon, tr->dim, it->rows);
+        tr_prefetch_remember(pf, it->uniq, it->nuniq);
+    } else if (token_here) {
         rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows,
                               tr->dense_name, it->params, tr->np);
-    else
+    } else {
         rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
+    }
     if (rc) return rc;
     /* Each slot's row (or pooled bag), for the model. Done here rather than in compute: the
      * compute stage is the pipeline's slowest, so memory work moves to the stages around it. */
@@ -460,6 +479,7 @@ void tr_worker_fini(tr_worker *w)
     tr_queue_fini(&w->push_q);
     gr_model_ws_destroy(w->ws);
     gr_dedup_scratch_fini(&w->dedup);
+    tr_prefetch_fini(&w->pf);
     pthread_cond_destroy(&w->inflight_cv);
     pthread_mutex_destroy(&w->mu);
 }
@@ -483,6 +503,8 @@ int tr_worker_init(trainer *tr, tr_worker *w, unsigned id)
     }
     int rc = gr_model_ws_create(tr->m, &w->ws);
     if (rc) return rc;
+    if (tr->dense_beside && (rc = tr_prefetch_init(&w->pf, tr->o->batch * tr->max_ids, tr->dim)))
+        return rc;
     if (tr->o->pipeline) {
         if ((rc = tr_queue_init(&w->free_q, w->nitems, &w->mu, &w->abort)) ||
             (rc = tr_queue_init(&w->read_q, depth, &w->mu, &w->abort)) ||
