@@ -312,7 +312,10 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
  * CPUs that have it). Every loop below works on independent lanes and keeps each sum in the
  * scalar order, and the build does not contract a * b + c into one instruction (-std=c11 means
  * -ffp-contract=off), so both copies give bitwise the same results. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                          \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+/* Not under the sanitizers: the copy is picked by an ifunc resolver that runs while the
+ * program is being relocated, before their runtimes are up (it crashed under TSan). */
 #define GR_HOT_LOOPS __attribute__((target_clones("default", "avx2")))
 #else
 #define GR_HOT_LOOPS
