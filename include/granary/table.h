@@ -194,6 +194,23 @@ GR_API int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *
 GR_API int gr_table_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
                            const float *state, const gr_row_meta *meta);
 
+/* gr_table_insert for filling a table that is not serving yet (a restore), restricted to the
+ * rows whose partition belongs to `group` of `groups` (groups 1: every row). The rows are
+ * grouped by partition first; each partition's lock is taken once and its index grown once
+ * per call, and the table's row count is updated once. Threads that each pass a different
+ * group of the same `groups` fill one table together without waiting for each other, and
+ * every key always falls in the same group, so rows of one key are written in the order the
+ * calls give them, as with gr_table_insert. Tables with a capacity take gr_table_insert's
+ * path (it evicts). Errors as gr_table_insert's, checked over the group's rows before any
+ * is written; GR_EINVAL for group >= groups. */
+GR_API int gr_table_insert_bulk(gr_table *t, const uint64_t *keys, size_t n,
+                                const float *weights, const float *state,
+                                const gr_row_meta *meta, uint32_t group, uint32_t groups);
+/* Grows every partition's index to hold its share of `rows` more rows (with a margin for
+ * uneven spread), so that a restore of that many rows does not rehash as it fills. Memory is
+ * counted as the index's own growth would count it. */
+GR_API int gr_table_reserve(gr_table *t, uint64_t rows);
+
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
  * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present
  * (absent rows read zeros). */

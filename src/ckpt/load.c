@@ -7,6 +7,7 @@
 #include "ckpt/ckpt_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -374,10 +375,21 @@ static bool all_finite(const void *p, uint64_t n)
     return bad == 0;
 }
 
-static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
-                      const unsigned char *payload)
+/* The rows of one ROWS section that go into the target, checked: the payload's columns when
+ * every row is kept, else a filtered copy in a's scratch. */
+typedef struct row_batch {
+    gr_table *t;
+    const uint64_t *keys;
+    size_t n;
+    const float *w, *state;
+    const gr_row_meta *meta;
+} row_batch;
+
+static int prepare_rows(apply_ctx *a, const ck_reader *r, const ck_section *s, int target,
+                        const unsigned char *payload, row_batch *out)
 {
-    apply_ctx *a = vctx;
+    memset(out, 0, sizeof *out);
+    out->t = a->tables[target];
     const ck_table_info *ti = &r->tables[s->table].info;
     ck_rows v;
     ck_rows_view(ti, payload, s->count, &v);
@@ -418,9 +430,9 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
     for (uint64_t i = 0; i < n && all; i++)
         all = a->owned[gr_slot_of(v.keys[i])] && (!live || keyset_has(live, v.keys[i]));
     if (all && !f16) {
-        int rc = gr_table_insert(a->tables[target], v.keys, n, v.weights, v.state, v.meta);
-        if (rc == GR_OK) a->st->rows_loaded += n;
-        return rc;
+        *out = (row_batch){a->tables[target], v.keys, n, v.weights, v.state, v.meta};
+        a->st->rows_loaded += n;
+        return GR_OK;
     }
     int rc = reserve((void **)&a->keys, &a->cap_k, n, 8);
     if (rc == GR_OK) rc = reserve((void **)&a->meta, &a->cap_m, n, sizeof(gr_row_meta));
@@ -453,10 +465,204 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
         if (mbytes) memcpy(&a->meta[m], mbytes + 8 * i, 8);
         m++;
     }
-    if (m == 0) return GR_OK;
-    rc = gr_table_insert(a->tables[target], a->keys, m, a->w, sf ? a->state : NULL,
-                         mbytes ? a->meta : NULL);
-    if (rc == GR_OK) a->st->rows_loaded += m;
+    *out = (row_batch){a->tables[target], a->keys, m, a->w, sf ? a->state : NULL,
+                       mbytes ? a->meta : NULL};
+    a->st->rows_loaded += m;
+    return GR_OK;
+}
+
+/* ---- applying a file's rows with several threads ----
+ * The section headers are walked first (TABLE sections read and matched on the way), then T
+ * threads work in rounds over the listed ROWS sections: in a round, thread i reads, verifies,
+ * decompresses and checks section base + i; after a barrier, every thread inserts the rows of
+ * the round's sections, in file order, that fall in its own group of table partitions
+ * (gr_table_insert_bulk, group i of T). A key always falls in the same group, so the rows of
+ * one key are applied in file order whatever T is, and no two threads ever want the same
+ * partition lock. */
+
+typedef struct sec_ref {
+    ck_section s;
+    uint64_t off;  /* payload offset */
+    uint32_t nsec; /* section number, for messages */
+} sec_ref;
+
+static int list_sections(ck_reader *r, file_ctx *fc, uint16_t type, sec_ref **out, size_t *n)
+{
+    sec_ref *v = NULL;
+    size_t len = 0, cap = 0;
+    unsigned char *tbuf = NULL;
+    size_t tcap = 0;
+    int rc = GR_OK;
+    for (;;) {
+        ck_section s;
+        int got = ck_reader_next(r, &s);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        if (s.type == CK_SEC_TABLE) {
+            rc = ck_reader_payload(r, &s, &tbuf, &tcap);
+            if (rc == GR_OK) rc = on_table(r, &s, tbuf, fc);
+            if (rc != GR_OK) break;
+            continue;
+        }
+        if (s.type != type || fc->want[s.table] < 0) continue;
+        if (len == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            sec_ref *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = gr_seterr(GR_ENOMEM, "out of memory listing %s", r->path);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        v[len++] = (sec_ref){s, r->payload_off, r->nsection - 1};
+    }
+    free(tbuf);
+    if (rc != GR_OK) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *n = len;
+    return GR_OK;
+}
+
+typedef struct par_run par_run;
+typedef struct par_worker {
+    par_run *run;
+    uint32_t id;
+    apply_ctx a;
+    gr_ckpt_load_stats st;
+    unsigned char *buf;
+    size_t cap;
+    ck_scratch sc;
+    row_batch b;
+} par_worker;
+
+struct par_run {
+    const ck_reader *r;
+    const int *want;
+    const sec_ref *secs;
+    size_t nsec;
+    uint32_t T;
+    par_worker *w;
+    pthread_barrier_t bar;
+    pthread_mutex_t mu;
+    pthread_cond_t go_cv;
+    bool go; /* T is final: as many threads as could be started */
+    atomic_int failed;
+    int err;
+    char errmsg[1024];
+};
+
+static void par_fail(par_run *p, int rc)
+{
+    pthread_mutex_lock(&p->mu);
+    if (!p->err) {
+        p->err = rc;
+        snprintf(p->errmsg, sizeof p->errmsg, "%s", gr_errmsg());
+    }
+    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->failed, 1);
+}
+
+/* Every thread runs every round, failed or not, so that all meet at each barrier. */
+static void *par_main(void *arg)
+{
+    par_worker *w = arg;
+    par_run *p = w->run;
+    pthread_mutex_lock(&p->mu);
+    while (!p->go) pthread_cond_wait(&p->go_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    if (w->id >= p->T) return NULL;
+    for (size_t base = 0; base < p->nsec; base += p->T) {
+        size_t k = base + w->id;
+        w->b.n = 0;
+        if (k < p->nsec && !atomic_load(&p->failed)) {
+            const sec_ref *sr = &p->secs[k];
+            int rc = ck_payload_at(p->r, &sr->s, sr->off, sr->nsec, &w->buf, &w->cap, &w->sc, NULL);
+            if (rc == GR_OK) rc = prepare_rows(&w->a, p->r, &sr->s, p->want[sr->s.table], w->buf, &w->b);
+            if (rc != GR_OK) par_fail(p, rc);
+        }
+        if (p->T > 1) pthread_barrier_wait(&p->bar);
+        for (uint32_t j = 0; j < p->T && !atomic_load(&p->failed); j++) {
+            const row_batch *b = &p->w[j].b;
+            if (base + j >= p->nsec || b->n == 0) continue;
+            int rc = gr_table_insert_bulk(b->t, b->keys, b->n, b->w, b->state, b->meta, w->id, p->T);
+            if (rc != GR_OK) par_fail(p, rc);
+        }
+        if (p->T > 1) pthread_barrier_wait(&p->bar);
+    }
+    return NULL;
+}
+
+static uint32_t load_threads(const gr_ckpt_load_opts *o)
+{
+    if (o->threads) return o->threads > 64 ? 64 : o->threads;
+    uint32_t n = ck_online_cpus();
+    return n > 8 ? 8 : n;
+}
+
+/* Inserts every wanted ROWS section of r into the targets with up to T threads. */
+static int apply_file(ck_reader *r, file_ctx *fc, const apply_ctx *proto, uint32_t T)
+{
+    sec_ref *secs = NULL;
+    size_t nsec = 0;
+    int rc = list_sections(r, fc, CK_SEC_ROWS, &secs, &nsec);
+    if (rc != GR_OK) return rc;
+    if (T > nsec) T = nsec ? (uint32_t)nsec : 1;
+    par_run *p = calloc(1, sizeof *p);
+    par_worker *w = calloc(T, sizeof *w);
+    if (!p || !w) {
+        free(p);
+        free(w);
+        free(secs);
+        return gr_seterr(GR_ENOMEM, "out of memory");
+    }
+    *p = (par_run){.r = r, .want = fc->want, .secs = secs, .nsec = nsec, .T = T, .w = w};
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->go_cv, NULL);
+    atomic_init(&p->failed, 0);
+    for (uint32_t i = 0; i < T; i++) {
+        w[i].run = p;
+        w[i].id = i;
+        w[i].a = *proto;
+        w[i].a.st = &w[i].st;
+    }
+    /* Threads that cannot be started are done without: the others take their groups. */
+    pthread_t *th = calloc(T, sizeof *th);
+    uint32_t started = 1;
+    while (th && started < T && pthread_create(&th[started], NULL, par_main, &w[started]) == 0)
+        started++;
+    pthread_mutex_lock(&p->mu);
+    p->T = started;
+    if (started > 1) pthread_barrier_init(&p->bar, NULL, started);
+    p->go = true;
+    pthread_cond_broadcast(&p->go_cv);
+    pthread_mutex_unlock(&p->mu);
+    par_main(&w[0]);
+    for (uint32_t i = 1; i < started; i++) pthread_join(th[i], NULL);
+    if (rc == GR_OK && p->err) rc = gr_seterr(p->err, "%s", p->errmsg);
+    for (uint32_t i = 0; i < started; i++) {
+        proto->st->rows_read += w[i].st.rows_read;
+        proto->st->rows_loaded += w[i].st.rows_loaded;
+        proto->st->rows_dropped += w[i].st.rows_dropped;
+        free(w[i].a.keys);
+        free(w[i].a.w);
+        free(w[i].a.state);
+        free(w[i].a.meta);
+        free(w[i].buf);
+        ck_scratch_fini(&w[i].sc);
+    }
+    if (started > 1) pthread_barrier_destroy(&p->bar);
+    pthread_cond_destroy(&p->go_cv);
+    pthread_mutex_destroy(&p->mu);
+    free(th);
+    free(w);
+    free(p);
+    free(secs);
     return rc;
 }
 
@@ -487,6 +693,32 @@ static bool file_relevant(const gr_ckpt_manifest *m, uint32_t f, const bool *own
     return false;
 }
 
+/* Sizes each target's index for the rows its full checkpoint brings (each file's rows times
+ * the share of that file's slots the target owns), so the restore does not rehash. */
+static int reserve_targets(const ck_chain *c, gr_table *const *tables, const gr_table_spec *specs,
+                           size_t ntables, const bool *owned)
+{
+    const gr_ckpt_manifest *m = c->m[c->len - 1];
+    for (size_t i = 0; i < ntables; i++) {
+        const gr_table_spec *ts = specs ? &specs[i] : gr_table_get_spec(tables[i]);
+        long ix = gr_ckpt_manifest_table(m, ts->name);
+        if (ix < 0) continue;
+        double rows = 0;
+        for (uint32_t f = 0; f < m->map.shards; f++) {
+            uint32_t in_file = 0, mine = 0;
+            for (uint32_t s = 0; s < GR_SLOTS; s++)
+                if (m->map.owner[s] == f) {
+                    in_file++;
+                    mine += owned[s];
+                }
+            if (in_file) rows += (double)m->files[f].rows[ix] * mine / in_file;
+        }
+        int rc = gr_table_reserve(tables[i], (uint64_t)rows);
+        if (rc != GR_OK) return rc;
+    }
+    return GR_OK;
+}
+
 int gr_ckpt_load(const char *dir, gr_table *const *tables, size_t ntables,
                  const gr_ckpt_load_opts *opts, gr_ckpt_load_stats *stats)
 {
@@ -496,7 +728,7 @@ int gr_ckpt_load(const char *dir, gr_table *const *tables, size_t ntables,
 int ck_load(const char *dir, gr_table *const *tables, const gr_table_spec *specs,
             size_t ntables, const gr_ckpt_load_opts *opts, gr_ckpt_load_stats *stats)
 {
-    gr_ckpt_load_opts def = {0, 1, NULL};
+    gr_ckpt_load_opts def = {0, 1, NULL, 0};
     const gr_ckpt_load_opts *o = opts ? opts : &def;
     gr_ckpt_load_stats st_local;
     gr_ckpt_load_stats *st = stats ? stats : &st_local;
@@ -597,13 +829,15 @@ int ck_load(const char *dir, gr_table *const *tables, const gr_table_spec *specs
     ac.owned = owned;
     ac.live = live;
     ac.st = st;
+    uint32_t threads = load_threads(o);
+    if (rc == GR_OK) rc = reserve_targets(c, tables, specs, ntables, owned);
     for (size_t k = c->len; k-- > 0 && rc == GR_OK;) {
         for (uint32_t f = 0; f < c->m[k]->map.shards && rc == GR_OK; f++) {
             if (!file_relevant(c->m[k], f, owned)) continue;
             ck_reader r;
             rc = ck_open_checked(&r, c->dir[k], c->m[k], f);
             if (rc != GR_OK) break;
-            rc = for_each_section(&r, &fc, CK_SEC_ROWS, apply_rows, &ac);
+            rc = apply_file(&r, &fc, &ac, threads);
             st->files++;
             st->bytes += r.size;
             ck_reader_close(&r);
@@ -638,7 +872,7 @@ int ck_apply_file(ck_reader *r, gr_table *const *tables, size_t ntables, bool ex
         ac.tables = tables;
         ac.owned = owned;
         ac.st = st;
-        rc = for_each_section(r, &fc, CK_SEC_ROWS, apply_rows, &ac);
+        rc = apply_file(r, &fc, &ac, 1);
         free(ac.keys);
         free(ac.w);
         free(ac.state);

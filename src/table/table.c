@@ -1026,3 +1026,57 @@ int gr_table_get(gr_table *t, const uint64_t *keys, size_t n, float *weights, fl
     op_ctx c = {.keys = keys, .out = weights, .sout = state, .mout = meta, .found = found};
     return run_batch(t, &c, n, OP_GET);
 }
+
+/* ---- hooks for the bulk insert (bulk.c) ----
+ * The pieces of an insert, so that bulk.c can take each partition's lock once per group of
+ * rows and count the table's rows once per call, while the row layout, the index and the
+ * dirty bits stay this file's business. */
+
+int gr_table_check_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
+                          const float *state)
+{
+    int rc = check_finite(t, "weights", keys, weights, n, t->dim);
+    if (!rc && t->spec.dtype == GR_DTYPE_F16) rc = check_f16_range(t, keys, weights, n);
+    if (!rc && state) rc = check_finite(t, "optimizer state", keys, state, n, t->state_floats);
+    return rc;
+}
+
+int gr_part_reserve_locked(gr_table *t, gr_part *p, uint64_t rows)
+{
+    while (rows * GR_IDX_LOAD_DEN > (uint64_t)p->cap * GR_IDX_LOAD_NUM) {
+        int rc = idx_grow(t, p);
+        if (rc) return rc;
+    }
+    return GR_OK;
+}
+
+int gr_part_new_row_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t *slot)
+{
+    uint32_t s = GR_NO_ROW;
+    int rc = slot_alloc(t, p, &s);
+    if (rc) return rc;
+    gr_row_hdr_of(gr_row_ptr(t, s))->key = key;
+    idx_put(p, ((uint64_t)s << 32) | (uint32_t)h);
+    t->live[s >> 6] |= 1ull << (s & 63);
+    p->rows++;
+    *slot = s;
+    return GR_OK;
+}
+
+void gr_part_store_row_locked(gr_table *t, gr_part *p, uint32_t s, const float *w,
+                              const float *state, const gr_row_meta *meta, uint32_t now)
+{
+    uint8_t *rowp = gr_row_ptr(t, s);
+    write_weights_in(t, rowp, w);
+    if (state) memcpy(gr_row_state(t, rowp), state, t->state_floats * sizeof(float));
+    else gr_table_init_state(t, gr_row_state(t, rowp));
+    gr_row_hdr *hd = gr_row_hdr_of(rowp);
+    if (meta) {
+        hd->meta = *meta;
+        if (meta->hits > GR_HITS_MAX) hd->meta.hits = GR_HITS_MAX;
+    } else {
+        hd->meta.last_update = now;
+        hd->meta.hits = 0;
+    }
+    dirty_mark(t, p, s);
+}
