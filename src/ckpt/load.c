@@ -539,6 +539,8 @@ typedef struct par_worker {
     size_t cap;
     ck_scratch sc;
     row_batch b;
+    uint64_t *hashes; /* the batch's table hashes, computed once for every group */
+    size_t hcap;
 } par_worker;
 
 struct par_run {
@@ -584,13 +586,19 @@ static void *par_main(void *arg)
             const sec_ref *sr = &p->secs[k];
             int rc = ck_payload_at(p->r, &sr->s, sr->off, sr->nsec, &w->buf, &w->cap, &w->sc, NULL);
             if (rc == GR_OK) rc = prepare_rows(&w->a, p->r, &sr->s, p->want[sr->s.table], w->buf, &w->b);
+            if (rc == GR_OK) rc = reserve((void **)&w->hashes, &w->hcap, w->b.n, sizeof *w->hashes);
+            if (rc == GR_OK) gr_table_hash_keys(w->b.t, w->b.keys, w->b.n, w->hashes);
             if (rc != GR_OK) par_fail(p, rc);
         }
         if (p->T > 1) pthread_barrier_wait(&p->bar);
         for (uint32_t j = 0; j < p->T && !atomic_load(&p->failed); j++) {
             const row_batch *b = &p->w[j].b;
             if (base + j >= p->nsec || b->n == 0) continue;
-            int rc = gr_table_insert_bulk(b->t, b->keys, b->n, b->w, b->state, b->meta, w->id, p->T);
+            /* prepare_rows ran the writer's row check (every value finite); an f16 table
+             * also needs the half-float range, which the insert checks itself. */
+            gr_table_rows rows = {b->keys, b->n, b->w, b->state, b->meta, p->w[j].hashes};
+            unsigned flags = gr_table_get_spec(b->t)->dtype == GR_DTYPE_F32 ? GR_TABLE_BULK_CHECKED : 0;
+            int rc = gr_table_insert_bulk(b->t, &rows, w->id, p->T, flags);
             if (rc != GR_OK) par_fail(p, rc);
         }
         if (p->T > 1) pthread_barrier_wait(&p->bar);
@@ -654,6 +662,7 @@ static int apply_file(ck_reader *r, file_ctx *fc, const apply_ctx *proto, uint32
         free(w[i].a.state);
         free(w[i].a.meta);
         free(w[i].buf);
+        free(w[i].hashes);
         ck_scratch_fini(&w[i].sc);
     }
     if (started > 1) pthread_barrier_destroy(&p->bar);

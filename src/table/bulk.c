@@ -13,23 +13,14 @@
 
 #define BULK_PF 4 /* rows between a prefetch and its use */
 
-/* True when every float of the n at v is finite (exponent bits not all ones). */
-static bool floats_finite(const float *v, uint32_t n)
-{
-    uint32_t bad = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t b;
-        memcpy(&b, &v[k], sizeof b);
-        bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
-    }
-    return bad == 0;
-}
-
 /* Capacity tables evict while they fill: the group's rows go through gr_table_insert. */
-static int insert_group_plain(gr_table *t, const uint64_t *keys, size_t n, const float *w,
-                              const float *state, const gr_row_meta *meta, uint32_t group,
+static int insert_group_plain(gr_table *t, const gr_table_rows *r, const bool *mine,
                               uint32_t groups)
 {
+    const uint64_t *keys = r->keys;
+    const float *w = r->weights, *state = r->state;
+    const gr_row_meta *meta = r->meta;
+    const size_t n = r->n;
     if (groups == 1) return gr_table_insert(t, keys, n, w, state, meta);
     const uint32_t dim = t->dim, sf = t->state_floats;
     size_t m = 0;
@@ -41,7 +32,7 @@ static int insert_group_plain(gr_table *t, const uint64_t *keys, size_t n, const
     if (!k2 || !w2 || (state && sf && !s2) || (meta && !m2))
         rc = gr_seterr(GR_ENOMEM, "table '%s': out of memory for a bulk insert", t->spec.name);
     for (size_t i = 0; !rc && i < n; i++) {
-        if (gr_part_of(t, gr_table_hash(keys[i])) % groups != group) continue;
+        if (!mine[gr_part_of(t, r->hashes ? r->hashes[i] : gr_table_hash(keys[i]))]) continue;
         k2[m] = keys[i];
         memcpy(w2 + m * dim, w + i * dim, dim * sizeof *w2);
         if (s2) memcpy(s2 + m * sf, state + i * sf, sf * sizeof *s2);
@@ -56,53 +47,64 @@ static int insert_group_plain(gr_table *t, const uint64_t *keys, size_t n, const
     return rc;
 }
 
-int gr_table_insert_bulk(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
-                         const float *state, const gr_row_meta *meta, uint32_t group,
-                         uint32_t groups)
+void gr_table_hash_keys(const gr_table *t, const uint64_t *keys, size_t n, uint64_t *out)
 {
-    if (!t) return gr_seterr(GR_EINVAL, "gr_table_insert_bulk: table is NULL");
+    (void)t; /* one hash for every table today; the table is named for the day it is not */
+    for (size_t i = 0; i < n; i++) out[i] = gr_table_hash(keys[i]);
+}
+
+int gr_table_insert_bulk(gr_table *t, const gr_table_rows *r, uint32_t group, uint32_t groups,
+                         unsigned flags)
+{
+    if (!t || !r) return gr_seterr(GR_EINVAL, "gr_table_insert_bulk: table or rows is NULL");
+    const size_t n = r->n;
+    const uint64_t *keys = r->keys;
+    const float *weights = r->weights, *state = r->state;
+    const gr_row_meta *meta = r->meta;
     if (n > 0 && (!keys || !weights))
         return gr_seterr(GR_EINVAL, "bulk insert on table '%s': %s is NULL with n = %zu",
                          t->spec.name, keys ? "weights" : "keys", n);
     if (groups == 0 || group >= groups)
         return gr_seterr(GR_EINVAL, "bulk insert on table '%s': group %u of %u", t->spec.name,
                          group, groups);
+    if (flags & ~GR_TABLE_BULK_CHECKED)
+        return gr_seterr(GR_EINVAL, "bulk insert on table '%s': unknown flags 0x%x", t->spec.name,
+                         flags & ~GR_TABLE_BULK_CHECKED);
     if (n == 0) return GR_OK;
     if (n > UINT32_MAX)
         return gr_seterr(GR_ETOOBIG, "bulk insert on table '%s': %zu rows in one call",
                          t->spec.name, n);
-    if (t->spec.capacity) return insert_group_plain(t, keys, n, weights, state, meta, group, groups);
+    /* The whole batch, whatever the group: a loop the compiler vectorizes, and every group's
+     * call refuses the same batch. */
+    int rc = (flags & GR_TABLE_BULK_CHECKED) ? GR_OK
+                                             : gr_table_check_insert(t, keys, n, weights, state);
+    if (rc) return rc;
 
     const uint32_t np = t->nparts, dim = t->dim, sf = t->state_floats;
-    uint64_t *h = malloc(n * sizeof *h);
+    bool *mine = malloc(np * sizeof *mine);
+    uint64_t *hbuf = r->hashes ? NULL : malloc(n * sizeof *hbuf);
     uint32_t *part = malloc(n * sizeof *part);
     uint32_t *order = malloc(n * sizeof *order);
     uint32_t *start = calloc((size_t)np + 1, sizeof *start);
-    int rc = GR_OK;
-    if (!h || !part || !order || !start) {
+    if (!mine || (!r->hashes && !hbuf) || !part || !order || !start) {
         rc = gr_seterr(GR_ENOMEM, "table '%s': out of memory for a bulk insert", t->spec.name);
         goto out;
     }
-    /* Hash and pick the group's rows; check them before anything is written. */
-    const bool f16 = t->spec.dtype == GR_DTYPE_F16;
+    for (uint32_t pi = 0; pi < np; pi++) mine[pi] = pi % groups == group;
+    if (t->spec.capacity) {
+        rc = insert_group_plain(t, r, mine, groups);
+        goto out;
+    }
+    const uint64_t *h = r->hashes;
+    if (!h) {
+        gr_table_hash_keys(t, keys, n, hbuf);
+        h = hbuf;
+    }
+    /* The group's rows, counted by partition, then placed in partition order (stable). */
     for (size_t i = 0; i < n; i++) {
-        h[i] = gr_table_hash(keys[i]);
         uint32_t pi = gr_part_of(t, h[i]);
-        if (pi % groups != group) {
-            part[i] = UINT32_MAX;
-            continue;
-        }
-        part[i] = pi;
-        start[pi + 1]++;
-        const float *w = weights + i * dim, *st = state ? state + i * sf : NULL;
-        bool ok = floats_finite(w, dim) && (!st || floats_finite(st, sf));
-        for (uint32_t d = 0; ok && f16 && d < dim; d++) ok = fabsf(w[d]) < 65520.0f;
-        if (!ok) { /* the insert's own checks name the key and the element */
-            rc = gr_table_check_insert(t, keys + i, 1, w, st);
-            if (!rc) rc = gr_seterr(GR_EINVAL, "table '%s': row of key %llu refused", t->spec.name,
-                                    (unsigned long long)keys[i]);
-            goto out;
-        }
+        part[i] = mine[pi] ? pi : UINT32_MAX;
+        start[pi + 1] += mine[pi];
     }
     for (uint32_t pi = 0; pi < np; pi++) start[pi + 1] += start[pi];
     for (size_t i = 0; i < n; i++)
@@ -143,7 +145,8 @@ int gr_table_insert_bulk(gr_table *t, const uint64_t *keys, size_t n, const floa
     }
     atomic_fetch_add_explicit(&t->nrows, created, memory_order_relaxed);
 out:
-    free(h);
+    free(mine);
+    free(hbuf);
     free(part);
     free(order);
     free(start);

@@ -1,7 +1,8 @@
 /* Unit tests for the bulk insert (src/table/bulk.c): a table filled by gr_table_insert_bulk,
  * with one group or with several threads each taking its own group, holds exactly what
  * gr_table_insert makes of the same rows (weights, state, metadata, dirty marks, row count),
- * including overwrites and repeated keys in order; f16 tables; capacity tables (which take the
+ * including overwrites and repeated keys in order; f16 tables; hashes and checks done by the
+ * caller; capacity tables (which take the
  * insert's path and evict); refusals that write nothing; argument errors; gr_table_reserve. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +26,14 @@ static gr_table *make(const gr_table_spec *s)
     gr_table *t = NULL;
     if (gr_table_create(s, &t) != GR_OK) fail_msg("create: %s", gr_errmsg());
     return t;
+}
+
+/* gr_table_insert_bulk over columns, checking every row itself (no flags). */
+static int bulk(gr_table *t, const uint64_t *keys, size_t n, const float *w, const float *st,
+                const gr_row_meta *meta, uint32_t group, uint32_t groups)
+{
+    gr_table_rows r = {keys, n, w, st, meta, NULL};
+    return gr_table_insert_bulk(t, &r, group, groups, 0);
 }
 
 static void spec_of(gr_table_spec *s, gr_dtype dtype)
@@ -108,9 +117,9 @@ static void test_bulk_equals_insert(void **state)
         /* First a batch, then an overlapping one with repeated keys that overwrites. */
         rows r1 = make_rows(20000, sf, 1, 1), r2 = make_rows(5000, sf, 1, 3);
         assert_int_equal(gr_table_insert(a, r1.keys, r1.n, r1.w, r1.st, r1.meta), GR_OK);
-        assert_int_equal(gr_table_insert_bulk(b, r1.keys, r1.n, r1.w, r1.st, r1.meta, 0, 1), GR_OK);
+        assert_int_equal(bulk(b, r1.keys, r1.n, r1.w, r1.st, r1.meta, 0, 1), GR_OK);
         assert_int_equal(gr_table_insert(a, r2.keys, r2.n, r2.w, NULL, NULL), GR_OK);
-        assert_int_equal(gr_table_insert_bulk(b, r2.keys, r2.n, r2.w, NULL, NULL, 0, 1), GR_OK);
+        assert_int_equal(bulk(b, r2.keys, r2.n, r2.w, NULL, NULL, 0, 1), GR_OK);
         assert_same(a, b, &r1);
         gr_table_stats st;
         gr_table_get_stats(b, &st);
@@ -147,7 +156,7 @@ static void *fill_main(void *arg)
     for (size_t at = 0; at < f->r->n && !f->rc; at += 3000) {
         size_t n = f->r->n - at < 3000 ? f->r->n - at : 3000;
         uint32_t sf = gr_table_state_floats(gr_table_get_spec(f->t));
-        f->rc = gr_table_insert_bulk(f->t, f->r->keys + at, n, f->r->w + at * DIM,
+        f->rc = bulk(f->t, f->r->keys + at, n, f->r->w + at * DIM,
                                      f->r->st + at * sf, f->r->meta + at, f->group, f->groups);
     }
     return NULL;
@@ -181,7 +190,7 @@ static void test_bulk_groups_in_threads(void **state)
     }
     /* One group alone writes only its partitions. */
     gr_table *t = make(&s);
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, r.n, r.w, r.st, r.meta, 1, 4), GR_OK);
+    assert_int_equal(bulk(t, r.keys, r.n, r.w, r.st, r.meta, 1, 4), GR_OK);
     gr_table_stats st;
     gr_table_get_stats(t, &st);
     assert_true(st.rows > 6800 && st.rows < 8200); /* about a quarter of 30000 keys */
@@ -196,6 +205,32 @@ static void test_bulk_groups_in_threads(void **state)
     free_rows(&r);
 }
 
+/* Hashes given by the caller (gr_table_hash_keys) and rows it checked itself fill the table
+ * as the plain call does. */
+static void test_bulk_hashes_and_checked(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    uint32_t sf = gr_table_state_floats(&s);
+    rows r = make_rows(20000, sf, 9, 2);
+    gr_table *a = make(&s), *b = make(&s);
+    gr_table_set_clock(a, 4);
+    gr_table_set_clock(b, 4);
+    uint64_t *h = malloc(r.n * sizeof *h);
+    gr_table_hash_keys(b, r.keys, r.n, h);
+    for (size_t i = 0; i < r.n; i++) assert_true(h[i] == gr_table_hash(r.keys[i]));
+    assert_int_equal(gr_table_insert(a, r.keys, r.n, r.w, r.st, r.meta), GR_OK);
+    gr_table_rows rr = {r.keys, r.n, r.w, r.st, r.meta, h};
+    for (uint32_t g = 0; g < 3; g++)
+        assert_int_equal(gr_table_insert_bulk(b, &rr, g, 3, GR_TABLE_BULK_CHECKED), GR_OK);
+    assert_same(a, b, &r);
+    free(h);
+    gr_table_destroy(a);
+    gr_table_destroy(b);
+    free_rows(&r);
+}
+
 static void test_bulk_capacity_evicts(void **state)
 {
     (void)state;
@@ -207,7 +242,7 @@ static void test_bulk_capacity_evicts(void **state)
     gr_table *a = make(&s), *b = make(&s);
     assert_int_equal(gr_table_insert(a, r.keys, r.n, r.w, r.st, r.meta), GR_OK);
     for (uint32_t g = 0; g < 2; g++)
-        assert_int_equal(gr_table_insert_bulk(b, r.keys, r.n, r.w, r.st, r.meta, g, 2), GR_OK);
+        assert_int_equal(bulk(b, r.keys, r.n, r.w, r.st, r.meta, g, 2), GR_OK);
     gr_table_stats x, y;
     gr_table_get_stats(a, &x);
     gr_table_get_stats(b, &y);
@@ -228,11 +263,11 @@ static void test_bulk_refusals_write_nothing(void **state)
     rows r = make_rows(1000, sf, 7, 1);
     gr_table *t = make(&s);
     r.w[500 * DIM + 2] = INFINITY;
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "not finite"));
     r.w[500 * DIM + 2] = 1;
     r.st[10 * sf] = NAN;
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "optimizer state"));
     gr_table_stats st;
     gr_table_get_stats(t, &st);
@@ -244,19 +279,23 @@ static void test_bulk_refusals_write_nothing(void **state)
     t = make(&s);
     r.st[10 * sf] = 0;
     r.w[7 * DIM] = 70000.0f;
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "f16"));
     gr_table_get_stats(t, &st);
     assert_int_equal(st.rows, 0);
 
     /* Arguments. */
-    assert_int_equal(gr_table_insert_bulk(NULL, r.keys, 1, r.w, NULL, NULL, 0, 1), GR_EINVAL);
-    assert_int_equal(gr_table_insert_bulk(t, NULL, 1, r.w, NULL, NULL, 0, 1), GR_EINVAL);
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, 1, NULL, NULL, NULL, 0, 1), GR_EINVAL);
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, 1, r.w, NULL, NULL, 2, 2), GR_EINVAL);
+    assert_int_equal(bulk(NULL, r.keys, 1, r.w, NULL, NULL, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, NULL, 1, r.w, NULL, NULL, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, 1, NULL, NULL, NULL, 0, 1), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, 1, r.w, NULL, NULL, 2, 2), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "group 2 of 2"));
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, 1, r.w, NULL, NULL, 0, 0), GR_EINVAL);
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, 0, r.w, NULL, NULL, 0, 1), GR_OK);
+    assert_int_equal(bulk(t, r.keys, 1, r.w, NULL, NULL, 0, 0), GR_EINVAL);
+    assert_int_equal(bulk(t, r.keys, 0, r.w, NULL, NULL, 0, 1), GR_OK);
+    assert_int_equal(gr_table_insert_bulk(t, NULL, 0, 1, 0), GR_EINVAL);
+    gr_table_rows rr = {r.keys, 1, r.w, NULL, NULL, NULL};
+    assert_int_equal(gr_table_insert_bulk(t, &rr, 0, 1, 2), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "unknown flags"));
     gr_table_destroy(t);
     free_rows(&r);
 }
@@ -275,7 +314,7 @@ static void test_reserve(void **state)
     uint32_t cap0 = t->parts[0].cap;
     uint32_t sf = gr_table_state_floats(&s);
     rows r = make_rows(50000, sf, 11, 1);
-    assert_int_equal(gr_table_insert_bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_OK);
+    assert_int_equal(bulk(t, r.keys, r.n, r.w, r.st, r.meta, 0, 1), GR_OK);
     assert_int_equal(t->parts[0].cap, cap0); /* no growth while filling */
     gr_table_stats st;
     gr_table_get_stats(t, &st);
@@ -290,6 +329,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bulk_equals_insert),
         cmocka_unit_test(test_bulk_groups_in_threads),
+        cmocka_unit_test(test_bulk_hashes_and_checked),
         cmocka_unit_test(test_bulk_capacity_evicts),
         cmocka_unit_test(test_bulk_refusals_write_nothing),
         cmocka_unit_test(test_reserve),
