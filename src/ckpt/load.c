@@ -472,13 +472,14 @@ static int prepare_rows(apply_ctx *a, const ck_reader *r, const ck_section *s, i
 }
 
 /* ---- applying a file's rows with several threads ----
- * The section headers are walked first (TABLE sections read and matched on the way), then T
- * threads work in rounds over the listed ROWS sections: in a round, thread i reads, verifies,
- * decompresses and checks section base + i; after a barrier, every thread inserts the rows of
- * the round's sections, in file order, that fall in its own group of table partitions
- * (gr_table_insert_bulk, group i of T). A key always falls in the same group, so the rows of
- * one key are applied in file order whatever T is, and no two threads ever want the same
- * partition lock. */
+ * The section headers are walked first (TABLE sections read and matched on the way). Then
+ * each of T threads inserts, section by section in file order, the rows that fall in its own
+ * group of table partitions (gr_table_insert_bulk, group t of T); a key always falls in the
+ * same group, so its rows are applied in file order whatever T is, and two threads never want
+ * the same partition lock. Sections are read, verified, decompressed and checked into a ring
+ * of W slots by whichever thread finds the section it needs not read yet; a slot is reused
+ * once every thread has inserted its rows. There is no barrier: a thread the scheduler parks
+ * holds the others back only once they are W sections ahead of it. */
 
 typedef struct sec_ref {
     ck_section s;
@@ -530,10 +531,10 @@ static int list_sections(ck_reader *r, file_ctx *fc, uint16_t type, sec_ref **ou
 }
 
 typedef struct par_run par_run;
-typedef struct par_worker {
-    par_run *run;
-    uint32_t id;
-    apply_ctx a;
+
+/* One section read and checked, waiting until every thread has inserted its rows. */
+typedef struct par_slot {
+    apply_ctx a; /* its scratch holds the filtered rows */
     gr_ckpt_load_stats st;
     unsigned char *buf;
     size_t cap;
@@ -541,6 +542,15 @@ typedef struct par_worker {
     row_batch b;
     uint64_t *hashes; /* the batch's table hashes, computed once for every group */
     size_t hcap;
+    size_t sec;       /* the section it holds */
+    bool reading;     /* a thread is reading `sec` into it */
+    bool ready;       /* read; `pending` threads still to insert from it */
+    uint32_t pending; /* free: none of the three */
+} par_slot;
+
+typedef struct par_worker {
+    par_run *run;
+    uint32_t id;
 } par_worker;
 
 struct par_run {
@@ -548,11 +558,12 @@ struct par_run {
     const int *want;
     const sec_ref *secs;
     size_t nsec;
-    uint32_t T;
-    par_worker *w;
-    pthread_barrier_t bar;
+    uint32_t T; /* threads = groups */
+    uint32_t W; /* slots */
+    par_slot *slots;
+    size_t next_read; /* the next section to read; its slot is free once section - W is done */
     pthread_mutex_t mu;
-    pthread_cond_t go_cv;
+    pthread_cond_t cv;
     bool go; /* T is final: as many threads as could be started */
     atomic_int failed;
     int err;
@@ -566,43 +577,75 @@ static void par_fail(par_run *p, int rc)
         p->err = rc;
         snprintf(p->errmsg, sizeof p->errmsg, "%s", gr_errmsg());
     }
-    pthread_mutex_unlock(&p->mu);
     atomic_store(&p->failed, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
-/* Every thread runs every round, failed or not, so that all meet at each barrier. */
+static int read_slot(par_run *p, par_slot *sl, const sec_ref *sr)
+{
+    sl->b.n = 0;
+    int rc = ck_payload_at(p->r, &sr->s, sr->off, sr->nsec, &sl->buf, &sl->cap, &sl->sc, NULL);
+    if (rc == GR_OK) rc = prepare_rows(&sl->a, p->r, &sr->s, p->want[sr->s.table], sl->buf, &sl->b);
+    if (rc == GR_OK) rc = reserve((void **)&sl->hashes, &sl->hcap, sl->b.n, sizeof *sl->hashes);
+    if (rc == GR_OK) gr_table_hash_keys(sl->b.t, sl->b.keys, sl->b.n, sl->hashes);
+    return rc;
+}
+
+/* Section k read into its slot: waits for it, reading whatever section is next meanwhile
+ * when its slot is free. False when the restore failed. Called with mu held. */
+static bool wait_section(par_run *p, size_t k)
+{
+    par_slot *want = &p->slots[k % p->W];
+    while (!atomic_load(&p->failed)) {
+        if (want->ready && want->sec == k) return true;
+        par_slot *next = p->next_read < p->nsec ? &p->slots[p->next_read % p->W] : NULL;
+        if (next && !next->reading && !next->ready && next->pending == 0) {
+            size_t j = p->next_read++;
+            next->reading = true;
+            pthread_mutex_unlock(&p->mu);
+            int rc = read_slot(p, next, &p->secs[j]);
+            if (rc != GR_OK) par_fail(p, rc);
+            pthread_mutex_lock(&p->mu);
+            next->sec = j;
+            next->pending = p->T;
+            next->reading = false;
+            next->ready = rc == GR_OK;
+            pthread_cond_broadcast(&p->cv);
+            continue;
+        }
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+    return false;
+}
+
 static void *par_main(void *arg)
 {
     par_worker *w = arg;
     par_run *p = w->run;
     pthread_mutex_lock(&p->mu);
-    while (!p->go) pthread_cond_wait(&p->go_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-    if (w->id >= p->T) return NULL;
-    for (size_t base = 0; base < p->nsec; base += p->T) {
-        size_t k = base + w->id;
-        w->b.n = 0;
-        if (k < p->nsec && !atomic_load(&p->failed)) {
-            const sec_ref *sr = &p->secs[k];
-            int rc = ck_payload_at(p->r, &sr->s, sr->off, sr->nsec, &w->buf, &w->cap, &w->sc, NULL);
-            if (rc == GR_OK) rc = prepare_rows(&w->a, p->r, &sr->s, p->want[sr->s.table], w->buf, &w->b);
-            if (rc == GR_OK) rc = reserve((void **)&w->hashes, &w->hcap, w->b.n, sizeof *w->hashes);
-            if (rc == GR_OK) gr_table_hash_keys(w->b.t, w->b.keys, w->b.n, w->hashes);
-            if (rc != GR_OK) par_fail(p, rc);
-        }
-        if (p->T > 1) pthread_barrier_wait(&p->bar);
-        for (uint32_t j = 0; j < p->T && !atomic_load(&p->failed); j++) {
-            const row_batch *b = &p->w[j].b;
-            if (base + j >= p->nsec || b->n == 0) continue;
-            /* prepare_rows ran the writer's row check (every value finite); an f16 table
-             * also needs the half-float range, which the insert checks itself. */
-            gr_table_rows rows = {b->keys, b->n, b->w, b->state, b->meta, p->w[j].hashes};
+    while (!p->go) pthread_cond_wait(&p->cv, &p->mu);
+    bool mine = w->id < p->T;
+    for (size_t k = 0; mine && k < p->nsec; k++) {
+        if (!wait_section(p, k)) break;
+        par_slot *sl = &p->slots[k % p->W];
+        pthread_mutex_unlock(&p->mu);
+        const row_batch *b = &sl->b;
+        if (b->n) {
+            /* prepare_rows ran the writer's row check (every value finite); an f16 table also
+             * needs the half-float range, which the insert checks itself. */
+            gr_table_rows rows = {b->keys, b->n, b->w, b->state, b->meta, sl->hashes};
             unsigned flags = gr_table_get_spec(b->t)->dtype == GR_DTYPE_F32 ? GR_TABLE_BULK_CHECKED : 0;
             int rc = gr_table_insert_bulk(b->t, &rows, w->id, p->T, flags);
             if (rc != GR_OK) par_fail(p, rc);
         }
-        if (p->T > 1) pthread_barrier_wait(&p->bar);
+        pthread_mutex_lock(&p->mu);
+        if (--sl->pending == 0) {
+            sl->ready = false;
+            pthread_cond_broadcast(&p->cv);
+        }
     }
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -621,54 +664,60 @@ static int apply_file(ck_reader *r, file_ctx *fc, const apply_ctx *proto, uint32
     int rc = list_sections(r, fc, CK_SEC_ROWS, &secs, &nsec);
     if (rc != GR_OK) return rc;
     if (T > nsec) T = nsec ? (uint32_t)nsec : 1;
+    /* Four sections per thread in flight: room for the others to run ahead of a thread the
+     * scheduler parks (about 3 MiB per slot). */
+    const uint32_t W = 4 * T;
     par_run *p = calloc(1, sizeof *p);
     par_worker *w = calloc(T, sizeof *w);
-    if (!p || !w) {
+    par_slot *slots = calloc(W, sizeof *slots);
+    pthread_t *th = calloc(T, sizeof *th);
+    if (!p || !w || !slots || !th) {
         free(p);
         free(w);
+        free(slots);
+        free(th);
         free(secs);
         return gr_seterr(GR_ENOMEM, "out of memory");
     }
-    *p = (par_run){.r = r, .want = fc->want, .secs = secs, .nsec = nsec, .T = T, .w = w};
+    *p = (par_run){.r = r, .want = fc->want, .secs = secs, .nsec = nsec, .T = T, .W = W,
+                   .slots = slots};
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->go_cv, NULL);
+    pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->failed, 0);
-    for (uint32_t i = 0; i < T; i++) {
-        w[i].run = p;
-        w[i].id = i;
-        w[i].a = *proto;
-        w[i].a.st = &w[i].st;
+    for (uint32_t i = 0; i < W; i++) {
+        slots[i].a = *proto;
+        slots[i].a.st = &slots[i].st;
     }
-    /* Threads that cannot be started are done without: the others take their groups. */
-    pthread_t *th = calloc(T, sizeof *th);
+    for (uint32_t i = 0; i < T; i++) w[i] = (par_worker){p, i};
+    /* Threads that cannot be started are done without: the others do their share. */
     uint32_t started = 1;
-    while (th && started < T && pthread_create(&th[started], NULL, par_main, &w[started]) == 0)
+    while (started < T && pthread_create(&th[started], NULL, par_main, &w[started]) == 0)
         started++;
     pthread_mutex_lock(&p->mu);
     p->T = started;
-    if (started > 1) pthread_barrier_init(&p->bar, NULL, started);
     p->go = true;
-    pthread_cond_broadcast(&p->go_cv);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     par_main(&w[0]);
     for (uint32_t i = 1; i < started; i++) pthread_join(th[i], NULL);
     if (rc == GR_OK && p->err) rc = gr_seterr(p->err, "%s", p->errmsg);
-    for (uint32_t i = 0; i < started; i++) {
-        proto->st->rows_read += w[i].st.rows_read;
-        proto->st->rows_loaded += w[i].st.rows_loaded;
-        proto->st->rows_dropped += w[i].st.rows_dropped;
-        free(w[i].a.keys);
-        free(w[i].a.w);
-        free(w[i].a.state);
-        free(w[i].a.meta);
-        free(w[i].buf);
-        free(w[i].hashes);
-        ck_scratch_fini(&w[i].sc);
+    for (uint32_t i = 0; i < W; i++) {
+        par_slot *sl = &slots[i];
+        proto->st->rows_read += sl->st.rows_read;
+        proto->st->rows_loaded += sl->st.rows_loaded;
+        proto->st->rows_dropped += sl->st.rows_dropped;
+        free(sl->a.keys);
+        free(sl->a.w);
+        free(sl->a.state);
+        free(sl->a.meta);
+        free(sl->buf);
+        free(sl->hashes);
+        ck_scratch_fini(&sl->sc);
     }
-    if (started > 1) pthread_barrier_destroy(&p->bar);
-    pthread_cond_destroy(&p->go_cv);
+    pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     free(th);
+    free(slots);
     free(w);
     free(p);
     free(secs);

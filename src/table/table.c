@@ -217,10 +217,18 @@ static void idx_put(gr_part *p, uint64_t entry)
 
 /* Grows one partition's index by rehashing its entries from their stored tags (no row is
  * read). Only this partition is locked while it happens. */
+static int idx_grow_to(gr_table *t, gr_part *p, uint32_t nc);
+
 static int idx_grow(gr_table *t, gr_part *p)
 {
+    return idx_grow_to(t, p, gr_idx_next_cap(p->cap));
+}
+
+/* Rehashes p's index into a new array of nc buckets (a capacity of gr_idx_next_cap's
+ * sequence, so memory is counted as step-by-step growth would count it). */
+static int idx_grow_to(gr_table *t, gr_part *p, uint32_t nc)
+{
     uint32_t old = p->cap;
-    uint32_t nc = gr_idx_next_cap(old);
     if (nc <= old) return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
     size_t nb = idx_block_bytes(nc);
     if (mem_take(t, nb)) return cap_error(t);
@@ -1043,11 +1051,20 @@ int gr_table_check_insert(gr_table *t, const uint64_t *keys, size_t n, const flo
 
 int gr_part_reserve_locked(gr_table *t, gr_part *p, uint64_t rows)
 {
-    while (rows * GR_IDX_LOAD_DEN > (uint64_t)p->cap * GR_IDX_LOAD_NUM) {
-        int rc = idx_grow(t, p);
-        if (rc) return rc;
+    /* One rehash, to the first capacity of the growth sequence that fits: the steps in
+     * between would each allocate, fill and retire an array. */
+    uint32_t nc = p->cap;
+    while (rows * GR_IDX_LOAD_DEN > (uint64_t)nc * GR_IDX_LOAD_NUM) {
+        uint32_t next = gr_idx_next_cap(nc);
+        if (next <= nc) break; /* at the limit: idx_grow_to says so */
+        nc = next;
     }
-    return GR_OK;
+    if (nc == p->cap) {
+        if (rows * GR_IDX_LOAD_DEN > (uint64_t)nc * GR_IDX_LOAD_NUM)
+            return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
+        return GR_OK;
+    }
+    return idx_grow_to(t, p, nc);
 }
 
 int gr_part_new_row_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t *slot)
