@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -132,7 +133,37 @@ static void bodies_free(bodies *b)
 typedef struct load {
     double qps, p50_ms, p99_ms;
     uint64_t requests, errors;
+    /* CPU microseconds per answered request (load changes them far less than wall-clock
+     * rates): this process (the server under test), the load generator, and a helper process
+     * (redis-server for the baseline). NAN when not measured. */
+    double cpu_us, gen_cpu_us, helper_cpu_us;
 } load;
+
+static double rusage_s(int who)
+{
+    struct rusage ru;
+    getrusage(who, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+/* User + system CPU seconds of another process (from /proc), or NAN. */
+static double proc_cpu_s(pid_t pid)
+{
+    if (pid <= 0) return NAN;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NAN;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return NAN;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
 static double wrk_ms(const char *s)
 {
@@ -156,10 +187,13 @@ static int write_script(const char *path, const bodies *b)
     return fclose(f);
 }
 
-static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, load *out)
+static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, pid_t helper,
+                   load *out)
 {
     memset(out, 0, sizeof *out);
     out->qps = out->p50_ms = out->p99_ms = NAN;
+    out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = NAN;
+    double self0 = rusage_s(RUSAGE_SELF), gen0 = rusage_s(RUSAGE_CHILDREN), help0 = proc_cpu_s(helper);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "wrk -t2 -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
              conns, secs, script, port);
@@ -178,6 +212,12 @@ static int run_wrk(uint16_t port, const char *script, unsigned conns, double sec
         if (sscanf(line, " Non-2xx or 3xx responses: %llu", &n) == 1) out->errors = n;
     }
     int st = pclose(p);
+    if (out->requests) {
+        double per = 1e6 / (double)out->requests;
+        out->cpu_us = (rusage_s(RUSAGE_SELF) - self0) * per;
+        out->gen_cpu_us = (rusage_s(RUSAGE_CHILDREN) - gen0) * per;
+        out->helper_cpu_us = (proc_cpu_s(helper) - help0) * per;
+    }
     return st == 0 && !isnan(out->qps) ? 0 : -1;
 }
 
@@ -427,6 +467,7 @@ typedef struct redis_srv {
     uint16_t redis_port;
     gr_model *m;
     float *params;
+    gr_model_prepared *prep; /* as the replica prepares each dense version */
     pthread_mutex_t mu; /* the free lists */
     rconn *conns;
     gr_model_ws **ws;
@@ -526,7 +567,7 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
     if (ok) {
         for (size_t i = 0; i < occ; i++) memcpy(emb + i * DIM, rows + (size_t)inv[i] * DIM, DIM * 4);
         gr_model_ws *w = ws_take(rs);
-        ok = gr_model_predict(rs->m, w, rs->params, n, dense, emb, probs) == 0;
+        ok = gr_model_predict_prepared(rs->m, w, rs->params, rs->prep, n, dense, emb, probs) == 0;
         ws_give(rs, w);
     }
     if (!ok) {
@@ -819,13 +860,13 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat;
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     if (have_wrk) {
         fprintf(stderr, "bench serve: replica, wrk at saturation (%u connections, %.0f s)\n", conns, secs);
-        run_wrk(hp, s1, conns, secs, &sat);
-        run_wrk(hp, s100, conns, secs, &sat100);
+        run_wrk(hp, s1, conns, secs, 0, &sat);
+        run_wrk(hp, s100, conns, secs, 0, &sat100);
         fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
         run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
     }
@@ -838,13 +879,14 @@ int gr_bench_serve(int argc, char **argv)
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
         redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
                         .max_batch = 10000};
+        gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
         pthread_mutex_init(&rs.mu, NULL);
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
                              .handler = redis_handle, .ctx = &rs};
         gr_http_server *hs = NULL;
         if (gr_http_start(&hc, &hs) == 0) {
             fprintf(stderr, "bench serve: Redis-backed, wrk at saturation\n");
-            run_wrk(gr_http_port(hs), s1, conns, secs, &rsat);
+            run_wrk(gr_http_port(hs), s1, conns, secs, rpid, &rsat);
             fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
                     rsat.qps / 2);
             run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, &rfixed);
@@ -859,6 +901,7 @@ int gr_bench_serve(int argc, char **argv)
         }
         for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
         free(rs.ws);
+        gr_model_prepared_destroy(rs.prep);
         pthread_mutex_destroy(&rs.mu);
     } else if (have_wrk) {
         fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
@@ -882,6 +925,9 @@ int gr_bench_serve(int argc, char **argv)
     print_load("Redis-backed, batch 1, half its saturation", &rfixed);
     printf("  replica, batch 1, binary PREDICT (%u conns)    %9.0f req/s\n", threads, bin_qps);
     printf("  replica / Redis-backed throughput        %9.2fx\n", sat.qps / rsat.qps);
+    printf("  CPU per request at saturation: replica %.1f us, Redis-backed %.1f us (server) + %.1f us "
+           "(redis-server); wrk %.1f / %.1f us\n", sat.cpu_us, rsat.cpu_us, rsat.helper_cpu_us,
+           sat.gen_cpu_us, rsat.gen_cpu_us);
     printf("  freshness, publish 100 ms:  p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f100p50,
            f100p99, n100);
     printf("  freshness, publish 1000 ms: p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f1000p50,
@@ -903,6 +949,12 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_predict_sat_p99_ms", rsat.p99_ms, true);
         json_num("qps_vs_redis", sat.qps / rsat.qps, true);
         json_num("predict_binary_qps", bin_qps, true);
+        json_num("predict_cpu_us", sat.cpu_us, true);
+        json_num("predict_wrk_cpu_us", sat.gen_cpu_us, true);
+        json_num("redis_predict_cpu_us", rsat.cpu_us + rsat.helper_cpu_us, true);
+        json_num("redis_server_cpu_us", rsat.helper_cpu_us, true);
+        json_num("redis_predict_wrk_cpu_us", rsat.gen_cpu_us, true);
+        json_num("cpu_vs_redis", (rsat.cpu_us + rsat.helper_cpu_us) / sat.cpu_us, true);
         json_num("freshness_p50_ms", f100p50, true);
         json_num("freshness_p99_ms", f100p99, true);
         printf("\"publish_interval_ms\":100,");
