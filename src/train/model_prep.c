@@ -13,6 +13,7 @@
 #include "train/model_prep.h"
 
 #include <cblas.h>
+#include <stdatomic.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -113,8 +114,13 @@ int tr_gemv_find_split(uint32_t in, uint32_t out, const float *w, const float *w
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, (int)out, (int)in, 1.0f,
                     x + (size_t)t * in, (int)in, w, (int)in, 1.0f, want + (size_t)t * out, (int)out);
     }
-    /* The hint first, then every Q in steps of 16 up to 1024 with U a power of two to 32. */
-    for (int c = -1; c < 64 * 6 && !found; c++) {
+    /* The hint first, then every Q in steps of 16 up to 1024 with U a power of two to 32
+     * (about 1 ms for the default DLRM's widest layer), but only until one search has come
+     * back empty: this OpenBLAS then computes otherwise, and every dense version a replica
+     * receives would pay for the search again. */
+    static atomic_bool searched_in_vain;
+    int last = atomic_load(&searched_in_vain) ? 0 : 64 * 6;
+    for (int c = -1; c < last && !found; c++) {
         uint32_t q = c < 0 ? *hint_q : 16 + 16 * (uint32_t)(c / 6), u = c < 0 ? *hint_u : 1u << (c % 6);
         if (!q || !u) continue;
         found = 1;
@@ -125,6 +131,7 @@ int tr_gemv_find_split(uint32_t in, uint32_t out, const float *w, const float *w
         if (found) *q_out = q, *u_out = u;
     }
     if (found) *hint_q = *q_out, *hint_u = *u_out;
+    else if (last) atomic_store(&searched_in_vain, true);
 done:
     free(x), free(want), free(got);
     return found;
