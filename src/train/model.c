@@ -4,9 +4,11 @@
  * default). Dense parameters are one flat float array so they can live on a parameter server
  * as one dense tensor; embedding rows come in and their gradients go out per sparse slot. */
 #include "granary/train.h"
+#include "train/model_prep.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,15 @@ struct gr_model_ws {
     float *dbot;       /* gradient of the bottom output, n x dim */
     float *vt;         /* one example's vectors transposed: dim x vpad (interaction) */
     float *dsym;       /* one example's dot gradients as a full nvec x nvec matrix */
+    const gr_model_prepared *prep; /* set by gr_model_predict_prepared for one example */
+};
+
+/* Weights laid out for scoring one example (model_prep.c): each layer's W transposed, and
+ * the K blocking that reproduces cblas_sgemm's bits for it (q == 0: that layer keeps sgemm). */
+struct gr_model_prepared {
+    const float *params; /* the parameters it was made from: used only with those */
+    float *wt;           /* dense_size floats, W of each layer transposed (in x out) */
+    uint32_t bot_q[MAX_LAYERS], bot_u[MAX_LAYERS], top_q[MAX_LAYERS], top_u[MAX_LAYERS];
 };
 
 void gr_model_config_default(gr_model_config *c, gr_model_kind kind)
@@ -343,14 +354,19 @@ GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy,
     }
 }
 
-/* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. */
-static void layer_forward(const layer *l, const float *p, size_t n, const float *x, float *y)
+/* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
+ * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
+static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
+                          const float *p, size_t n, const float *x, float *y)
 {
-    const size_t out = l->out;
-    for (size_t i = 0; i < n; i++) memcpy(y + i * out, p + l->b, out * sizeof *y);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in, 1.0f,
-                x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
-    if (l->relu) relu_inplace(y, n * out);
+    if (ws->prep && q) {
+        tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
+    } else {
+        for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in,
+                    1.0f, x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
+    }
+    if (l->relu) relu_inplace(y, n * l->out);
 }
 
 /* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
@@ -522,14 +538,17 @@ static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, siz
                          const float *dense, const float *emb)
 {
     const float *x = dense;
+    const gr_model_prepared *pr = ws->prep;
     for (uint32_t l = 0; l < m->nbot; l++) {
-        layer_forward(&m->bot[l], p, n, x, ws->bot_out[l]);
+        layer_forward(ws, pr ? pr->bot_q[l] : 0, pr ? pr->bot_u[l] : 0, &m->bot[l], p, n, x,
+                      ws->bot_out[l]);
         x = ws->bot_out[l];
     }
     interact_forward_any(ws->z, m->top_in, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
-        layer_forward(&m->top[l], p, n, x, ws->top_out[l]);
+        layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
+                      ws->top_out[l]);
         x = ws->top_out[l];
     }
 }
@@ -614,15 +633,76 @@ int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params,
 int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
                      const float *dense, const float *emb, float *probs)
 {
+    return gr_model_predict_prepared(m, ws, params, NULL, n, dense, emb, probs);
+}
+
+int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
+                              const gr_model_prepared *prep, size_t n, const float *dense,
+                              const float *emb, float *probs)
+{
     int rc = check_args(m, params, n, dense, emb);
     if (rc || n == 0) return rc;
     if ((rc = ws_reserve(m, ws, n))) return rc;
     if (m->c.kind == GR_MODEL_LR) {
         lr_logits(m, params, n, dense, emb, probs);
     } else {
+        /* The prepared path is for one example (the n that makes sgemm pack a panel per call
+         * for one row of work) and only with the parameters it was made from. */
+        ws->prep = prep && n == 1 && prep->params == params ? prep : NULL;
         dlrm_forward(m, ws, params, n, dense, emb);
+        ws->prep = NULL;
         memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);
     }
     for (size_t i = 0; i < n; i++) probs[i] = sigmoidf(probs[i]);
     return GR_OK;
+}
+
+/* ---- weights prepared for one example at a time (model_prep.c) ---------------------------- */
+
+static void prepare_layers(const layer *ls, uint32_t nl, const float *params, float *wt,
+                           uint32_t *qs, uint32_t *us, uint32_t *hint_q, uint32_t *hint_u)
+{
+    for (uint32_t i = 0; i < nl; i++) {
+        const layer *l = &ls[i];
+        for (uint32_t j = 0; j < l->out; j++)
+            for (uint32_t k = 0; k < l->in; k++)
+                wt[l->w + (size_t)k * l->out + j] = params[l->w + (size_t)j * l->in + k];
+        tr_gemv_find_split(l->in, l->out, params + l->w, wt + l->w, params + l->b, &qs[i], &us[i],
+                           hint_q, hint_u);
+    }
+}
+
+int gr_model_prepare(const gr_model *m, const float *params, gr_model_prepared **out)
+{
+    *out = NULL;
+    gr_model_prepared *p = calloc(1, sizeof *p);
+    if (!p || !(p->wt = malloc((m->dense_size ? m->dense_size : 1) * sizeof *p->wt))) {
+        free(p);
+        return gr_seterr(GR_ENOMEM, "cannot allocate prepared weights (%zu floats)", m->dense_size);
+    }
+    p->params = params;
+    if (m->c.kind == GR_MODEL_DLRM) {
+        static _Atomic uint32_t hint_q, hint_u; /* the same for every model in one process */
+        uint32_t hq = atomic_load(&hint_q), hu = atomic_load(&hint_u);
+        prepare_layers(m->bot, m->nbot, params, p->wt, p->bot_q, p->bot_u, &hq, &hu);
+        prepare_layers(m->top, m->ntop, params, p->wt, p->top_q, p->top_u, &hq, &hu);
+        atomic_store(&hint_q, hq);
+        atomic_store(&hint_u, hu);
+    }
+    *out = p;
+    return GR_OK;
+}
+
+void gr_model_prepared_destroy(gr_model_prepared *p)
+{
+    if (!p) return;
+    free(p->wt);
+    free(p);
+}
+
+int gr_model_prepared_layers(const gr_model_prepared *p)
+{
+    int k = 0;
+    for (int i = 0; i < MAX_LAYERS; i++) k += (p->bot_q[i] != 0) + (p->top_q[i] != 0);
+    return k;
 }

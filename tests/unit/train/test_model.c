@@ -215,6 +215,63 @@ static void test_batch_mean_and_predict(void **state)
     fixture_fini(&f);
 }
 
+/* gr_model_predict_prepared gives gr_model_predict's bits, one example at a time, for the
+ * default DLRM and for one whose top input (dim 32: 383 floats) is cut into two K blocks by
+ * OpenBLAS; and the fast path is really taken on a CPU with FMA. */
+static void check_prepared(const gr_model_config *c, size_t n, uint64_t seed)
+{
+    fixture f;
+    fixture_init(&f, c, n, seed);
+    gr_rng r;
+    gr_rng_seed(&r, seed + 1);
+    for (size_t i = 0; i < f.np; i++) f.params[i] += (float)(gr_rng_uniform(&r) - 0.5) * 0.1f;
+    gr_model_prepared *prep = NULL;
+    assert_int_equal(gr_model_prepare(f.m, f.params, &prep), GR_OK);
+    int fast = gr_model_prepared_layers(prep);
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        assert_int_equal(fast, (int)(c->n_bottom + 1 + c->n_top + 1));
+#endif
+    const size_t d = gr_model_emb_dim(f.m);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want, got;
+        const float *dense = f.dense + i * ND, *emb = f.emb + i * NS * d;
+        assert_int_equal(gr_model_predict(f.m, f.ws, f.params, 1, dense, emb, &want), GR_OK);
+        assert_int_equal(gr_model_predict_prepared(f.m, f.ws, f.params, prep, 1, dense, emb, &got),
+                         GR_OK);
+        differ += memcmp(&want, &got, sizeof got) != 0;
+    }
+    assert_int_equal(differ, 0);
+    /* A batch, and parameters other than the prepared ones, take the plain path. */
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    assert_int_equal(gr_model_predict(f.m, f.ws, f.params, n, f.dense, f.emb, want), GR_OK);
+    assert_int_equal(gr_model_predict_prepared(f.m, f.ws, f.params, prep, n, f.dense, f.emb, got),
+                     GR_OK);
+    assert_memory_equal(want, got, n * sizeof *got);
+    float *other = malloc(f.np * sizeof *other);
+    memcpy(other, f.params, f.np * sizeof *other);
+    other[0] += 1.0f; /* a bottom weight: changes every score */
+    assert_int_equal(gr_model_predict(f.m, f.ws, other, 1, f.dense, f.emb, want), GR_OK);
+    assert_int_equal(gr_model_predict_prepared(f.m, f.ws, other, prep, 1, f.dense, f.emb, got),
+                     GR_OK);
+    assert_memory_equal(want, got, sizeof *got);
+    free(other), free(want), free(got);
+    gr_model_prepared_destroy(prep);
+    fixture_fini(&f);
+}
+
+static void test_prepared_bitwise(void **state)
+{
+    (void)state;
+    gr_model_config c;
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    check_prepared(&c, 300, 21);
+    c.dim = 32;
+    c.top[0] = 256;
+    check_prepared(&c, 200, 22);
+}
+
 static void test_config_and_init(void **state)
 {
     (void)state;
@@ -283,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_lr_gradcheck),
         cmocka_unit_test(test_batch_mean_and_predict),
         cmocka_unit_test(test_config_and_init),
+        cmocka_unit_test(test_prepared_bitwise),
     };
     return cmocka_run_group_tests_name("train_model", tests, NULL, NULL);
 }
