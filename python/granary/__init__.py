@@ -14,10 +14,11 @@ from . import _granary
 from ._granary import (GranaryError, LocalCluster, CriteoReader, Op, auc, criteo_feature_id,
                        datagen, dedup, dlrm_dense, dlrm_table_spec, SYNC_ASYNC, SYNC_SYNC,
                        SYNC_SEMISYNC, SYNC_SSP, PUSH_APPLIED, PUSH_STAGED, PUSH_DROPPED,
-                       PUSH_DUPLICATE, VERSION)
+                       PUSH_DUPLICATE, VERSION, gather_rows, segment_sum)
 
 __all__ = ["Client", "GranaryError", "LocalCluster", "CriteoReader", "Op", "auc",
            "criteo_feature_id", "datagen", "dedup", "dlrm_dense", "dlrm_table_spec",
+           "gather_rows", "segment_sum",
            "SYNC_MODES", "VERSION"]
 
 # Sync mode names as `granary train --mode` spells them.

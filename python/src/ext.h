@@ -62,6 +62,7 @@ extern PyTypeObject gr_py_op_type;
 extern PyTypeObject gr_py_cluster_type;
 extern PyTypeObject gr_py_reader_type;
 extern PyMethodDef gr_py_util_methods[];
+extern PyMethodDef gr_py_grad_methods[];
 
 /* An op that holds the buffers it writes into until it finishes (op.c). Takes ownership of
  * the views (released when the op finishes or is freed) and a reference to the client. */
