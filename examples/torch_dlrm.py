@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--coord", help="zk://HOSTS/PATH: the shards of a coordinated job")
     p.add_argument("--shards", type=int, default=2, help="embedded cluster size (default 2)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (DDP over gloo)")
+    p.add_argument("--schema", help="the files' layout: a schema file (docs/data.md); default "
+                   "Criteo TSV")
     p.add_argument("--mode", default="async", choices=sorted(granary.SYNC_MODES))
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--dim", type=int, default=16)
@@ -81,21 +83,24 @@ def run_worker(rank, args, servers, port, offsets, result_path):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                                 world_size=args.workers)
     client = connect(args, servers)
+    batches = dlrm.Batches(args.train, args.batch, start=offsets[rank], end=offsets[rank + 1],
+                           max_batches=args.max_steps, schema=args.schema)
     ec = dlrm.embedding_collection(client, dim=args.dim, seed=args.seed, mode=args.mode,
+                                   features=batches.features, poolings=batches.poolings,
                                    worker=rank, workers=args.workers)
-    model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed)
+    model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
+                           n_sparse=batches.n_sparse)
     trained = DistributedDataParallel(model) if ddp else model
     lr = args.dense_lr if args.dense_lr is not None else 1e-3 * args.workers ** 0.5
     opt = torch.optim.Adam(trained.parameters(), lr=lr)
-    batches = dlrm.criteo_batches(args.train, args.batch, start=offsets[rank],
-                                  end=offsets[rank + 1], max_batches=args.max_steps)
     losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline)
     if ddp:
         import torch.distributed as dist
         dist.barrier()  # every worker has pushed: evaluation sees the final rows
     res = {"examples": examples, "seconds": secs, "last_loss": losses[-1] if losses else None}
     if rank == 0 and args.test:
-        auc, logloss, n = dlrm.evaluate(ec, model, dlrm.criteo_batches(args.test, args.batch))
+        auc, logloss, n = dlrm.evaluate(ec, model, dlrm.Batches(args.test, args.batch,
+                                                                schema=args.schema))
         res.update(auc=auc, logloss=logloss, test_examples=n)
     with open(result_path % rank, "w") as f:
         json.dump(res, f)
