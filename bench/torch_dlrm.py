@@ -19,6 +19,22 @@ import torch.nn as nn
 NUM_DENSE, NUM_CAT = 13, 26
 
 
+def set_threads(n):
+    """torch.set_num_threads(n), and the same limit for OpenBLAS, which Debian's PyTorch calls
+    for its matrix products (BLAS_INFO=generic) and which otherwise starts a thread per core
+    whatever torch was told: `--threads 1` then still ran every large product on two cores.
+    granary.dlrm.set_threads is the same function (this file must not need granary)."""
+    import ctypes
+    torch.set_num_threads(n)
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            f = getattr(ctypes.CDLL(name), "openblas_set_num_threads", None)
+        except OSError:
+            continue
+        if f is not None:
+            f(int(n))
+
+
 def load(path, vocabs, grow):
     labels, dense, cats = [], [], []
     with open(path, "r") as f:
@@ -128,7 +144,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=1)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     torch.manual_seed(1)
     vocabs = [dict() for _ in range(NUM_CAT)]
     ytr, dtr, ctr = load(a.train, vocabs, True)

@@ -160,7 +160,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
+    dlrm.set_threads(a.threads)  # torch's and OpenBLAS's (bench/torch_dlrm.py does the same)
     vocabs = [dict() for _ in range(26)]
     y, d, c = torch_dlrm.load(a.train, vocabs, True)
     steps = min(a.steps, len(y) // B)

@@ -75,7 +75,7 @@ def connect(args, servers):
 
 
 def run_worker(rank, args, servers, port, offsets, result_path):
-    torch.set_num_threads(args.threads)
+    dlrm.set_threads(args.threads)  # torch's and OpenBLAS's
     ddp = args.workers > 1
     if ddp:
         import torch.distributed as dist

@@ -19,6 +19,21 @@ NUM_DENSE, NUM_CAT = 13, 26
 FEATURES = ["C%d" % (i + 1) for i in range(NUM_CAT)]
 
 
+def set_threads(n):
+    """torch.set_num_threads(n), and the same limit for OpenBLAS, which Debian's PyTorch calls
+    for its matrix products (BLAS_INFO=generic) and which otherwise starts a thread per core
+    whatever torch was told: `--threads 1` then still ran every large product on two cores."""
+    import ctypes
+    torch.set_num_threads(n)
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            f = getattr(ctypes.CDLL(name), "openblas_set_num_threads", None)
+        except OSError:
+            continue
+        if f is not None:
+            f(int(n))
+
+
 def parse_layers(s):
     return [int(x) for x in s.split(",") if x] if isinstance(s, str) else list(s)
 
