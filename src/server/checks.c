@@ -36,40 +36,11 @@ srv_entry *srv_get_dense(gr_server *s, const char *name, int *rc)
     return e;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-static bool have_avx512;
-__attribute__((constructor)) static void detect_avx512(void)
-{
-    __builtin_cpu_init();
-    have_avx512 = __builtin_cpu_supports("avx512f");
-}
-
-/* The exponent test 16 floats at a time over v[0 .. n - n % 16): nonzero when one is NaN or
- * inf. A push's gradients (7 MB per shard per `bench ps` batch) pass here once; the build's
- * SSE2 loop takes twice the instructions. */
-__attribute__((target("avx512f"))) static uint32_t any_nonfinite16(const float *v, size_t n)
-{
-    const __m512i em = _mm512_set1_epi32(0x7f800000);
-    __mmask16 bad = 0;
-    for (size_t k = 0; k + 16 <= n; k += 16)
-        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(v + k), em), em);
-    return bad != 0;
-}
-#endif
-
 size_t srv_first_nonfinite(const float *v, size_t n)
 {
     /* The exponent-bits test vectorizes; the search for the culprit runs only on a hit. */
     uint32_t bad = 0;
-    size_t k0 = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512) {
-        bad = any_nonfinite16(v, n);
-        k0 = n - n % 16;
-    }
-#endif
-    for (size_t k = k0; k < n; k++) {
+    for (size_t k = 0; k < n; k++) {
         uint32_t b;
         memcpy(&b, &v[k], sizeof b);
         bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
