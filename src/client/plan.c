@@ -415,33 +415,6 @@ int cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
     return GR_OK;
 }
 
-#if CL_WIDE
-/* The streaming scatter for rows of a multiple of 16 floats. Rows all share one offset within
- * a cache line (the row size is a multiple of 64 bytes), so each row is the same pattern:
- * whole lines are written with streaming stores, and when the output is not 64-byte aligned
- * the two partial lines at the row's ends with ordinary (masked) stores. A streaming store of
- * part of a line is slower than the ordinary one (the line's other part belongs to another
- * row, written at another time, so the write-combining buffer goes out half full). */
-__attribute__((target("avx512f"))) static void scatter_rows16(const cl_tbl *t,
-                                                              const uint32_t *uidx, uint32_t count,
-                                                              const float *vals)
-{
-    const size_t dim = t->dim;
-    const uint32_t head = (uint32_t)((64 - ((uintptr_t)t->rows & 63)) & 63) / 4; /* floats */
-    const size_t body = head ? dim - 16 : dim; /* floats in whole lines */
-    for (uint32_t j = 0; j < count; j++) {
-        const float *src = vals + (size_t)j * dim;
-        for (int32_t i = t->first[uidx[j]]; i >= 0; i = t->next[i]) {
-            float *dst = t->rows + (size_t)i * dim;
-            for (uint32_t d = 0; d < head; d += 4) _mm_stream_ps(dst + d, _mm_loadu_ps(src + d));
-            for (size_t d = head; d < head + body; d += 16)
-                _mm512_stream_ps(dst + d, _mm512_loadu_ps(src + d));
-            for (size_t d = head + body; d < dim; d += 4) _mm_stream_ps(dst + d, _mm_loadu_ps(src + d));
-        }
-    }
-}
-#endif
-
 void cl_plan_scatter_rows(const cl_plan *p, size_t ri, uint32_t k, uint32_t j0, uint32_t count,
                           const float *vals)
 {
@@ -454,12 +427,6 @@ void cl_plan_scatter_rows(const cl_plan *p, size_t ri, uint32_t k, uint32_t j0, 
             memcpy(t->rows + (size_t)uidx[j] * dim, vals + (size_t)j * dim, rowb);
         return;
     }
-#if CL_WIDE
-    if (p->stream_rows && cl_have_avx512 && (dim & 15) == 0 && ((uintptr_t)t->rows & 15) == 0) {
-        scatter_rows16(t, uidx, count, vals);
-        return;
-    }
-#endif
 #if defined(__SSE2__)
     if (p->stream_rows && (dim & 3) == 0 && ((uintptr_t)t->rows & 15) == 0) {
         for (uint32_t j = 0; j < count; j++) {

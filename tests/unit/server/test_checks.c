@@ -1,6 +1,6 @@
 /* Unit tests for the checks every handler shares (src/server/checks.c): the first non-finite
  * gradient is found in every position of arrays of every length around the vector widths
- * (the wide loop and its scalar tail), NaN and both infinities, and the first of several is
+ * (the compiler's SSE loop and its scalar tail), NaN and both infinities, and the first of several is
  * the one named; finite extremes (FLT_MAX, denormals, -0) pass. */
 #include <setjmp.h>
 #include <stdarg.h>
