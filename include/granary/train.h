@@ -614,7 +614,8 @@ typedef struct gr_train_job {
     int (*started)(void *ctx);
     /* After this process's workers are done, before the final checkpoint and the test file:
      * returns once the job's other processes are done with their data (or gone), so the final
-     * checkpoint of the chief holds the whole job's training. NULL: none. */
+     * checkpoint of the chief holds the whole job's training. Not called after a failure or
+     * a stop (should_stop). NULL: none. */
     void (*wait_others)(void *ctx);
     /* The step of the newest checkpoint the job recorded (0: none): a new chief numbers its
      * checkpoints above it. NULL: 0. */

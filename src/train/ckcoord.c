@@ -189,7 +189,6 @@ static int ck_save(trainer *tr, uint64_t step)
                 "%s", (unsigned long long)step, gr_errmsg());
     } else {
         res->ckpt_saves++;
-        if (o->job && o->job->saved) o->job->saved(o->job->ctx, k.name, step);
         snprintf(tr->ck.parent, sizeof tr->ck.parent, "%s", k.name);
         snprintf(res->ckpt_last, sizeof res->ckpt_last, "%s", k.name);
         if (o->progress_s > 0)
@@ -200,6 +199,8 @@ static int ck_save(trainer *tr, uint64_t step)
     tr->ck.saved_total = total;
     tr->ck.last_failed = rc != GR_OK;
     pthread_mutex_unlock(&tr->mu);
+    /* The job records it (a coordinator round trip: not under mu). */
+    if (!rc && o->job && o->job->saved) o->job->saved(o->job->ctx, k.name, step);
     return rc;
 }
 

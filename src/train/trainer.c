@@ -431,8 +431,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     bool stopped = tr.stopping;
     pthread_mutex_unlock(&tr.mu);
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
-    /* The chief's final checkpoint must hold the other processes' training too. */
-    if (o->job && o->job->wait_others && !tr.err) o->job->wait_others(o->job->ctx);
+    /* The chief's final checkpoint must hold the other processes' training too. A process
+     * stopped by a signal does not wait for them: it saves (if it leads) and goes. */
+    if (o->job && o->job->wait_others && !tr.err && !tr.stopping) o->job->wait_others(o->job->ctx);
     tr_ck_finish(&tr);
     double t1 = gr_now_s();
     progress_line(&tr, &pg, true);

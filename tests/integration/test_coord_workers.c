@@ -235,6 +235,62 @@ static void test_two_processes_hybrid_reach_one_process_auc(void **state)
     compare_modes("hybrid", "hybridA", "hybridB");
 }
 
+/* A finished job started again with --resume: a new run; its chief restores the final
+ * checkpoint, the other process reads its position there, both find their data done, and the
+ * model scores as before, bitwise. */
+static void test_resumed_job_of_two_processes(void **state)
+{
+    (void)state;
+    if (!zk.pid) skip();
+    job j;
+    start_job(&j, "resume2");
+    run_procs(&j, "hybrid", 2, 1, "static");
+    char before[64];
+    assert_int_equal(tr_metrics_text(j.metrics, "auc", before, sizeof before), 0);
+    double until = gr_now_s() + RUN_BUDGET_S;
+    pid_t pid[2];
+    for (int p = 0; p < 2; p++) {
+        char np[16], lg[400];
+        snprintf(np, sizeof np, "%d", 2);
+        snprintf(lg, sizeof lg, "%s/train-resume2-again-%d.log", tmp, p);
+        const char *args[] = {ps_test_granary_bin(), "train", "--train", data.train, "--test",
+                              data.test, "--coord", j.url, "--job-workers", np, "--mode",
+                              "hybrid", "--workers", "1", "--batch", "64", "--dim", "4",
+                              "--bottom", "8", "--top", "8", "--progress", "0", "--ckpt-dir",
+                              j.ck, "--ckpt-every", "20", "--metrics-out", j.metrics,
+                              "--resume", j.ck, "--data", "static", NULL};
+        pid[p] = fork();
+        if (pid[p] == 0) {
+            int fd = open(lg, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            if (fd >= 0) {
+                dup2(fd, 1);
+                dup2(fd, 2);
+            }
+            execv(args[0], (char *const *)args);
+            _exit(127);
+        }
+    }
+    for (int p = 0; p < 2; p++) {
+        int rc = wait_exit(pid[p], until, "a resumed process");
+        if (rc) {
+            char lg[400], *txt = NULL;
+            snprintf(lg, sizeof lg, "%s/train-resume2-again-%d.log", tmp, p);
+            if (gr_read_file(lg, &txt, NULL) == 0) fprintf(stderr, "%s\n", txt);
+            free(txt);
+        }
+        assert_int_equal(rc, 0);
+    }
+    stop_job(&j);
+    char after[64], other[512];
+    assert_int_equal(tr_metrics_text(j.metrics, "auc", after, sizeof after), 0);
+    other_metrics(&j, other, sizeof other);
+    fprintf(stderr, "coord workers: resumed job auc %s (before %s), %.0f + %.0f new examples\n",
+            after, before, metric(j.metrics, "examples"), metric(other, "examples"));
+    assert_string_equal(after, before);
+    assert_true(metric(j.metrics, "examples") == 0 && metric(other, "examples") == 0);
+    assert_true(metric(j.metrics, "resumed_step") > 0 && metric(other, "resumed_step") > 0);
+}
+
 static void test_two_processes_async_reach_one_process_auc(void **state)
 {
     (void)state;
@@ -362,10 +418,40 @@ static void test_mismatched_process_is_refused(void **state)
     assert_true(log_has(&j, 1, "give every process of a job the same --job-workers"));
 }
 
+/* Job values under ZooKeeper: of two handles writing at the same version one wins, the other
+ * gets GR_ESTALE and reads the winner's text. */
+static void test_value_cas_race(void **state)
+{
+    (void)state;
+    if (!zk.pid) skip();
+    char url[256];
+    zk_test_url(&zk, "/jobs/values", url, sizeof url);
+    gr_coord *a = NULL, *b = NULL;
+    assert_int_equal(gr_coord_open(url, NULL, &a), 0);
+    assert_int_equal(gr_coord_open(url, NULL, &b), 0);
+    int64_t va = -1, vb = -1;
+    assert_int_equal(gr_coord_value_cas(a, "workers", "{\"by\":\"a\"}", &va), 0);
+    assert_int_equal(gr_coord_value_cas(b, "workers", "{\"by\":\"b\"}", &vb), GR_ESTALE);
+    char *txt = NULL;
+    assert_int_equal(gr_coord_value_get(b, "workers", &txt, &vb), 0);
+    assert_string_equal(txt, "{\"by\":\"a\"}");
+    free(txt);
+    int64_t stale = va;
+    assert_int_equal(gr_coord_value_cas(b, "workers", "{\"by\":\"b\"}", &vb), 0);
+    assert_int_equal(gr_coord_value_cas(a, "workers", "{\"by\":\"a2\"}", &stale), GR_ESTALE);
+    assert_int_equal(gr_coord_value_get(a, "workers", &txt, NULL), 0);
+    assert_string_equal(txt, "{\"by\":\"b\"}");
+    free(txt);
+    gr_coord_close(a);
+    gr_coord_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_value_cas_race),
         cmocka_unit_test(test_two_processes_hybrid_reach_one_process_auc),
+        cmocka_unit_test(test_resumed_job_of_two_processes),
         cmocka_unit_test(test_two_processes_async_reach_one_process_auc),
         cmocka_unit_test(test_chief_killed_another_process_takes_over),
         cmocka_unit_test(test_sync_worker_death_does_not_hang),
