@@ -334,6 +334,20 @@ static int kill_one(const job *j, const char *mode, bool kill_chief, uint64_t *c
     }
     pid_t chief = chief_pid(j);
     int victim = (pid[0] == chief) == kill_chief ? 0 : 1;
+    /* What a person sees meanwhile: both ranks, the chief, the run training. */
+    char out[8192];
+    const char *st_args[] = {"cluster", "status", "--coord", j->url, NULL};
+    assert_int_equal(ps_test_run_granary(st_args, out, sizeof out), 0);
+    if (getenv("GR_TEST_VERBOSE")) fprintf(stderr, "%s", out);
+    assert_non_null(strstr(out, "worker 0"));
+    assert_non_null(strstr(out, "worker 1"));
+    assert_non_null(strstr(out, "2 ranks, training"));
+    assert_non_null(strstr(out, "running"));
+    assert_non_null(strstr(out, "  chief\n"));
+    const char *js_args[] = {"cluster", "status", "--coord", j->url, "--json", NULL};
+    assert_int_equal(ps_test_run_granary(js_args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"worker_run\":{"));
+    assert_non_null(strstr(out, "\"up\":true"));
     int st;
     for (int p = 0; p < 2; p++) assert_int_equal(waitpid(pid[p], &st, WNOHANG), 0);
     assert_int_equal(kill(pid[victim], SIGKILL), 0);
