@@ -196,12 +196,18 @@ static void other_metrics(const job *j, char *out, size_t cap)
 
 /* 2 processes x 1 worker against 1 process x 2 workers, the same static split of the file
  * (worker i of the job reads the i-th half either way) and the same sync steps of the dense
- * parameters in hybrid. The bound: two clean runs of 2 pipelined workers differ between
- * themselves by up to 0.0026 AUC (test_coord_train, measured) through the order in which
- * asynchronous row updates land; the processes add only that kind of difference. */
-#define AUC_TOLERANCE 0.004
+ * parameters in hybrid. Neither kind of run is the same twice: asynchronous row updates (and in
+ * async the dense ones) land in another order each time. The bounds are that spread, measured
+ * over 6 runs of each kind on this fixture (loaded 2-core machine, one of them under ASan):
+ * hybrid, 1 process 0.76098-0.76288, 2 processes 0.76146-0.76319 (any two runs within 0.0022);
+ * async, 1 process 0.75943-0.76577, 2 processes 0.76139-0.76674 (within 0.0073). A wrong split
+ * (a share trained twice or not at all) or a worker missing from the steps costs more: the
+ * example counts are checked exactly besides. */
+#define AUC_TOLERANCE_HYBRID 0.004
+#define AUC_TOLERANCE_ASYNC 0.008
 
-static void compare_modes(const char *mode, const char *a_name, const char *b_name)
+static void compare_modes(const char *mode, const char *a_name, const char *b_name,
+                          double tolerance)
 {
     job a, b;
     start_job(&a, a_name);
@@ -223,7 +229,7 @@ static void compare_modes(const char *mode, const char *a_name, const char *b_na
     assert_true(metric(b.metrics, "job_workers") == 2);
     assert_true(is_true(b.metrics, "chief") && !is_true(other, "chief"));
     assert_true(metric(other, "examples") > 0 && metric(b.metrics, "examples") > 0);
-    assert_true(fabs(aucA - aucB) <= AUC_TOLERANCE);
+    assert_true(fabs(aucA - aucB) <= tolerance);
     /* The other process scores the same final model. */
     assert_true(fabs(metric(other, "auc") - aucB) <= 1e-9);
 }
@@ -232,7 +238,7 @@ static void test_two_processes_hybrid_reach_one_process_auc(void **state)
 {
     (void)state;
     if (!zk.pid) skip();
-    compare_modes("hybrid", "hybridA", "hybridB");
+    compare_modes("hybrid", "hybridA", "hybridB", AUC_TOLERANCE_HYBRID);
 }
 
 /* A finished job started again with --resume: a new run; its chief restores the final
@@ -295,7 +301,7 @@ static void test_two_processes_async_reach_one_process_auc(void **state)
 {
     (void)state;
     if (!zk.pid) skip();
-    compare_modes("async", "asyncA", "asyncB");
+    compare_modes("async", "asyncA", "asyncB", AUC_TOLERANCE_ASYNC);
 }
 
 /* The pid of the chief now (from its member record). */
