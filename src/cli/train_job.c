@@ -211,6 +211,16 @@ static int try_claim(tj_job *j)
         goto out;
     }
     cJSON *claims = cJSON_GetObjectItemCaseSensitive(rec, "claims");
+    /* Our own claim, written by an earlier attempt whose answer was lost with the connection:
+     * it is ours (a second one would leave a rank without a process). */
+    for (int r = 0; r < cJSON_GetArraySize(claims); r++)
+        if (!strcmp(rec_str(cJSON_GetArrayItem(claims, r), "member"), j->me)) {
+            j->rank = (unsigned)r;
+            snprintf(j->run, sizeof j->run, "%s", rec_str(rec, "run"));
+            j->owner = strtoull(rec_str(rec, "owner"), NULL, 16);
+            rc = 1;
+            goto out;
+        }
     int free_rank = -1;
     for (int r = 0; r < cJSON_GetArraySize(claims) && free_rank < 0; r++)
         if (!claim_alive(cJSON_GetArrayItem(claims, r), ms, n)) free_rank = r;
