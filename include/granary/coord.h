@@ -222,6 +222,27 @@ typedef void (*gr_coord_layout_fn)(void *arg, const gr_coord_layout *l);
 /* Sets (fn NULL: removes) the handle's one layout callback. */
 GR_API int gr_coord_watch_layout(gr_coord *c, gr_coord_layout_fn fn, void *arg);
 
+/* ---- Job values: small named records the members of a job share ---- */
+
+/* A value is a short text (JSON by convention) stored under the job by name, changed only by
+ * compare-and-set on its version, like the layout: what a job's processes agree on besides the
+ * layout (granary train's worker ranks and its run, docs/coord.md). zookeeper: the persistent
+ * znode PATH/NAME; static: held by the handle (one process sees its own values only). */
+#define GR_COORD_VALUE_MAX (256u * 1024u) /* bytes of a value's text */
+/* Whether name can name a value: 1..63 of [a-z0-9_-], and not "members", "election" or
+ * "layout" (the job's own znodes). */
+GR_API bool gr_coord_value_name_ok(const char *name);
+/* Reads value `name` into *out (malloc'd, NUL-terminated; the caller frees it) and its version
+ * into *version (may be NULL). GR_ENOENT when none is stored, GR_EAGAIN when not connected,
+ * GR_EINVAL for a bad name. */
+GR_API int gr_coord_value_get(gr_coord *c, const char *name, char **out, int64_t *version);
+/* Compare-and-set: stores text when the stored version is still *version (-1: only when no
+ * value of that name exists yet) and sets *version to the new one. GR_ESTALE when someone
+ * else changed (or created) it first: re-read, re-decide, retry. GR_EAGAIN when the connection
+ * dropped and it is not known whether the write happened (re-read and compare). GR_ETOOBIG
+ * past GR_COORD_VALUE_MAX. */
+GR_API int gr_coord_value_cas(gr_coord *c, const char *name, const char *text, int64_t *version);
+
 /* ---- Session ---- */
 
 typedef enum gr_coord_session {

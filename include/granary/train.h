@@ -564,6 +564,12 @@ typedef struct gr_ps_backend_opts {
      * the "partial" recovery after a lost shard, whose replacement restored its own rows while
      * the other shards keep their newer ones (docs/operations.md, "Recovery"). */
     bool resume_position_only;
+    /* One process of a job of several (gr_train_job): the sync job has job_workers workers
+     * (0: `workers`), and this backend's worker i is the job's worker worker_base + i.
+     * joined: another process of the job (its chief) sets the dense parameters' initial values
+     * and resets the sync job at a restore; this one does neither. */
+    uint32_t job_workers, worker_base;
+    bool joined;
 } gr_ps_backend_opts;
 
 enum { GR_PS_TABLES_REFUSE = 0, GR_PS_TABLES_REUSE = 1, GR_PS_TABLES_FRESH = 2 };
@@ -609,6 +615,35 @@ GR_API int gr_train_mode_parse(const char *s, gr_train_mode *out);
 #define GR_TRAIN_EMB_TABLE 1u
 
 struct gr_train_progress;
+
+/* A training process that is one of several of a job (granary train --coord --job-workers N;
+ * docs/coord.md, "Worker processes"). Every process runs opts.workers threads; worker i of the
+ * process of rank r is the job's worker r * workers + i: the training file is cut into
+ * ranks * workers static ranges by that index (as one process with ranks * workers threads
+ * cuts it), and the backend's step calls carry it. The hooks are called from the run's main
+ * thread; each may block. */
+typedef struct gr_train_job {
+    unsigned ranks; /* processes in the job, >= 1 */
+    unsigned rank;  /* this one's, < ranks */
+    void *ctx;
+    /* Whether this process leads the job now (asked often; must be cheap): only the chief
+     * saves checkpoints, periodic and final; a process that becomes chief mid-run starts
+     * saving at its next due step. */
+    bool (*is_chief)(void *ctx);
+    /* After the tables and dense parameters are declared and a resume restored, before the
+     * workers start; an error fails the run. NULL: none. */
+    int (*started)(void *ctx);
+    /* After this process's workers are done, before the final checkpoint and the test file:
+     * returns once the job's other processes are done with their data (or gone), so the final
+     * checkpoint of the chief holds the whole job's training. Not called after a failure or
+     * a stop (should_stop). NULL: none. */
+    void (*wait_others)(void *ctx);
+    /* The step of the newest checkpoint the job recorded (0: none): a new chief numbers its
+     * checkpoints above it. NULL: 0. */
+    uint64_t (*last_ckpt_step)(void *ctx);
+    /* A checkpoint this process committed. NULL: none. */
+    void (*saved)(void *ctx, const char *name, uint64_t step);
+} gr_train_job;
 
 typedef struct gr_train_opts {
     gr_model_config model;
@@ -695,6 +730,8 @@ typedef struct gr_train_opts {
      * examples/s, dropped gradients, stage seconds, checkpoints; docs/operations.md); NULL =
      * none. Not owned; it must outlive the run. */
     gr_metrics *metrics;
+    /* One process of a multi-process job (see gr_train_job); NULL: the job is this process. */
+    const gr_train_job *job;
 } gr_train_opts;
 
 /* What a progress line says (gr_train_opts.on_progress). */

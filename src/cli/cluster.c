@@ -28,7 +28,8 @@ static const gr_cli_spec status_spec = {
     .n_opts = CS_COUNT,
     .config_section = "cluster",
     .epilog = "Prints the layout's epoch, each shard (index, address, slots, member, pid when\n"
-              "the process runs on this machine), the standbys, the workers and the chief.\n",
+              "the process runs on this machine), the standbys, the workers and the chief,\n"
+              "and the ranks of `granary train --job-workers` processes.\n",
 };
 
 /* What `cluster status` gathered. */
@@ -40,6 +41,9 @@ typedef struct job_view {
     bool have_chief;
     gr_coord_member chief;
     char host[GR_COORD_HOST_MAX];
+    /* The run of `granary train --job-workers N` processes (the job value "workers",
+     * cli/train_job.c), or NULL when there is none. */
+    cJSON *run;
 } job_view;
 
 static const gr_coord_member *member_by_id(const job_view *j, const char *id)
@@ -83,6 +87,42 @@ static uint32_t slots_of(const gr_coord_layout *l, uint32_t shard, char *ranges,
         s = e;
     }
     return n;
+}
+
+static const char *claim_member(const cJSON *claim)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(claim, "member");
+    return cJSON_IsString(m) ? m->valuestring : "";
+}
+
+/* The worker processes' run: its ranks, who holds each and in what state. */
+static void print_run(const job_view *j)
+{
+    const cJSON *r = j->run;
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(r, "run");
+    const cJSON *ck = cJSON_GetObjectItemCaseSensitive(r, "ckpt");
+    const cJSON *claims = cJSON_GetObjectItemCaseSensitive(r, "claims");
+    printf("worker processes: run %s, %d ranks, %s", cJSON_IsString(run) ? run->valuestring : "?",
+           cJSON_GetArraySize(claims),
+           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "done"))    ? "done"
+           : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "ready")) ? "training"
+                                                                        : "starting");
+    if (cJSON_IsString(ck) && ck->valuestring[0]) printf(", last checkpoint %s", ck->valuestring);
+    printf("\n");
+    for (int i = 0; i < cJSON_GetArraySize(claims); i++) {
+        const cJSON *cl = cJSON_GetArrayItem(claims, i);
+        if (!cJSON_IsObject(cl)) {
+            printf("  rank %-3d (free)\n", i);
+            continue;
+        }
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(cl, "state");
+        const gr_coord_member *m = member_by_id(j, claim_member(cl));
+        printf("  rank %-3d %-30s %s%s", i, claim_member(cl),
+               cJSON_IsString(st) ? st->valuestring : "?", m ? "" : " (gone)");
+        if (local(j, m)) printf("  pid %lld", (long long)m->pid);
+        if (m && j->have_chief && !strcmp(m->id, j->chief.id)) printf("  chief");
+        printf("\n");
+    }
 }
 
 static cJSON *member_json(const job_view *j, const gr_coord_member *m)
@@ -134,6 +174,17 @@ static void print_json(const char *spec, const job_view *j)
     }
     if (j->have_chief) cJSON_AddItemToObject(root, "chief", member_json(j, &j->chief));
     else cJSON_AddNullToObject(root, "chief");
+    /* The worker processes' run as stored, each claim with "up": its member is registered. */
+    if (j->run) {
+        cJSON *run = cJSON_Duplicate(j->run, true);
+        cJSON *cl;
+        cJSON_ArrayForEach(cl, cJSON_GetObjectItemCaseSensitive(run, "claims"))
+            if (cJSON_IsObject(cl))
+                cJSON_AddBoolToObject(cl, "up", member_by_id(j, claim_member(cl)) != NULL);
+        cJSON_AddItemToObject(root, "worker_run", run);
+    } else {
+        cJSON_AddNullToObject(root, "worker_run");
+    }
     char *text = cJSON_PrintUnformatted(root);
     if (text) printf("%s\n", text);
     free(text);
@@ -188,6 +239,7 @@ static void print_text(const char *spec, const job_view *j)
     } else {
         printf("chief: none\n");
     }
+    if (j->run) print_run(j);
 }
 
 static int gather(gr_coord *c, job_view *j)
@@ -199,6 +251,11 @@ static int gather(gr_coord *c, job_view *j)
     rc = gr_coord_leader(c, &j->chief);
     if (rc && rc != GR_ENOENT) return rc;
     j->have_chief = rc == 0;
+    char *run = NULL;
+    rc = gr_coord_value_get(c, "workers", &run, NULL);
+    if (rc && rc != GR_ENOENT) return rc;
+    j->run = run ? cJSON_Parse(run) : NULL;
+    free(run);
     if (gethostname(j->host, sizeof j->host) != 0) j->host[0] = '\0';
     j->host[sizeof j->host - 1] = '\0';
     return 0;
@@ -237,6 +294,7 @@ out:
     gr_coord_close(c);
     gr_coord_layout_fini(&j.layout);
     free(j.members);
+    cJSON_Delete(j.run);
     gr_cli_parsed_fini(&p);
     return status;
 }

@@ -13,6 +13,7 @@
 #include "granary/metrics.h"
 #include "granary/train.h"
 #include "cli/train_coord.h"
+#include "cli/train_job.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -143,6 +144,9 @@
     X(TO_RECTIMEOUT, "recovery-timeout", GR_CLI_INT, "recovery_timeout_ms", 1000, 86400000,    \
       NULL, "MS", "120000", "with --coord: how long to wait for the shards (at start, and\n"  \
       "for a standby to replace a lost one)")                                                  \
+    X(TO_JOBWORKERS, "job-workers", GR_CLI_INT, "job_workers", 1, 256, NULL, "N", "1",           \
+      "with --coord: the job's worker processes, each running --workers threads\n"          \
+      "(they claim ranks, elect a chief and split the data; docs/coord.md)")                  \
     X(TO_FOLLOW, "follow", GR_CLI_FLAG, "follow", 0, 0, NULL, NULL, NULL,                      \
       "read --train as it grows (rotation and truncation handled; --train - reads\n"          \
       "stdin) and train until SIGTERM/SIGINT, then checkpoint and exit 0")                      \
@@ -178,6 +182,8 @@ typedef struct run_info {
     uint32_t aggregate, staleness;
     bool have_sync;      /* the shards' sync counters below were read */
     bool coord;          /* --coord: the recovery figures below are reported */
+    unsigned job_workers, job_rank; /* --job-workers: the job's processes and this one's rank */
+    bool chief;          /* ... and whether this process led the job at the end */
     uint32_t recoveries;
     double recovery_seconds; /* from each failure until the run went on, summed */
     double applied_steps, admitted, short_steps, dropped, waits;
@@ -285,6 +291,11 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
         cJSON_AddNullToObject(j, "model_saved");
     }
     cJSON_AddBoolToObject(j, "stopped", r->stopped);
+    if (ri->job_workers > 1) {
+        cJSON_AddNumberToObject(j, "job_workers", ri->job_workers);
+        cJSON_AddNumberToObject(j, "job_rank", ri->job_rank);
+        cJSON_AddBoolToObject(j, "chief", ri->chief);
+    }
     if (ri->coord) {
         cJSON_AddNumberToObject(j, "recoveries", ri->recoveries);
         cJSON_AddNumberToObject(j, "recovery_seconds", ri->recovery_seconds);
@@ -331,6 +342,8 @@ typedef struct train_cmd {
     uint32_t recovery_timeout_ms;
     bool position_only;            /* the next backend restores only the data position */
     uint32_t same_epoch_retries;   /* recoveries in a row that found no shard replaced */
+    unsigned job_workers;          /* --job-workers */
+    tj_job *tj;                    /* one of several worker processes of the job, or NULL */
 } train_cmd;
 
 /* The values into the trainer's options: the model kind's defaults first, then what was given. */
@@ -465,6 +478,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     }
     c->coord = v[TO_COORD].s;
     c->recovery_timeout_ms = (uint32_t)v[TO_RECTIMEOUT].i;
+    c->job_workers = (unsigned)v[TO_JOBWORKERS].i;
     c->local = !c->servers && !c->coord && c->shards == 0;
     /* No --mode: the trainer's choice for the worker count (the local backend is async only). */
     if (v[TO_MODE].given) {
@@ -473,7 +487,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
             return 2;
         }
     } else {
-        o->mode = c->local ? GR_MODE_ASYNC : gr_train_default_mode(o->workers);
+        o->mode = c->local ? GR_MODE_ASYNC : gr_train_default_mode(o->workers * c->job_workers);
     }
     c->partial = v[TO_RECOVERY].given ? v[TO_RECOVERY].i == 0
                                       : o->mode != GR_MODE_SYNC && o->mode != GR_MODE_SEMISYNC;
@@ -505,6 +519,16 @@ static int check_combinations(train_cmd *c)
         fprintf(stderr, "granary train: --coord finds the shards itself: drop --servers/--local\n");
         return 2;
     }
+    if (c->job_workers > 1 && !c->coord) {
+        fprintf(stderr, "granary train: --job-workers %u: the worker processes find each other "
+                        "through the coordinator: give --coord zk://HOSTS/PATH\n", c->job_workers);
+        return 2;
+    }
+    if (c->job_workers > 1 && (o->follow || o->data == GR_TRAIN_DATA_SHARED || o->straggler_factor > 1)) {
+        fprintf(stderr, "granary train: --job-workers %u: the processes read static ranges of one "
+                        "file (drop --follow, --data shared, --straggler)\n", c->job_workers);
+        return 2;
+    }
     if (c->coord && !o->ckpt_dir)
         fprintf(stderr, "granary train: --coord without --ckpt-dir: a lost shard comes back "
                         "empty and a rollback has nothing to return to\n");
@@ -512,17 +536,18 @@ static int check_combinations(train_cmd *c)
         fprintf(stderr, "granary train: give --aggregate K or --backup B, not both\n");
         return 2;
     }
-    if (c->backup >= 0 && c->backup >= (long)o->workers) {
+    /* The job's workers: every process's threads. */
+    unsigned all = o->workers * c->job_workers;
+    if (c->backup >= 0 && c->backup >= (long)all) {
         fprintf(stderr, "granary train: --backup %ld leaves no worker to aggregate (%u workers)\n",
-                c->backup, o->workers);
+                c->backup, all);
         return 2;
     }
     c->k = c->aggregate >= 0 ? (uint32_t)c->aggregate
-         : c->backup >= 0   ? o->workers - (uint32_t)c->backup
-         : o->workers > 1   ? o->workers - 1 : 1;
-    if (o->mode == GR_MODE_SEMISYNC && c->k > o->workers) {
-        fprintf(stderr, "granary train: --aggregate %u is more than the %u workers\n", c->k,
-                o->workers);
+         : c->backup >= 0   ? all - (uint32_t)c->backup
+         : all > 1          ? all - 1 : 1;
+    if (o->mode == GR_MODE_SEMISYNC && c->k > all) {
+        fprintf(stderr, "granary train: --aggregate %u is more than the %u workers\n", c->k, all);
         return 2;
     }
     if ((c->aggregate >= 0 || c->backup >= 0) && o->mode != GR_MODE_SEMISYNC)
@@ -608,7 +633,15 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.dense_opt = c->bo.dense_opt;
     /* --dense-lr is the one-worker rate; the trainer scales it for modes whose steps average
      * several workers' dense gradients. */
-    po.dense_lr = gr_train_dense_lr(c->o.mode, c->o.workers, c->bo.dense_lr);
+    po.dense_lr = gr_train_dense_lr(c->o.mode, c->o.workers * c->job_workers, c->bo.dense_lr);
+    if (c->tj) {
+        /* One process of several: the job's workers, this one's first, the run's owner; only
+         * the process that sets the job up writes the dense values and resets the sync job. */
+        po.job_workers = c->o.workers * c->job_workers;
+        po.worker_base = tj_rank(c->tj) * c->o.workers;
+        po.owner = tj_owner(c->tj);
+        po.joined = !tj_initialises(c->tj);
+    }
     po.beta1 = c->bo.beta1;
     po.beta2 = c->bo.beta2;
     po.eps = c->bo.eps;
@@ -730,7 +763,15 @@ static int report(const train_cmd *c, const gr_train_result *r, const run_info *
         fprintf(stderr, "train: stopped by %s after %llu steps (exit status %d)\n",
                 gr_cli_signal_name(gr_cli_stop_signal()), (unsigned long long)r->steps,
                 gr_cli_signal_status(gr_cli_stop_signal()));
-    if (c->metrics && write_metrics(c->metrics, o, r, ri)) {
+    /* One of several worker processes: the chief writes the job's metrics file, each other
+     * process its own beside it (FILE.rank-R). */
+    char own[4200];
+    const char *metrics = c->metrics;
+    if (metrics && ri->job_workers > 1 && !ri->chief) {
+        snprintf(own, sizeof own, "%s.rank-%u", metrics, ri->job_rank);
+        metrics = own;
+    }
+    if (metrics && write_metrics(metrics, o, r, ri)) {
         fprintf(stderr, "granary train: --metrics-out: %s\n", gr_errmsg());
         return 1;
     }
@@ -850,8 +891,26 @@ int gr_cli_train(int argc, char **argv)
     gr_metrics_http *metrics_http = NULL;
     int rc = c.prom ? start_metrics(c.prom, &metrics, &metrics_http) : 0;
     c.o.metrics = metrics;
-    if (!rc && c.coord) rc = tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over);
-    if (job) {
+    if (!rc && c.coord && c.job_workers > 1) {
+        tj_want want = {c.job_workers, c.o.workers, gr_train_mode_name(c.o.mode),
+                        c.recovery_timeout_ms, c.auth_file};
+        rc = tj_open(c.coord, &want, &c.tj);
+        if (!rc) {
+            job = tj_tc(c.tj);
+            c.servers = tc_servers(job);
+            ri.job_workers = c.job_workers;
+            ri.job_rank = tj_rank(c.tj);
+            if (!tj_initialises(c.tj)) {
+                /* The chief declared the tables (they may hold its rows by now) and restored
+                 * any checkpoint: this process reads only its position there. */
+                c.tables = GR_PS_TABLES_REUSE;
+                c.position_only = true;
+            }
+        }
+    } else if (!rc && c.coord) {
+        rc = tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over);
+    }
+    if (job && !c.tj) {
         c.servers = tc_servers(job);
         if (took_over && c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
         c.position_only = took_over && c.partial;
@@ -860,8 +919,10 @@ int gr_cli_train(int argc, char **argv)
     }
     if (!rc) rc = make_backend(&c, &ri, &cluster, &client, &be);
     if (!rc && job) tc_attach(job, client);
+    if (!rc && c.tj) c.o.job = tj_train_hooks(c.tj);
     if (rc) {
-        tc_close(job);
+        if (c.tj) tj_close(c.tj);
+        else tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
         gr_cli_explain_no_reply("train", gr_errmsg());
         gr_client_destroy(client);
@@ -888,16 +949,25 @@ int gr_cli_train(int argc, char **argv)
     rc = gr_train_run(&c.o, &be, &r);
     char errbuf[600] = "";
     if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
-    while (rc && job && tc_recoverable(rc)) /* a shard was lost: heal, then go on */
+    while (rc && job && !c.tj && tc_recoverable(rc)) /* a shard was lost: heal, then go on */
         rc = recover(&c, &ri, job, &client, &be, &r, errbuf, sizeof errbuf);
+    if (rc && c.tj && tc_recoverable(rc))
+        fprintf(stderr, "train: a job of several worker processes does not recover from a lost "
+                        "shard by itself: start its processes again with --resume %s\n",
+                c.o.ckpt_dir ? c.o.ckpt_dir : "DIR");
+    ri.chief = c.tj && tj_is_chief(c.tj);
     if (client && c.o.mode != GR_MODE_ASYNC) {
         if (!rc) read_sync_stats(client, &ri);
-        gr_ps_backend_finish(&be); /* drop the job from the shards */
+        /* Drop the job from the shards; in a job of several processes the chief does, once
+         * the others are done. */
+        if (!c.tj || ri.chief) gr_ps_backend_finish(&be);
     }
+    if (c.tj && ri.chief && !rc) tj_done(c.tj);
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
     gr_local_cluster_stop(cluster);
-    tc_close(job);
+    if (c.tj) tj_close(c.tj);
+    else tc_close(job);
     if (rc) fprintf(stderr, "granary train: %s: %s\n", gr_strerror(rc), errbuf);
     int status = 1;
     if (!rc) status = exit_status(&r, report(&c, &r, &ri) == 0);

@@ -15,6 +15,7 @@ struct tc_job {
     char servers[GR_COORD_ADDR_MAX * 16 + 64];
     char *servers_big; /* more than 16 shards */
     uint64_t epoch;
+    uint32_t stale_patience_ms; /* 0: 50 */
 };
 
 #define POLL_MS 100
@@ -137,6 +138,28 @@ int tc_open(const char *spec, uint32_t timeout_ms, tc_job **out, bool *took_over
     return GR_OK;
 }
 
+int tc_open_member(const char *spec, uint32_t timeout_ms, tc_job **out)
+{
+    *out = NULL;
+    tc_job *j = calloc(1, sizeof *j);
+    if (!j) return gr_seterr(GR_ENOMEM, "out of memory");
+    int rc = gr_coord_open(spec, NULL, &j->c);
+    gr_coord_member self;
+    gr_coord_member_init(&self, GR_COORD_WORKER);
+    if (!rc) rc = gr_coord_register(j->c, &self, NULL);
+    if (!rc) rc = gr_coord_elect(j->c, NULL, NULL);
+    if (!rc) rc = tc_wait_healed(j, 0, timeout_ms);
+    if (rc) {
+        tc_close(j);
+        return rc;
+    }
+    *out = j;
+    return GR_OK;
+}
+
+struct gr_coord *tc_coord(tc_job *j) { return j->c; }
+void tc_set_stale_patience(tc_job *j, uint32_t ms) { j->stale_patience_ms = ms; }
+
 bool tc_recoverable(int rc)
 {
     return rc == GR_ECONN || rc == GR_ETIMEDOUT || rc == GR_ESTALE || rc == GR_ESHUTDOWN;
@@ -158,7 +181,7 @@ static int on_stale(void *ctx, gr_client *c, uint32_t shard, uint32_t epoch, con
         if (strcmp(l.shards[i].address, gr_client_shard_addr(c, i))) rc = GR_ESTALE;
     if (!rc) gr_client_set_epoch(c, (uint32_t)l.epoch);
     gr_coord_layout_fini(&l);
-    if (!rc) gr_sleep_ms(50);
+    if (!rc) gr_sleep_ms(j->stale_patience_ms ? j->stale_patience_ms : 50);
     return rc;
 }
 

@@ -13,12 +13,21 @@ typedef struct tc_job tc_job;
  * timeout_ms while another process leads), then until every shard of the layout serves.
  * *took_over: a chief led the job before us (the run should resume from its checkpoint). */
 int tc_open(const char *spec, uint32_t timeout_ms, tc_job **out, bool *took_over);
+/* The same for one of several worker processes of a job (train_job.c): registers as a worker
+ * (rank -1 until it claims one), joins the election without waiting to lead, then waits until
+ * every shard of the layout serves. */
+int tc_open_member(const char *spec, uint32_t timeout_ms, tc_job **out);
+/* The job's coordinator handle (valid until tc_close). */
+struct gr_coord *tc_coord(tc_job *j);
 /* "addr,addr,..." of the layout tc_open or tc_wait_healed last saw (valid until the next). */
 const char *tc_servers(const tc_job *j);
 /* Stamps the layout's epoch on client's requests and installs the stale hook: on GR_ESTALE it
  * re-reads the layout and retries while the shards' addresses are the client's; once one has
  * moved it fails the operation (the run then recovers). Call before the client is shared. */
 void tc_attach(tc_job *j, gr_client *client);
+/* How long the stale hook waits before a request refused by a shard of an unchanged layout is
+ * sent again (64 times at most); default 50 ms. */
+void tc_set_stale_patience(tc_job *j, uint32_t ms);
 /* The failures a coordinated run recovers from: a shard gone or refusing the epoch. */
 bool tc_recoverable(int rc);
 /* Waits (up to timeout_ms) until the layout's epoch is at least `epoch` and every shard of it

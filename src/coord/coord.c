@@ -314,6 +314,40 @@ int gr_coord_layout_get(gr_coord *c, gr_coord_layout *out)
     return c->be->layout_get(c, false, out);
 }
 
+bool gr_coord_value_name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > 63) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+              name[i] == '_' || name[i] == '-'))
+            return false;
+    return strcmp(name, "members") && strcmp(name, "election") && strcmp(name, "layout");
+}
+
+int gr_coord_value_get(gr_coord *c, const char *name, char **out, int64_t *version)
+{
+    *out = NULL;
+    if (!gr_coord_value_name_ok(name))
+        return gr_seterr(GR_EINVAL, "coord: '%s' cannot name a value (1..63 of a-z, 0-9, _ and "
+                         "-; not members, election or layout)", name ? name : "(null)");
+    int64_t v = -1;
+    int rc = c->be->value_get(c, name, out, &v);
+    if (version) *version = v;
+    return rc;
+}
+
+int gr_coord_value_cas(gr_coord *c, const char *name, const char *text, int64_t *version)
+{
+    if (!gr_coord_value_name_ok(name))
+        return gr_seterr(GR_EINVAL, "coord: '%s' cannot name a value (1..63 of a-z, 0-9, _ and "
+                         "-; not members, election or layout)", name ? name : "(null)");
+    if (!text || strlen(text) > GR_COORD_VALUE_MAX)
+        return gr_seterr(GR_ETOOBIG, "coord: value %s: %zu bytes, at most %u", name,
+                         text ? strlen(text) : 0, GR_COORD_VALUE_MAX);
+    return c->be->value_cas(c, name, text, version);
+}
+
 int gr_coord_layout_cas(gr_coord *c, gr_coord_layout *l)
 {
     int rc = coord_layout_check(l);

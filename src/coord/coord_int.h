@@ -27,6 +27,9 @@ struct coord_backend {
     int (*list_members)(gr_coord *c, bool watch, gr_coord_member **out, size_t *n);
     int (*layout_get)(gr_coord *c, bool watch, gr_coord_layout *out);
     int (*layout_cas)(gr_coord *c, gr_coord_layout *l);
+    /* Job values (gr_coord_value_*; the name is checked by the caller). */
+    int (*value_get)(gr_coord *c, const char *name, char **out, int64_t *version);
+    int (*value_cas)(gr_coord *c, const char *name, const char *text, int64_t *version);
     int (*elect)(gr_coord *c);                 /* join: create our candidate */
     int (*resign)(gr_coord *c);
     /* Re-checks the election (arming the predecessor's watch): *leading out. */

@@ -3,12 +3,22 @@
  * (gr_coord_layout_cas); membership and the election are this handle's own registration. */
 #include "coord/coord_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A job value held by the handle (static: nobody else shares it). */
+typedef struct st_value {
+    struct st_value *next;
+    char name[64];
+    char *text;
+    int64_t version;
+} st_value;
 
 struct coord_static {
     bool have_layout;
     gr_coord_layout layout; /* under c->mu */
+    st_value *values;       /* under c->mu */
 };
 
 static bool is_file_spec(const char *spec, const char **path)
@@ -82,6 +92,11 @@ static void st_stop(gr_coord *c)
 {
     if (!c->st) return;
     gr_coord_layout_fini(&c->st->layout);
+    for (st_value *v = c->st->values, *next; v; v = next) {
+        next = v->next;
+        free(v->text);
+        free(v);
+    }
     free(c->st);
     c->st = NULL;
 }
@@ -183,6 +198,55 @@ static int st_leader(gr_coord *c, gr_coord_member *out)
     return lead ? 0 : gr_seterr(GR_ENOENT, "coord: no leader (static: the member of rank 0)");
 }
 
+static st_value *st_find(gr_coord *c, const char *name)
+{
+    for (st_value *v = c->st->values; v; v = v->next)
+        if (!strcmp(v->name, name)) return v;
+    return NULL;
+}
+
+static int st_value_get(gr_coord *c, const char *name, char **out, int64_t *version)
+{
+    pthread_mutex_lock(&c->mu);
+    st_value *v = st_find(c, name);
+    int rc = !v ? gr_seterr(GR_ENOENT, "coord: no value %s", name)
+           : (*out = strdup(v->text)) ? 0 : gr_seterr(GR_ENOMEM, "coord: out of memory");
+    if (!rc) *version = v->version;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int st_value_cas(gr_coord *c, const char *name, const char *text, int64_t *version)
+{
+    char *copy = strdup(text);
+    if (!copy) return gr_seterr(GR_ENOMEM, "coord: out of memory");
+    pthread_mutex_lock(&c->mu);
+    st_value *v = st_find(c, name);
+    int rc = 0;
+    if (*version < 0 && v)
+        rc = gr_seterr(GR_ESTALE, "coord: value %s exists already", name);
+    else if (*version >= 0 && (!v || v->version != *version))
+        rc = gr_seterr(GR_ESTALE, "coord: value %s is no longer version %lld", name,
+                       (long long)*version);
+    else if (!v && !(v = calloc(1, sizeof *v)))
+        rc = gr_seterr(GR_ENOMEM, "coord: out of memory");
+    else if (*version < 0) {
+        snprintf(v->name, sizeof v->name, "%s", name);
+        v->version = -1;
+        v->next = c->st->values;
+        c->st->values = v;
+    }
+    if (!rc) {
+        free(v->text);
+        v->text = copy;
+        copy = NULL;
+        *version = ++v->version;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(copy);
+    return rc;
+}
+
 static void st_session_step(gr_coord *c) { (void)c; }
 static void st_tick(gr_coord *c) { (void)c; }
 
@@ -195,6 +259,8 @@ const coord_backend coord_static_backend = {
     .list_members = st_list_members,
     .layout_get = st_layout_get,
     .layout_cas = st_layout_cas,
+    .value_get = st_value_get,
+    .value_cas = st_value_cas,
     .elect = st_elect,
     .resign = st_resign,
     .election_check = st_election_check,

@@ -5,6 +5,7 @@
  *   PATH/members/m-<session>-<seq>    ephemeral sequential, a member record (JSON)
  *   PATH/election/c-<session>-<seq>   ephemeral sequential, a candidate (its member record)
  *   PATH/layout                       persistent, the layout (JSON), changed by version CAS
+ *   PATH/NAME                         persistent, a job value (gr_coord_value_*), likewise
  * The session id in the names lets a client that lost the reply to a create find the node it
  * may have made (ZooKeeper's recipe). */
 #ifndef GRANARY_COORD_ZK_INT_H
@@ -61,6 +62,9 @@ int zk_find_child(coord_zk *z, const char *dir, const char *prefix, char *path, 
 int zk_list_members(gr_coord *c, bool watch, gr_coord_member **out, size_t *n);
 int zk_layout_get(gr_coord *c, bool watch, gr_coord_layout *out);
 int zk_layout_cas(gr_coord *c, gr_coord_layout *l);
+/* zk_values.c: job values, the persistent znodes PATH/NAME. */
+int zk_value_get(gr_coord *c, const char *name, char **out, int64_t *version);
+int zk_value_cas(gr_coord *c, const char *name, const char *text, int64_t *version);
 int zk_elect(gr_coord *c);
 int zk_resign(gr_coord *c);
 int zk_election_check(gr_coord *c, bool *leading);

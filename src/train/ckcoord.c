@@ -29,7 +29,8 @@ int tr_ck_gate(tr_worker *w, bool after)
     trainer *tr = w->tr;
     pthread_mutex_lock(&tr->mu);
     for (;;) {
-        bool park = after ? !tr->ck.rounds && tr->ck.pause
+        bool park = !tr->ck.chief ? false
+                  : after ? !tr->ck.rounds && tr->ck.pause
                           : tr->ck.rounds ? tr->ck.target && w->base + w->fetched == tr->ck.target
                                           : tr->ck.pause;
         if (!park || tr->err) break;
@@ -93,6 +94,12 @@ static char *ck_meta(const trainer *tr, uint64_t step)
     cJSON_AddNumberToObject(j, "step", (double)step);
     cJSON_AddStringToObject(j, "mode", gr_train_mode_name(o->mode));
     cJSON_AddNumberToObject(j, "workers", o->workers);
+    /* A multi-process job: its processes (each with `workers` threads, each reading its own
+     * ranges) and the rank of the chief whose workers' steps follow. */
+    if (o->job && o->job->ranks > 1) {
+        cJSON_AddNumberToObject(j, "job_ranks", o->job->ranks);
+        cJSON_AddNumberToObject(j, "rank", o->job->rank);
+    }
     cJSON_AddNumberToObject(j, "batch", (double)o->batch);
     cJSON_AddNumberToObject(j, "epochs", o->epochs);
     cJSON_AddStringToObject(j, "data", data_name(tr));
@@ -145,6 +152,12 @@ static char *ck_meta(const trainer *tr, uint64_t step)
 static int ck_save(trainer *tr, uint64_t step)
 {
     const gr_train_opts *o = tr->o;
+    /* A new chief numbers its checkpoints above the job's newest, so the newest checkpoint is
+     * the one with the highest step whoever wrote it. */
+    if (o->job && o->job->last_ckpt_step) {
+        uint64_t last = o->job->last_ckpt_step(o->job->ctx);
+        if (step <= last) step = last + 1;
+    }
     pthread_mutex_lock(&tr->mu);
     char *meta = ck_meta(tr, step);
     uint64_t total = tr_total_pushed(tr);
@@ -186,15 +199,47 @@ static int ck_save(trainer *tr, uint64_t step)
     tr->ck.saved_total = total;
     tr->ck.last_failed = rc != GR_OK;
     pthread_mutex_unlock(&tr->mu);
+    /* The job records it (a coordinator round trip: not under mu). */
+    if (!rc && o->job && o->job->saved) o->job->saved(o->job->ctx, k.name, step);
     return rc;
 }
 
 /* The coordinator's turn (the run's main thread, holding mu): start a pause when one is due,
  * and save once every worker is quiet. Returns true when it saved. */
+/* The most steps any of this process's workers has begun (base + fetched). Under mu. */
+static uint64_t most_fetched(const trainer *tr)
+{
+    uint64_t m = 0;
+    for (unsigned i = 0; i < tr->o->workers; i++)
+        if (tr->workers[i].base + tr->workers[i].fetched > m)
+            m = tr->workers[i].base + tr->workers[i].fetched;
+    return m;
+}
+
+/* A multi-process job: follows who leads it. A process that just became chief plans its first
+ * checkpoint past where its workers are (they never parked for the old chief's); one that
+ * stopped leading lets parked workers go. Under mu. */
+static void ck_follow_chief(trainer *tr)
+{
+    const gr_train_opts *o = tr->o;
+    bool chief = !o->job || !o->job->is_chief || o->job->is_chief(o->job->ctx);
+    if (chief == tr->ck.chief) return;
+    tr->ck.chief = chief;
+    if (chief && o->ckpt_every) {
+        tr->ck.target = tr->ck.rounds ? (most_fetched(tr) / o->ckpt_every + 1) * o->ckpt_every : 0;
+        tr->ck.next_total = tr_total_pushed(tr) + o->ckpt_every * o->workers;
+        fprintf(stderr, "train: this process leads the job now: it saves the checkpoints\n");
+    }
+    if (!chief) tr->ck.pause = false;
+    pthread_cond_broadcast(&tr->cv);
+}
+
 bool tr_ck_turn(trainer *tr)
 {
     const gr_train_opts *o = tr->o;
     if (!tr->ck.on || tr->err) return false;
+    ck_follow_chief(tr);
+    if (!tr->ck.chief) return false;
     if (!tr->ck.rounds && !tr->ck.pause && o->ckpt_every &&
         tr_total_pushed(tr) >= tr->ck.next_total) {
         tr->ck.pause = true;
@@ -306,6 +351,8 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
         cJSON_Delete(j);
         return rc;
     }
+    /* Static ranges are cut by the job's worker index: the same processes, the same ranges. */
+    uint64_t ranks_was = cJSON_HasObjectItem(j, "job_ranks") ? json_u64(j, "job_ranks", &ok) : 1;
     if (strcmp(data->valuestring, data_name(tr)))
         rc = gr_seterr(GR_EINVAL, "%s was written with %s data assignment, this run has %s "
                        "(--data %s to resume it)", ld.name, data->valuestring, data_name(tr),
@@ -313,6 +360,10 @@ int tr_ck_restore(trainer *tr, cJSON **meta)
     else if (batch != o->batch)
         rc = gr_seterr(GR_EINVAL, "%s was written with batch %llu, this run has %zu: the data "
                        "position is counted in batches", ld.name, (unsigned long long)batch, o->batch);
+    else if (!tr->data.shared && ranks_was != (o->job ? o->job->ranks : 1u))
+        rc = gr_seterr(GR_EINVAL, "%s was written by a job of %llu worker processes, this run has "
+                       "%u: the data ranges would differ", ld.name, (unsigned long long)ranks_was,
+                       o->job ? o->job->ranks : 1u);
     else if (!tr->data.shared && workers != o->workers)
         rc = gr_seterr(GR_EINVAL, "%s was written by %llu workers with static data ranges, this "
                        "run has %u: the ranges would differ", ld.name, (unsigned long long)workers,
@@ -396,6 +447,7 @@ void tr_ck_setup(trainer *tr)
     tr->ck.target = tr->ck.rounds && o->ckpt_every ? (from / o->ckpt_every + 1) * o->ckpt_every : 0;
     tr->ck.next_total = tr->base_total + o->ckpt_every * o->workers;
     tr->ck.saved_total = tr->base_total;
+    tr->ck.chief = !o->job || !o->job->is_chief || o->job->is_chief(o->job->ctx);
 }
 
 void tr_ck_finish(trainer *tr)
@@ -404,6 +456,9 @@ void tr_ck_finish(trainer *tr)
      * this is the last chance to keep the model). */
     if (!tr->ck.on || tr->err || (tr_total_pushed(tr) == tr->ck.saved_total && !tr->ck.last_failed))
         return;
+    /* A multi-process job: the chief saves the job's final state (the others are done). */
+    const gr_train_job *job = tr->o->job;
+    if (job && job->is_chief && !job->is_chief(job->ctx)) return;
     uint64_t step = tr_total_pushed(tr);
     if (tr->ck.rounds) {
         step = 0;

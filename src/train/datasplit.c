@@ -140,14 +140,18 @@ int tr_data_setup(trainer *tr)
     const gr_train_opts *o = tr->o;
     tr_data *d = &tr->data;
     if (!d->shared) {
-        /* Static: worker i reads the i-th of W contiguous ranges. */
-        uint64_t *off = calloc(o->workers + 1, sizeof *off), *first = calloc(o->workers + 1, sizeof *first);
-        int rc = off && first ? gr_criteo_split(o->train_path, o->workers, off, first)
+        /* Static: worker i reads the i-th of W contiguous ranges; in a job of several
+         * processes, the job's worker rank * W + i reads the (rank * W + i)-th of ranks * W, as
+         * one process with ranks * W workers would. */
+        unsigned ranks = o->job ? o->job->ranks : 1, base = o->job ? o->job->rank * o->workers : 0;
+        unsigned parts = ranks * o->workers;
+        uint64_t *off = calloc(parts + 1, sizeof *off), *first = calloc(parts + 1, sizeof *first);
+        int rc = off && first ? gr_criteo_split(o->train_path, parts, off, first)
                               : gr_seterr(GR_ENOMEM, "train: out of memory");
         for (unsigned i = 0; !rc && i < o->workers; i++) {
-            tr->workers[i].start = off[i];
-            tr->workers[i].end = off[i + 1];
-            tr->workers[i].first_line = first[i];
+            tr->workers[i].start = off[base + i];
+            tr->workers[i].end = off[base + i + 1];
+            tr->workers[i].first_line = first[base + i];
         }
         free(off);
         free(first);

@@ -62,7 +62,7 @@ static gr_client_sync_config job_config(const ps_ctx *p)
     gr_client_sync_config sc;
     memset(&sc, 0, sizeof sc);
     sc.mode = p->o.mode == GR_MODE_HYBRID ? GR_CLIENT_SYNC_SYNC : (uint32_t)p->o.mode;
-    sc.workers = p->o.workers;
+    sc.workers = p->o.job_workers ? p->o.job_workers : p->o.workers;
     sc.aggregate = p->o.aggregate;
     sc.staleness = p->o.staleness;
     return sc;
@@ -215,7 +215,8 @@ static int ps_dense_init(void *ctx, const char *name, const float *init, size_t 
      * cannot express): set it, which also resets the optimizer state. Not in a partial
      * recovery: the shards hold the trained values (the lost shard's restored ones) and no
      * checkpoint load follows to put them back. */
-    if (!rc && init && !p->o.resume_position_only) rc = gr_client_dense_set(p->c, name, init, n);
+    if (!rc && init && !p->o.resume_position_only && !p->o.joined)
+        rc = gr_client_dense_set(p->c, name, init, n);
     return rc;
 }
 
@@ -285,7 +286,8 @@ static int ps_step_begin(void *ctx, uint32_t worker, uint64_t *token)
     if (atomic_load(&p->cancelled)) return gr_seterr(GR_ESHUTDOWN, "the job was cancelled");
     uint64_t t = p->next[worker]++;
     uint64_t *want = p->want + (size_t)worker * p->shards, *tags = tag_slot(p, worker, t);
-    int rc = gr_client_sync_acquire(p->c, worker, want, p->o.timeout_ms, tags, NULL);
+    int rc = gr_client_sync_acquire(p->c, p->o.worker_base + worker, want, p->o.timeout_ms, tags,
+                                    NULL);
     if (rc) return rc;
     for (uint32_t s = 0; s < p->shards; s++) want[s] = tags[s] + 1;
     *token = t;
@@ -304,7 +306,8 @@ static int ps_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t tab
     gr_client_dense_grad d = {dense, dgrad, dn};
     uint32_t *out = calloc(p->shards, sizeof *out);
     if (!out) return gr_seterr(GR_ENOMEM, "out of memory");
-    rc = gr_client_push_step(p->c, worker, tag_slot(p, worker, token), &b, n ? 1 : 0, &d,
+    rc = gr_client_push_step(p->c, p->o.worker_base + worker, tag_slot(p, worker, token), &b,
+                             n ? 1 : 0, &d,
                              dense ? 1 : 0, out);
     bool drop = false;
     for (uint32_t s = 0; !rc && s < p->shards; s++) drop |= out[s] == GR_CLIENT_PUSH_DROPPED;
@@ -315,7 +318,8 @@ static int ps_push_step(void *ctx, uint32_t worker, uint64_t token, uint32_t tab
 
 static int ps_worker_done(void *ctx, uint32_t worker)
 {
-    return gr_client_sync_leave(((ps_ctx *)ctx)->c, worker);
+    ps_ctx *p = ctx;
+    return gr_client_sync_leave(p->c, p->o.worker_base + worker);
 }
 
 static void ps_cancel(void *ctx)
@@ -380,7 +384,7 @@ static int ps_ckpt_load(void *ctx, const char *root, const char *name, gr_train_
     out->meta = ld.meta;
     out->rows = ld.rows;
     out->seconds = ld.seconds;
-    if (p->stepped) {
+    if (p->stepped && !p->o.joined) {
         /* The job's step state belongs to the run that was interrupted (gradients staged for a
          * step it never finished, its workers' step counts): start it over. Called before any
          * worker runs, so the per-worker arrays are ours. */
@@ -419,8 +423,12 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
         if (p->o.workers == 0 || p->o.workers > 65536)
             rc = gr_seterr(GR_EINVAL, "mode %s needs 1..65536 workers, got %u",
                            gr_train_mode_name((gr_train_mode)o->mode), p->o.workers);
+        uint32_t all = p->o.job_workers ? p->o.job_workers : p->o.workers;
+        if (!rc && (all < p->o.workers || p->o.worker_base > all - p->o.workers))
+            rc = gr_seterr(GR_EINVAL, "workers %u..%u are not in a job of %u workers",
+                           p->o.worker_base, p->o.worker_base + p->o.workers - 1, all);
         if (!rc && o->mode == GR_MODE_SEMISYNC && p->o.aggregate == 0)
-            p->o.aggregate = p->o.workers > 1 ? p->o.workers - 1 : 1;
+            p->o.aggregate = all > 1 ? all - 1 : 1;
         p->shards = rc ? 0 : gr_client_shards(p->c);
         if (!rc) {
             p->want = calloc((size_t)p->o.workers * p->shards, sizeof *p->want);

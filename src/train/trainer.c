@@ -130,6 +130,7 @@ static void estimate_work(const trainer *tr, progress *pg)
     free(buf);
     if (lines == 0 || size <= 0) return;
     pg->per_epoch = size * (double)lines / (double)got;
+    if (o->job && o->job->ranks > 1) pg->per_epoch /= o->job->ranks; /* this process's share */
     double total = pg->per_epoch * o->epochs - (double)tr->base_examples;
     if (o->max_examples && (double)o->max_examples < total) total = (double)o->max_examples;
     if (o->max_steps) {
@@ -251,6 +252,12 @@ static int check_opts(const gr_train_opts *o, const gr_train_backend *be)
     if (o->straggler_factor > 1 && o->straggler >= o->workers)
         return gr_seterr(GR_EINVAL, "train: straggler worker %u does not exist (%u workers)",
                          o->straggler, o->workers);
+    if (o->job && (o->job->ranks == 0 || o->job->rank >= o->job->ranks || !o->job->is_chief))
+        return gr_seterr(GR_EINVAL, "train: job rank %u of %u processes (or no chief test)",
+                         o->job->rank, o->job->ranks);
+    if (o->job && o->job->ranks > 1 && (o->follow || o->data == GR_TRAIN_DATA_SHARED))
+        return gr_seterr(GR_EINVAL, "train: a job of several worker processes reads static ranges "
+                         "of a file (no --follow, no --data shared)");
     if (o->data < GR_TRAIN_DATA_AUTO || o->data > GR_TRAIN_DATA_SHARED)
         return gr_seterr(GR_EINVAL, "train: unknown data assignment %d", o->data);
     if (o->ckpt_dir && !be->checkpoints)
@@ -328,7 +335,10 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr.token_in_fetch = tr.stepped && (!tr.hybrid || tr.emb_bound == 0);
     tr.dense_beside = tr.hybrid && tr.emb_bound == 0 && o->pipeline && tr.stepped;
     /* Sync and hybrid take one batch of every worker per step: static ranges. */
-    tr.data.shared = !o->follow && (o->data == GR_TRAIN_DATA_SHARED ||
+    /* A job of several processes cuts static ranges by the job's worker index (chunks taken in
+     * turn would need a counter shared across processes). */
+    bool multi = o->job && o->job->ranks > 1;
+    tr.data.shared = !o->follow && !multi && (o->data == GR_TRAIN_DATA_SHARED ||
                      (o->data == GR_TRAIN_DATA_AUTO && o->workers > 1 && o->mode != GR_MODE_SYNC &&
                       o->mode != GR_MODE_HYBRID));
     /* Small chunks taken in turn (shared data): a fast worker reads more of the file, so a
@@ -382,6 +392,8 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr.t0 = t0;
     tr.running = o->workers;
     if ((rc = tr_metrics_start(&tr))) goto out;
+    /* The job's other processes wait for this one's tables, dense parameters and restore. */
+    if (o->job && o->job->started && (rc = o->job->started(o->job->ctx))) goto out;
     for (; started < o->workers; started++) {
         if (pthread_create(&tids[started], NULL, o->pipeline ? tr_pipeline_main : tr_sequential_main,
                            &tr.workers[started]) != 0) {
@@ -423,6 +435,9 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     bool stopped = tr.stopping;
     pthread_mutex_unlock(&tr.mu);
     for (unsigned i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    /* The chief's final checkpoint must hold the other processes' training too. A process
+     * stopped by a signal does not wait for them: it saves (if it leads) and goes. */
+    if (o->job && o->job->wait_others && !tr.err && !tr.stopping) o->job->wait_others(o->job->ctx);
     tr_ck_finish(&tr);
     double t1 = gr_now_s();
     progress_line(&tr, &pg, true);

@@ -208,6 +208,9 @@ typedef struct tr_ck {
     uint64_t saved_total; /* batches pushed in all at the last checkpoint (or the resume) */
     char parent[64];      /* the last checkpoint this run committed */
     bool last_failed;     /* the last save failed (the final state then still needs one) */
+    /* A multi-process job (o->job): whether this process led it at the coordinator's last
+     * turn. Only the chief pauses its workers and saves. */
+    bool chief;
 } tr_ck;
 
 struct trainer {

@@ -206,6 +206,37 @@ static void test_names(void **state)
     assert_string_equal(gr_coord_session_name(GR_COORD_EXPIRED), "expired");
 }
 
+/* Job values: created only once (-1), changed only at the version read, bad names refused. */
+static void test_values_compare_and_set(void **state)
+{
+    (void)state;
+    gr_coord *c;
+    assert_int_equal(gr_coord_open("127.0.0.1:7000", NULL, &c), 0);
+    char *txt = NULL;
+    int64_t v = 7;
+    assert_int_equal(gr_coord_value_get(c, "workers", &txt, &v), GR_ENOENT);
+    assert_null(txt);
+    int64_t mine = -1;
+    assert_int_equal(gr_coord_value_cas(c, "workers", "{\"a\":1}", &mine), 0);
+    assert_int_equal(mine, 0);
+    int64_t again = -1;
+    assert_int_equal(gr_coord_value_cas(c, "workers", "{}", &again), GR_ESTALE);
+    assert_int_equal(gr_coord_value_cas(c, "workers", "{\"a\":2}", &mine), 0);
+    assert_int_equal(mine, 1);
+    int64_t old = 0;
+    assert_int_equal(gr_coord_value_cas(c, "workers", "{\"a\":3}", &old), GR_ESTALE);
+    assert_int_equal(gr_coord_value_get(c, "workers", &txt, &v), 0);
+    assert_string_equal(txt, "{\"a\":2}");
+    assert_int_equal(v, 1);
+    free(txt);
+    assert_int_equal(gr_coord_value_get(c, "layout", &txt, &v), GR_EINVAL);
+    assert_int_equal(gr_coord_value_cas(c, "a/b", "{}", &mine), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "cannot name a value"));
+    assert_false(gr_coord_value_name_ok(""));
+    assert_true(gr_coord_value_name_ok("run-2_x"));
+    gr_coord_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -214,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_embedded_cas_and_callbacks),
         cmocka_unit_test(test_rank_other_than_zero_never_leads),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_values_compare_and_set),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
