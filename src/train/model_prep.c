@@ -33,7 +33,12 @@ bool tr_gemv_supported(void)
 static uint32_t block_len(uint32_t left, uint32_t q, uint32_t u)
 {
     if (left >= 2 * q) return q;
-    if (left > q) return ((left / 2 + u - 1) / u) * u;
+    if (left > q) {
+        /* Never past the end: with a U near Q (a pair the search tries, never OpenBLAS's)
+         * half the rest rounded up can exceed it. */
+        uint32_t half = ((left / 2 + u - 1) / u) * u;
+        return half < left ? half : left;
+    }
     return left;
 }
 

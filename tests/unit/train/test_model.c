@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "granary/train.h"
+#include "train/model_prep.h"
 
 #define NS GR_CRITEO_SPARSE
 #define ND GR_CRITEO_DENSE
@@ -261,6 +262,30 @@ static void check_prepared(const gr_model_config *c, size_t n, uint64_t seed)
     fixture_fini(&f);
 }
 
+/* The blocking search on layers of 17..40 inputs, starting with no hint: every pair it tries
+ * stays inside the layer (ASan: the arrays are exactly the layer's size), and a pair is
+ * found on a CPU with FMA. */
+static void test_gemv_search_bounds(void **state)
+{
+    (void)state;
+    gr_rng r;
+    gr_rng_seed(&r, 5);
+    for (uint32_t in = 17; in <= 40; in++) {
+        const uint32_t out = 9;
+        float *w = malloc(in * out * sizeof *w), *wt = malloc(in * out * sizeof *wt);
+        float *b = malloc(out * sizeof *b);
+        for (uint32_t i = 0; i < in * out; i++) w[i] = (float)(gr_rng_uniform(&r) - 0.5);
+        for (uint32_t j = 0; j < out; j++) {
+            b[j] = (float)gr_rng_uniform(&r);
+            for (uint32_t k = 0; k < in; k++) wt[k * out + j] = w[j * in + k];
+        }
+        uint32_t q, u, hq = 0, hu = 0;
+        int found = tr_gemv_find_split(in, out, w, wt, b, &q, &u, &hq, &hu);
+        if (tr_gemv_supported()) assert_int_equal(found, 1);
+        free(w), free(wt), free(b);
+    }
+}
+
 static void test_prepared_bitwise(void **state)
 {
     (void)state;
@@ -270,6 +295,12 @@ static void test_prepared_bitwise(void **state)
     c.dim = 32;
     c.top[0] = 256;
     check_prepared(&c, 200, 22);
+    /* A layer of 24 inputs: the blocking search tries pairs whose half-block would run past
+     * the end (ASan caught it in a replica). */
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    c.bottom[0] = 24;
+    c.n_bottom = 1;
+    check_prepared(&c, 50, 23);
 }
 
 static void test_config_and_init(void **state)
@@ -341,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_batch_mean_and_predict),
         cmocka_unit_test(test_config_and_init),
         cmocka_unit_test(test_prepared_bitwise),
+        cmocka_unit_test(test_gemv_search_bounds),
     };
     return cmocka_run_group_tests_name("train_model", tests, NULL, NULL);
 }
