@@ -46,7 +46,9 @@
       "lookup: skip the adagrad and PyTorch figures")                                          \
     X(TB_WIDE, "wide", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                                 \
       "also gather from a flat array at the table's 528-byte row stride, to\n"                \
-      "separate the cost of the row layout from the cost of finding a row")
+      "separate the cost of the row layout from the cost of finding a row; and\n"             \
+      "through a model index (8-byte buckets at load 0.7, read before the row):\n"            \
+      "the two dependent misses of a lookup with no other work")
 
 enum { TABLE_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
 static const gr_cli_opt table_bench_opts[] = {TABLE_BENCH_OPTIONS(GR_CLI_ROW)};
@@ -91,9 +93,45 @@ typedef struct worker {
     char err[256];
 } worker;
 
-enum { KIND_FLAT, KIND_LOOKUP, KIND_ADAGRAD, KIND_FILL, KIND_WIDE };
+enum { KIND_FLAT, KIND_LOOKUP, KIND_ADAGRAD, KIND_FILL, KIND_WIDE, KIND_MODEL };
 #define WIDE 132 /* floats per row of the wide baseline: the table's 528-byte row stride */
 static const float *g_wide;
+/* The model index of --wide: open addressing over row numbers, g_model_cap buckets. */
+static uint64_t *g_model;
+static uint64_t g_model_cap;
+
+static inline uint64_t model_home(uint32_t row)
+{
+    uint64_t z = (uint64_t)row * 0x9e3779b97f4a7c15ull;
+    return (uint64_t)(((unsigned __int128)(z ^ (z >> 29)) * g_model_cap) >> 64);
+}
+
+/* The lookup's memory pattern with none of its work: bucket prefetched 2D ids ahead, read D
+ * ids ahead (probing to the row's entry), the row's header + weights prefetched, then copied. */
+static void model_gather(const uint32_t *ix, size_t n, float *out)
+{
+    enum { D = 8, R = 32 };
+    uint64_t home[R], slot[R];
+    for (size_t j = 0; j < n + 2 * D; j++) {
+        if (j < n) {
+            home[j & (R - 1)] = model_home(ix[j]);
+            __builtin_prefetch(&g_model[home[j & (R - 1)]], 0, 3);
+        }
+        if (j >= D && j - D < n) {
+            size_t k = j - D;
+            uint64_t b = home[k & (R - 1)];
+            while (g_model[b] != ix[k])
+                if (++b == g_model_cap) b = 0;
+            slot[k & (R - 1)] = g_model[b];
+            const char *r = (const char *)(g_wide + g_model[b] * WIDE);
+            for (int l = 0; l < DIM * 4 + 64; l += 64) __builtin_prefetch(r + l, 0, 3);
+        }
+        if (j >= 2 * D) {
+            size_t i = j - 2 * D;
+            memcpy(out + i * DIM, g_wide + slot[i & (R - 1)] * WIDE + 4, DIM * sizeof(float));
+        }
+    }
+}
 
 static void wide_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
 {
@@ -148,6 +186,8 @@ static void *worker_main(void *p)
             flat_gather(w->flat, w->rowix[k], IDS, w->out);
         } else if (w->kind == KIND_WIDE) {
             wide_gather(g_wide, w->rowix[k], IDS, w->out);
+        } else if (w->kind == KIND_MODEL) {
+            model_gather(w->rowix[k], IDS, w->out);
         } else if (w->kind == KIND_LOOKUP) {
             w->rc = gr_table_lookup(w->t, w->keys[k], IDS, w->out, 0);
         } else {
@@ -251,6 +291,7 @@ typedef struct result {
     double flat, lookup, adagrad, torch;
     double ratio, ratio_cpu; /* medians of lookup / flat pairs, in wall and in CPU time */
     double wide, wide_cpu;   /* the same for the flat gather at the row stride (--wide) */
+    double model, model_cpu; /* and for the model index + row (--wide) */
 } result;
 
 static int cmp_double(const void *a, const void *b)
@@ -305,7 +346,7 @@ int gr_bench_table(int argc, char **argv)
     spec.opt.eps = 1e-8f;
 
     /* Refuse sizes this machine cannot hold rather than swapping or being killed. */
-    double need = (double)o.rows * (528 + 32 + DIM * 4 + (o.wide ? WIDE * 4 : 0)) + 64e6 * o.threads;
+    double need = (double)o.rows * (528 + 32 + DIM * 4 + (o.wide ? WIDE * 4 + 12 : 0)) + 64e6 * o.threads;
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (need > 0.85 * ram) {
         fprintf(stderr,
@@ -383,6 +424,23 @@ int gr_bench_table(int argc, char **argv)
 #endif
         memset(wide, 1, wb);
         g_wide = wide;
+        g_model_cap = o.rows * 10 / 7 + 1;
+        size_t mb = ((size_t)g_model_cap * 8 + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        if (posix_memalign((void **)&g_model, 2u << 20, mb) != 0) {
+            free(flat);
+            free(wide);
+            goto oom;
+        }
+#ifdef MADV_HUGEPAGE
+        madvise(g_model, mb, MADV_HUGEPAGE);
+#endif
+        memset(g_model, 0xff, mb);
+        for (uint64_t r = 0; r < o.rows; r++) {
+            uint64_t b = model_home((uint32_t)r);
+            while (g_model[b] != UINT64_MAX)
+                if (++b == g_model_cap) b = 0;
+            g_model[b] = r;
+        }
     }
     gr_table *t = NULL;
     if (gr_table_create(&spec, &t) != GR_OK) {
@@ -436,12 +494,14 @@ int gr_bench_table(int argc, char **argv)
         double fl[100], lk[100], ratio[100], fl_cpu, lk_cpu, ratio_cpu[100];
         bool failed = false;
         unsigned done = 0;
-        double wd[100], wd_cpu[100], x_cpu;
+        double wd[100], wd_cpu[100], md[100], md_cpu[100], x_cpu;
         for (; done < o.repeat && !failed; done++) {
             fl[done] = measure(ws, nt, KIND_FLAT, &fl_cpu);
             if (g_wide) {
                 wd[done] = measure(ws, nt, KIND_WIDE, &x_cpu) / fl[done];
                 wd_cpu[done] = x_cpu / fl_cpu;
+                md[done] = measure(ws, nt, KIND_MODEL, &x_cpu) / fl[done];
+                md_cpu[done] = x_cpu / fl_cpu;
             }
             lk[done] = measure(ws, nt, KIND_LOOKUP, &lk_cpu);
             ratio[done] = lk[done] / fl[done];
@@ -452,6 +512,8 @@ int gr_bench_table(int argc, char **argv)
         r->lookup = median(lk, done);
         r->wide = g_wide ? median(wd, done) : -1;
         r->wide_cpu = g_wide ? median(wd_cpu, done) : -1;
+        r->model = g_wide ? median(md, done) : -1;
+        r->model_cpu = g_wide ? median(md_cpu, done) : -1;
         r->ratio = median(ratio, done);
         r->ratio_cpu = median(ratio_cpu, done);
         r->adagrad = o.lookup_only || failed ? -1 : measure(ws, nt, KIND_ADAGRAD, NULL);
@@ -486,8 +548,9 @@ int gr_bench_table(int argc, char **argv)
         printf("%-8u %14.2f %15.2f %9.2f %9.2f %15s %14s %9s\n", r->threads, r->flat / 1e6,
                r->lookup / 1e6, r->ratio, r->ratio_cpu, ab, tb, xb);
         if (r->wide >= 0)
-            printf("         flat gather at the 528-byte row stride: %.2f x flat (cpu %.2f)\n",
-                   r->wide, r->wide_cpu);
+            printf("         flat gather at the 528-byte row stride: %.2f x flat (cpu %.2f); model "
+                   "index + row: %.2f x flat (cpu %.2f)\n",
+                   r->wide, r->wide_cpu, r->model, r->model_cpu);
     }
     result *top = &res[nres - 1];
     printf("\nmemory: %.2f GiB for %" PRIu64 " rows = %.1f B/row; payload (weights + adagrad) "
@@ -517,9 +580,11 @@ int gr_bench_table(int argc, char **argv)
             printf("%s{\"threads\":%u,\"lookup_rows_per_sec\":%.0f,\"flat_gather_rows_per_sec\":"
                    "%.0f,\"lookup_per_flat\":%.3f,\"lookup_per_flat_cpu\":%.3f,"
                    "\"wide_per_flat\":%.3f,\"wide_per_flat_cpu\":%.3f,"
+                   "\"model_per_flat\":%.3f,\"model_per_flat_cpu\":%.3f,"
                    "\"adagrad_ids_per_sec\":%s,\"torch_adagrad_ids_per_sec\":%s}",
                    k ? "," : "", res[k].threads, res[k].lookup, res[k].flat, res[k].ratio,
-                   res[k].ratio_cpu, res[k].wide, res[k].wide_cpu, aj, tj);
+                   res[k].ratio_cpu, res[k].wide, res[k].wide_cpu, res[k].model,
+                   res[k].model_cpu, aj, tj);
         }
         printf("]}\n");
     }
@@ -528,6 +593,9 @@ int gr_bench_table(int argc, char **argv)
 oom:
     fprintf(stderr, "granary bench table: out of memory\n");
 out:
+    free(g_model);
+    g_model = NULL;
+    g_wide = NULL;
     for (unsigned i = 0; i < nt_max; i++) {
         worker *w = &ws[i];
         for (unsigned b = 0; b < pool_n; b++) {

@@ -89,7 +89,9 @@ typedef struct gr_table_spec {
 /* Row metadata, as the table keeps it. */
 typedef struct gr_row_meta {
     uint32_t last_update; /* table clock (seconds) of the last apply or insert */
-    uint32_t hits;        /* lookups + applies, saturating at UINT32_MAX - 1 */
+    uint32_t hits;        /* lookups + applies, saturating at UINT32_MAX - 1; exact below
+                             64, above an unbiased estimate (lookups count probabilistically,
+                             docs/table.md "Hit counts") */
 } gr_row_meta;
 
 typedef struct gr_table_stats {

@@ -164,7 +164,9 @@ int gr_table_evict_expired(gr_table *t, uint64_t *evicted)
                 uint32_t pos;
                 uint64_t key = hd->key;
                 if (gr_part_find_locked(t, p, key, gr_table_hash(key), &pos) != s) continue;
+                gr_part_write_begin(p);
                 gr_part_remove_locked(t, p, pos, s);
+                gr_part_write_end(p);
                 p->expirations++;
                 total++;
             }
@@ -196,6 +198,8 @@ void gr_table_get_stats(gr_table *t, gr_table_stats *st)
         st->nonfinite_clipped += p->nonfinite_clipped;
         gr_spin_unlock(&p->lock);
     }
+    /* Lookups served without the lock are counted per batch in the table, not per partition. */
+    st->hits += atomic_load_explicit(&t->lookup_hits, memory_order_relaxed);
     st->bytes = t->base_bytes + atomic_load_explicit(&t->mem_used, memory_order_relaxed);
     st->row_bytes = t->stride;
     st->payload_bytes = (uint64_t)t->dim * (t->spec.dtype == GR_DTYPE_F16 ? 2u : 4u) +
