@@ -118,6 +118,9 @@ int gr_table_insert_bulk(gr_table *t, const gr_table_rows *r, uint32_t group, ui
         if (b == e) continue;
         gr_part *p = &t->parts[pi];
         gr_spin_lock(&p->lock);
+        /* Rows change: a seqlock write section, so lock-free lookups of this partition (on a
+         * table already serving) retry instead of copying a half-written row. */
+        gr_part_write_begin(p);
         rc = gr_part_reserve_locked(t, p, (uint64_t)p->rows + (e - b));
         /* The index bucket a few rows ahead is fetched while this row is written: the
          * partitions' indexes together are far larger than the caches. */
@@ -141,6 +144,7 @@ int gr_table_insert_bulk(gr_table *t, const gr_table_rows *r, uint32_t group, ui
                                      state ? state + (size_t)i * sf : NULL, meta ? &meta[i] : NULL,
                                      now);
         }
+        gr_part_write_end(p);
         gr_spin_unlock(&p->lock);
     }
     atomic_fetch_add_explicit(&t->nrows, created, memory_order_relaxed);
