@@ -42,6 +42,7 @@ typedef struct opts {
     uint64_t vocab;    /* Zipf ranks per column */
     unsigned redis_batches;
     bool no_baselines;
+    int only; /* 0 all, 1 pull, 2 push */
 } opts;
 
 /* Every option of `granary bench ps`, declared once. --batches and --vocab have no default in
@@ -60,14 +61,16 @@ typedef struct opts {
     X(PB_VOCAB, "vocab", GR_CLI_INT, NULL, 1, 1099511627776.0, NULL, "V", NULL,                \
       "Zipf ranks per column (default 1M; --full 10M)")                                        \
     X(PB_NO_BASELINES, "no-baselines", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,               \
-      "skip Redis and raw TCP (for profiling)")
+      "skip Redis and raw TCP (for profiling)")                                                \
+    X(PB_ONLY, "only", GR_CLI_CHOICE, NULL, 0, 0, "all|pull|push", "WHAT", "all",                \
+      "time only the deduplicating pulls or pushes, nothing else (for profiling one side)")
 
 enum { PS_BENCH_OPTIONS(GR_CLI_ENUM) PB_COUNT };
 static const gr_cli_opt ps_bench_opts[] = {PS_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec ps_bench_spec = {
     .command = "bench ps",
     .synopsis = "granary bench ps [--json] [--full] [--batches B] [--rounds R] [--inflight K]\n"
-                "                        [--threads T] [--vocab V] [--no-baselines]\n"
+                "                        [--threads T] [--vocab V] [--no-baselines] [--only WHAT]\n"
                 "  two local shards; batches of 4096 x 26 ids (one table per column), dim 64, "
                 "Adagrad",
     .opts = ps_bench_opts,
@@ -82,6 +85,8 @@ static uint64_t mix(uint64_t z)
 }
 
 static double now_s(void) { return gr_now_s(); }
+
+static double div0(double a, double b) { return b > 0 ? a / b : 0; }
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -570,7 +575,9 @@ int gr_bench_ps(int argc, char **argv)
               .inflight = (unsigned)v[PB_INFLIGHT].i,
               .threads = (unsigned)v[PB_THREADS].i,
               .vocab = (uint64_t)v[PB_VOCAB].i,
-              .no_baselines = v[PB_NO_BASELINES].b};
+              .no_baselines = v[PB_NO_BASELINES].b,
+              .only = (int)v[PB_ONLY].i};
+    if (o.only) o.no_baselines = true;
     if (!v[PB_BATCHES].given) o.batches = o.full ? 128 : 32;
     if (!v[PB_VOCAB].given) o.vocab = o.full ? 10000000 : 1000000;
     o.redis_batches = o.full ? 32 : 8;
@@ -644,15 +651,19 @@ int gr_bench_ps(int argc, char **argv)
         goto out;
     }
     fprintf(stderr, "bench ps: pull\n");
-    if (ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, false, rows, grads, &pull)) {
+    if (o.only != 2 &&
+        ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, false, rows, grads, &pull)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
     fprintf(stderr, "bench ps: push\n");
-    if (ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
+    if (o.only != 1 &&
+        ps_run(c, batches, NULL, o.batches, o.rounds, o.inflight, true, rows, grads, &push)) {
         fprintf(stderr, "bench ps: %s\n", gr_errmsg());
         goto out;
     }
+    /* --only: one side's deduplicating batches and nothing else, for a profiler. */
+    if (o.only) goto measured;
     /* The training path: the trainer has deduplicated each column already and hands the
      * client unique keys (GR_CLIENT_BATCH_UNIQUE); it computes on the unique rows. Same
      * batches, so rows/s still count every id of the original batch. */
@@ -692,6 +703,7 @@ int gr_bench_ps(int argc, char **argv)
         push.p50_ms = lq.p50_ms;
         push.p99_ms = lq.p99_ms;
     }
+measured:
     gr_client_destroy(c);
     c = NULL;
     for (unsigned i = 0; i < SHARDS; i++) stop_child(&shards[i]);
@@ -712,20 +724,22 @@ int gr_bench_ps(int argc, char **argv)
         loop = loopback_bytes_per_sec(o.full ? (8ull << 30) : (2ull << 30));
     }
 
-    double bpb_pull = (double)pull.wire_bytes / pull.nbatches;
-    double bpb_push = (double)push.wire_bytes / push.nbatches;
+    /* With --only one side ran: the other's figures print as 0, and the ids come from it. */
+    const run_stats *ran = pull.nbatches ? &pull : &push;
+    double bpb_pull = div0((double)pull.wire_bytes, pull.nbatches);
+    double bpb_push = div0((double)push.wire_bytes, push.nbatches);
     /* Without dedup every id would travel: 8 key bytes + 256 row bytes more per duplicate. */
-    double dup_per_batch = (double)(pull.ids - pull.unique) / pull.nbatches;
-    double bpb_pull_nodedup = bpb_pull + dup_per_batch * (8 + DIM * 4);
-    double bpb_push_nodedup = bpb_push + dup_per_batch * (8 + DIM * 4);
+    double dup_per_batch = div0((double)(ran->ids - ran->unique), ran->nbatches);
+    double bpb_pull_nodedup = pull.nbatches ? bpb_pull + dup_per_batch * (8 + DIM * 4) : 0;
+    double bpb_push_nodedup = push.nbatches ? bpb_push + dup_per_batch * (8 + DIM * 4) : 0;
     double pull_bytes = pull.rows_per_sec * DIM * 4;           /* rows delivered to the caller */
     double pull_wire = bpb_pull * pull.rows_per_sec / IDS;     /* bytes on the wire */
     printf("parameter server: %d shards (%u worker threads each), batches of %d x %d ids, dim %d, "
            "Zipf %.2f over %llu ids per column, %u batches x %u rounds, %u in flight\n",
            SHARDS, o.threads, EXAMPLES, COLS, DIM, ZIPF_S, (unsigned long long)o.vocab,
            o.batches, o.rounds, o.inflight);
-    printf("  unique ids per batch        %.0f of %d (%.1f%%)\n", (double)pull.unique / pull.nbatches,
-           IDS, 100.0 * (double)pull.unique / (double)pull.ids);
+    printf("  unique ids per batch        %.0f of %d (%.1f%%)\n", div0((double)ran->unique, ran->nbatches),
+           IDS, 100.0 * div0((double)ran->unique, (double)ran->ids));
     printf("  (rows/s count every id of a batch, duplicates included; latency with 1 batch in flight)\n");
     printf("  pull                        %10.2f M rows/s   p50 %6.2f ms  p99 %6.2f ms per batch\n",
            pull.rows_per_sec / 1e6, pull.p50_ms, pull.p99_ms);
@@ -772,7 +786,7 @@ int gr_bench_ps(int argc, char **argv)
                "\"pull_bytes_per_sec\":%.0f,\"pull_wire_bytes_per_sec\":%.0f,",
                SHARDS, o.threads, EXAMPLES, COLS, DIM, ZIPF_S, (unsigned long long)o.vocab,
                o.batches, o.rounds, o.inflight, pull.rows_per_sec, push.rows_per_sec, pull.p50_ms,
-               pull.p99_ms, push.p50_ms, push.p99_ms, (double)pull.unique / (double)pull.ids,
+               pull.p99_ms, push.p50_ms, push.p99_ms, div0((double)ran->unique, (double)ran->ids),
                pull.client_cpu_ms + pull.server_cpu_ms, push.client_cpu_ms + push.server_cpu_ms,
                bpb_pull, bpb_pull_nodedup, bpb_push, bpb_push_nodedup, pull_bytes, pull_wire);
         printf("\"pull_client_cpu_ms_per_batch\":%.2f,\"push_client_cpu_ms_per_batch\":%.2f,"

@@ -29,9 +29,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DIM 16
@@ -46,7 +49,9 @@
     X(SB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "4",                          \
       "HTTP handler threads of the replica and of the Redis-backed server")                   \
     X(SB_FRESH, "freshness-seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "6",                  \
-      "length of each freshness run")
+      "length of each freshness run")                                                          \
+    X(SB_CMP_PACE, "compare-pacers", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
+      "also measure half saturation with the earlier blocking paced client (4 threads)")
 
 enum { SERVE_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
 static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
@@ -132,7 +137,38 @@ static void bodies_free(bodies *b)
 typedef struct load {
     double qps, p50_ms, p99_ms;
     uint64_t requests, errors;
+    /* CPU microseconds per answered request (load changes them far less than wall-clock
+     * rates): this process (the server under test), the load generator, and a helper process
+     * (redis-server for the baseline). NAN when not measured. */
+    double cpu_us, gen_cpu_us, helper_cpu_us;
+    double late_p99_ms, service_p99_ms; /* the paced client's: send lateness, reply time */
 } load;
+
+static double rusage_s(int who)
+{
+    struct rusage ru;
+    getrusage(who, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+/* User + system CPU seconds of another process (from /proc), or NAN. */
+static double proc_cpu_s(pid_t pid)
+{
+    if (pid <= 0) return NAN;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NAN;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return NAN;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
 static double wrk_ms(const char *s)
 {
@@ -156,10 +192,13 @@ static int write_script(const char *path, const bodies *b)
     return fclose(f);
 }
 
-static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, load *out)
+static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, pid_t helper,
+                   load *out)
 {
     memset(out, 0, sizeof *out);
     out->qps = out->p50_ms = out->p99_ms = NAN;
+    out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = out->late_p99_ms = out->service_p99_ms = NAN;
+    double self0 = rusage_s(RUSAGE_SELF), gen0 = rusage_s(RUSAGE_CHILDREN), help0 = proc_cpu_s(helper);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "wrk -t2 -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
              conns, secs, script, port);
@@ -178,6 +217,12 @@ static int run_wrk(uint16_t port, const char *script, unsigned conns, double sec
         if (sscanf(line, " Non-2xx or 3xx responses: %llu", &n) == 1) out->errors = n;
     }
     int st = pclose(p);
+    if (out->requests) {
+        double per = 1e6 / (double)out->requests;
+        out->cpu_us = (rusage_s(RUSAGE_SELF) - self0) * per;
+        out->gen_cpu_us = (rusage_s(RUSAGE_CHILDREN) - gen0) * per;
+        out->helper_cpu_us = (proc_cpu_s(helper) - help0) * per;
+    }
     return st == 0 && !isnan(out->qps) ? 0 : -1;
 }
 
@@ -191,6 +236,7 @@ typedef struct paced {
     size_t n, cap;
     atomic_ullong errors;
     pthread_mutex_t mu;
+    double cpu_s; /* the client threads' CPU, under mu */
 } paced;
 
 typedef struct paced_arg {
@@ -273,10 +319,15 @@ static void *paced_main(void *arg)
     }
     if (fd >= 0) close(fd);
     free(buf);
+    pthread_mutex_lock(&p->mu);
+    p->cpu_s += rusage_s(RUSAGE_THREAD);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
-static void run_paced(uint16_t port, const bodies *b, double rate, double secs, load *out)
+/* The blocking paced client the bench used before (4 threads, one connection each); kept for
+ * `--paced-threads`, to compare the two generators in one run (docs/benchmarks.md). */
+static void run_paced_threads(uint16_t port, const bodies *b, double rate, double secs, load *out)
 {
     enum { THREADS = 4 };
     paced p = {.port = port, .b = b, .rate = rate, .secs = secs};
@@ -294,8 +345,146 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
     out->qps = (double)p.n / secs;
     out->p50_ms = pct(p.lat, p.n, 0.50);
     out->p99_ms = pct(p.lat, p.n, 0.99);
+    out->gen_cpu_us = p.n ? p.cpu_s * 1e6 / (double)p.n : NAN;
     free(p.lat);
     pthread_mutex_destroy(&p.mu);
+}
+
+/* The paced client: one thread, an epoll set of keep-alive connections. Request k is due at
+ * t0 + k / rate and goes out on any idle connection as soon as it is due (one write of head and
+ * body); its latency runs from when it was due, so a late send, a queue of due requests
+ * waiting for a free connection or a stalled server all count (no coordinated omission). One
+ * thread that sleeps in epoll until the next due time costs far less CPU per request than
+ * blocking threads, on cores it shares with the server it measures. */
+typedef struct pconn {
+    int fd;
+    bool busy;
+    double due;   /* of the request in flight */
+    double sent;  /* when it went out */
+    size_t have;  /* bytes of the response read */
+    char buf[8192];
+} pconn;
+
+enum { PACED_CONNS = 32 };
+
+/* Bytes of a complete response at the start of c->buf (headers and Content-Length body), 0
+ * while incomplete, -1 when it cannot be one. *status gets its status. */
+static long response_len(const pconn *c, int *status)
+{
+    const char *end = memmem(c->buf, c->have, "\r\n\r\n", 4);
+    if (!end) return c->have >= sizeof c->buf - 1 ? -1 : 0;
+    *status = atoi(c->buf + 9);
+    const char *cl = memmem(c->buf, (size_t)(end - c->buf), "Content-Length:", 15);
+    if (!cl) cl = memmem(c->buf, (size_t)(end - c->buf), "content-length:", 15);
+    size_t total = (size_t)(end + 4 - c->buf) + (cl ? (size_t)atol(cl + 15) : 0);
+    if (total >= sizeof c->buf) return -1;
+    return c->have >= total ? (long)total : 0;
+}
+
+static int pconn_open(int ep, pconn *c, uint16_t port)
+{
+    c->fd = gr_bench_tcp_connect(port);
+    c->busy = false;
+    c->have = 0;
+    if (c->fd < 0) return -1;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    return epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
+}
+
+static void run_paced(uint16_t port, const bodies *b, double rate, double secs, load *out)
+{
+    memset(out, 0, sizeof *out);
+    out->qps = out->p50_ms = out->p99_ms = out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = NAN;
+    out->late_p99_ms = out->service_p99_ms = NAN;
+    prctl(PR_SET_TIMERSLACK, 1UL); /* wake at the due time, not up to 50 us after it */
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    pconn *cs = calloc(PACED_CONNS, sizeof *cs);
+    size_t total = (size_t)(rate * secs), sent = 0, done = 0, cap = total + 1;
+    double *lat = malloc(cap * sizeof *lat), *late = malloc(cap * sizeof *late),
+           *service = malloc(cap * sizeof *service);
+    char *req = malloc(1 << 16);
+    uint64_t errors = 0;
+    for (int i = 0; i < PACED_CONNS; i++)
+        if (pconn_open(ep, &cs[i], port)) cs[i].fd = -1;
+    double t0 = now_s() + 0.05, cpu0 = rusage_s(RUSAGE_THREAD), deadline = t0 + secs + 5.0;
+    while ((sent < total || done + errors < sent) && now_s() < deadline) {
+        /* Every due request that has an idle connection goes out now. */
+        double now = now_s();
+        for (int i = 0; i < PACED_CONNS && sent < total && t0 + (double)sent / rate <= now; i++) {
+            pconn *c = &cs[i];
+            if (c->busy) continue;
+            if (c->fd < 0 && pconn_open(ep, c, port)) continue;
+            size_t k = sent % b->n, blen = b->len[k];
+            int hn = snprintf(req, 1 << 16, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", blen);
+            memcpy(req + hn, b->b[k], blen);
+            c->due = t0 + (double)sent / rate;
+            c->sent = now_s();
+            c->have = 0;
+            sent++;
+            if (send_all(c->fd, req, (size_t)hn + blen)) {
+                errors++;
+                close(c->fd);
+                c->fd = -1;
+                continue;
+            }
+            c->busy = true;
+        }
+        /* Sleep until a reply, or until the next request is due (now, if one is due and waits
+         * for a connection: a reply frees one). */
+        bool waiting = sent < total && t0 + (double)sent / rate <= now_s();
+        double next = sent < total ? t0 + (double)sent / rate : now_s() + 0.1;
+        double wait = waiting ? 0.1 : next - now_s();
+        if (wait < 0) wait = 0;
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        struct epoll_event evs[PACED_CONNS];
+        int n = epoll_pwait2(ep, evs, PACED_CONNS, &ts, NULL);
+        for (int e = 0; e < n; e++) {
+            pconn *c = evs[e].data.ptr;
+            ssize_t r = recv(c->fd, c->buf + c->have, sizeof c->buf - 1 - c->have, 0);
+            int status = 0;
+            long len = 0;
+            if (r > 0) {
+                c->have += (size_t)r;
+                len = response_len(c, &status);
+            }
+            if (r <= 0 || len < 0 || !c->busy) {
+                if (c->busy) errors++;
+                epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+                close(c->fd);
+                c->fd = -1;
+                c->busy = false;
+                continue;
+            }
+            if (len == 0) continue;
+            double t = now_s();
+            c->busy = false;
+            c->have = 0;
+            if (status == 200) {
+                late[done] = (c->sent - c->due) * 1e3;
+                service[done] = (t - c->sent) * 1e3;
+                lat[done++] = (t - c->due) * 1e3;
+            } else {
+                errors++;
+            }
+        }
+    }
+    double cpu = rusage_s(RUSAGE_THREAD) - cpu0;
+    for (int i = 0; i < PACED_CONNS; i++)
+        if (cs[i].fd >= 0) close(cs[i].fd);
+    close(ep);
+    out->requests = done;
+    out->errors = errors + (sent < total ? total - sent : 0);
+    out->qps = (double)done / secs;
+    out->p50_ms = pct(lat, done, 0.50);
+    out->p99_ms = pct(lat, done, 0.99);
+    out->gen_cpu_us = done ? cpu * 1e6 / (double)done : NAN;
+    /* Where the tail comes from: requests sent late (the client, or the machine, did not run
+     * when one was due) or answered slowly (the server, the network stack, or the machine
+     * not running the server). */
+    out->late_p99_ms = pct(late, done, 0.99);
+    out->service_p99_ms = pct(service, done, 0.99);
+    free(lat), free(late), free(service), free(cs), free(req);
 }
 
 /* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
@@ -427,6 +616,7 @@ typedef struct redis_srv {
     uint16_t redis_port;
     gr_model *m;
     float *params;
+    gr_model_prepared *prep; /* as the replica prepares each dense version */
     pthread_mutex_t mu; /* the free lists */
     rconn *conns;
     gr_model_ws **ws;
@@ -526,7 +716,7 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
     if (ok) {
         for (size_t i = 0; i < occ; i++) memcpy(emb + i * DIM, rows + (size_t)inv[i] * DIM, DIM * 4);
         gr_model_ws *w = ws_take(rs);
-        ok = gr_model_predict(rs->m, w, rs->params, n, dense, emb, probs) == 0;
+        ok = gr_model_predict_prepared(rs->m, w, rs->params, rs->prep, n, dense, emb, probs) == 0;
         ws_give(rs, w);
     }
     if (!ok) {
@@ -819,15 +1009,20 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat;
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+         fixed_threads = sat;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     if (have_wrk) {
         fprintf(stderr, "bench serve: replica, wrk at saturation (%u connections, %.0f s)\n", conns, secs);
-        run_wrk(hp, s1, conns, secs, &sat);
-        run_wrk(hp, s100, conns, secs, &sat100);
+        run_wrk(hp, s1, conns, secs, 0, &sat);
+        run_wrk(hp, s100, conns, secs, 0, &sat100);
         fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
         run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
+        if (v[SB_CMP_PACE].b) {
+            fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
+            run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
+        }
     }
     fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
     double bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
@@ -838,13 +1033,14 @@ int gr_bench_serve(int argc, char **argv)
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
         redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
                         .max_batch = 10000};
+        gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
         pthread_mutex_init(&rs.mu, NULL);
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
                              .handler = redis_handle, .ctx = &rs};
         gr_http_server *hs = NULL;
         if (gr_http_start(&hc, &hs) == 0) {
             fprintf(stderr, "bench serve: Redis-backed, wrk at saturation\n");
-            run_wrk(gr_http_port(hs), s1, conns, secs, &rsat);
+            run_wrk(gr_http_port(hs), s1, conns, secs, rpid, &rsat);
             fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
                     rsat.qps / 2);
             run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, &rfixed);
@@ -859,6 +1055,7 @@ int gr_bench_serve(int argc, char **argv)
         }
         for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
         free(rs.ws);
+        gr_model_prepared_destroy(rs.prep);
         pthread_mutex_destroy(&rs.mu);
     } else if (have_wrk) {
         fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
@@ -877,11 +1074,20 @@ int gr_bench_serve(int argc, char **argv)
     printf("bench serve: predict over HTTP (DLRM dim %u, model in memory)\n", DIM);
     print_load("replica, batch 1, saturation (wrk)", &sat);
     print_load("replica, batch 1, half saturation (paced)", &fixed);
+    printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms, client CPU %.1f us/request\n",
+           "  of which: sent", fixed.late_p99_ms, fixed.service_p99_ms, fixed.gen_cpu_us);
+    if (v[SB_CMP_PACE].b) {
+        print_load("replica, batch 1, half saturation (4 threads)", &fixed_threads);
+        printf("  %-44s client CPU %.1f us/request\n", "", fixed_threads.gen_cpu_us);
+    }
     print_load("replica, batch 100, saturation (wrk)", &sat100);
     print_load("Redis-backed, batch 1, saturation (wrk)", &rsat);
     print_load("Redis-backed, batch 1, half its saturation", &rfixed);
     printf("  replica, batch 1, binary PREDICT (%u conns)    %9.0f req/s\n", threads, bin_qps);
     printf("  replica / Redis-backed throughput        %9.2fx\n", sat.qps / rsat.qps);
+    printf("  CPU per request at saturation: replica %.1f us, Redis-backed %.1f us (server) + %.1f us "
+           "(redis-server); wrk %.1f / %.1f us\n", sat.cpu_us, rsat.cpu_us, rsat.helper_cpu_us,
+           sat.gen_cpu_us, rsat.gen_cpu_us);
     printf("  freshness, publish 100 ms:  p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f100p50,
            f100p99, n100);
     printf("  freshness, publish 1000 ms: p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f1000p50,
@@ -892,6 +1098,16 @@ int gr_bench_serve(int argc, char **argv)
         json_num("predict_p50_ms", fixed.p50_ms, true);
         json_num("predict_p99_ms", fixed.p99_ms, true);
         json_num("predict_rate", fixed.qps, true);
+        json_num("predict_pacer_cpu_us", fixed.gen_cpu_us, true);
+        json_num("predict_send_late_p99_ms", fixed.late_p99_ms, true);
+        json_num("predict_service_p99_ms", fixed.service_p99_ms, true);
+        json_num("redis_predict_send_late_p99_ms", rfixed.late_p99_ms, true);
+        json_num("redis_predict_service_p99_ms", rfixed.service_p99_ms, true);
+        if (v[SB_CMP_PACE].b) {
+            json_num("predict_threads_p50_ms", fixed_threads.p50_ms, true);
+            json_num("predict_threads_p99_ms", fixed_threads.p99_ms, true);
+            json_num("predict_threads_pacer_cpu_us", fixed_threads.gen_cpu_us, true);
+        }
         json_num("predict_sat_p50_ms", sat.p50_ms, true);
         json_num("predict_sat_p99_ms", sat.p99_ms, true);
         json_num("predict_batch100_qps", sat100.qps, true);
@@ -903,6 +1119,12 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_predict_sat_p99_ms", rsat.p99_ms, true);
         json_num("qps_vs_redis", sat.qps / rsat.qps, true);
         json_num("predict_binary_qps", bin_qps, true);
+        json_num("predict_cpu_us", sat.cpu_us, true);
+        json_num("predict_wrk_cpu_us", sat.gen_cpu_us, true);
+        json_num("redis_predict_cpu_us", rsat.cpu_us + rsat.helper_cpu_us, true);
+        json_num("redis_server_cpu_us", rsat.helper_cpu_us, true);
+        json_num("redis_predict_wrk_cpu_us", rsat.gen_cpu_us, true);
+        json_num("cpu_vs_redis", (rsat.cpu_us + rsat.helper_cpu_us) / sat.cpu_us, true);
         json_num("freshness_p50_ms", f100p50, true);
         json_num("freshness_p99_ms", f100p99, true);
         printf("\"publish_interval_ms\":100,");

@@ -19,6 +19,22 @@ import torch.nn as nn
 NUM_DENSE, NUM_CAT = 13, 26
 
 
+def set_threads(n):
+    """torch.set_num_threads(n), and the same limit for OpenBLAS, which Debian's PyTorch calls
+    for its matrix products (BLAS_INFO=generic) and which otherwise starts a thread per core
+    whatever torch was told: `--threads 1` then still ran every large product on two cores.
+    granary.dlrm.set_threads is the same function (this file must not need granary)."""
+    import ctypes
+    torch.set_num_threads(n)
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            f = getattr(ctypes.CDLL(name), "openblas_set_num_threads", None)
+        except OSError:
+            continue
+        if f is not None:
+            f(int(n))
+
+
 def load(path, vocabs, grow):
     labels, dense, cats = [], [], []
     with open(path, "r") as f:
@@ -48,6 +64,21 @@ def load(path, vocabs, grow):
             torch.tensor(cats, dtype=torch.int64))
 
 
+class Gram(torch.autograd.Function):
+    """t t^T per example with the backward of a symmetric product, (G + G^T) t: one batched
+    matmul instead of autograd's two (granary.dlrm.Gram is the same function)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        ctx.save_for_backward(t)
+        return torch.bmm(t, t.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, g):
+        t, = ctx.saved_tensors
+        return torch.bmm(g + g.transpose(1, 2), t)
+
+
 def mlp(sizes, last_sigmoid=False):
     layers = []
     for i in range(len(sizes) - 1):
@@ -66,14 +97,18 @@ class DLRM(nn.Module):
         self.bottom = mlp([NUM_DENSE] + bottom + [dim])
         n = NUM_CAT + 1
         self.li, self.lj = torch.tril_indices(n, n, offset=-1)
+        # The pairs as positions in the flattened products: one index_select (backward one
+        # index_add) instead of advanced indexing, whose backward zero-fills and scatters
+        # through index_put; the same in granary.dlrm, so both sides get the faster form.
+        self.pairs = self.li * n + self.lj
         self.top = mlp([dim + n * (n - 1) // 2] + top + [1])
 
     def forward(self, dense, cats):
         x = self.bottom(dense)
         embs = [e(cats[:, s]) for s, e in enumerate(self.emb)]
         t = torch.stack([x] + embs, dim=1)
-        z = torch.bmm(t, t.transpose(1, 2))
-        inter = z[:, self.li, self.lj]
+        z = Gram.apply(t)
+        inter = z.flatten(1).index_select(1, self.pairs)
         return self.top(torch.cat([x, inter], dim=1)).squeeze(1)
 
 
@@ -109,7 +144,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=1)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     torch.manual_seed(1)
     vocabs = [dict() for _ in range(NUM_CAT)]
     ytr, dtr, ctr = load(a.train, vocabs, True)

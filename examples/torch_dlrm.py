@@ -6,8 +6,9 @@
     python3 examples/torch_dlrm.py --train /tmp/d/train.tsv --test /tmp/d/test.tsv
 
 By default it starts an embedded local cluster of --shards shards in this process (through the
-extension); --servers host:port,... uses running `granary server`s instead (--coord zk://...
-is accepted once granary's ZooKeeper coordination exists). The dense layers are ordinary
+extension); --servers host:port,... uses running `granary server`s instead, and --coord
+zk://HOSTS/PATH the shards of a coordinated job (`granary server --coord`, docs/coord.md),
+found through its layout. The dense layers are ordinary
 torch.nn modules; with --workers N it starts N processes that train them under
 DistributedDataParallel over gloo, each reading its share of the file, while the rows go through
 granary in the chosen --mode. Prints the test AUC and the training examples/s, and with --json a
@@ -21,7 +22,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "build", "python"))  # `make python`
+# `make python` (GR_BUILD_DIR names another build, e.g. build/address)
+sys.path.insert(0, os.path.join(os.environ.get("GR_BUILD_DIR") or
+                                os.path.join(os.path.dirname(HERE), "build"), "python"))
 
 import torch  # noqa: E402
 
@@ -34,9 +37,11 @@ def parse_args(argv=None):
     p.add_argument("--train", required=True)
     p.add_argument("--test")
     p.add_argument("--servers", help="host:port,... of running granary servers")
-    p.add_argument("--coord", help="zk://... (ZooKeeper coordination; not built yet)")
+    p.add_argument("--coord", help="zk://HOSTS/PATH: the shards of a coordinated job")
     p.add_argument("--shards", type=int, default=2, help="embedded cluster size (default 2)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (DDP over gloo)")
+    p.add_argument("--schema", help="the files' layout: a schema file (docs/data.md); default "
+                   "Criteo TSV")
     p.add_argument("--mode", default="async", choices=sorted(granary.SYNC_MODES))
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--dim", type=int, default=16)
@@ -65,30 +70,37 @@ def split_file(path, parts):
     return offs + [size]
 
 
+def connect(args, servers):
+    return granary.Client(coord=args.coord) if args.coord else granary.Client(servers=servers)
+
+
 def run_worker(rank, args, servers, port, offsets, result_path):
-    torch.set_num_threads(args.threads)
+    dlrm.set_threads(args.threads)  # torch's and OpenBLAS's
     ddp = args.workers > 1
     if ddp:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                                 world_size=args.workers)
-    client = granary.Client(servers=servers)
+    client = connect(args, servers)
+    batches = dlrm.Batches(args.train, args.batch, start=offsets[rank], end=offsets[rank + 1],
+                           max_batches=args.max_steps, schema=args.schema)
     ec = dlrm.embedding_collection(client, dim=args.dim, seed=args.seed, mode=args.mode,
+                                   features=batches.features, poolings=batches.poolings,
                                    worker=rank, workers=args.workers)
-    model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed)
+    model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
+                           n_sparse=batches.n_sparse)
     trained = DistributedDataParallel(model) if ddp else model
     lr = args.dense_lr if args.dense_lr is not None else 1e-3 * args.workers ** 0.5
     opt = torch.optim.Adam(trained.parameters(), lr=lr)
-    batches = dlrm.criteo_batches(args.train, args.batch, start=offsets[rank],
-                                  end=offsets[rank + 1], max_batches=args.max_steps)
     losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline)
     if ddp:
         import torch.distributed as dist
         dist.barrier()  # every worker has pushed: evaluation sees the final rows
     res = {"examples": examples, "seconds": secs, "last_loss": losses[-1] if losses else None}
     if rank == 0 and args.test:
-        auc, logloss, n = dlrm.evaluate(ec, model, dlrm.criteo_batches(args.test, args.batch))
+        auc, logloss, n = dlrm.evaluate(ec, model, dlrm.Batches(args.test, args.batch,
+                                                                schema=args.schema))
         res.update(auc=auc, logloss=logloss, test_examples=n)
     with open(result_path % rank, "w") as f:
         json.dump(res, f)
@@ -99,11 +111,11 @@ def run_worker(rank, args, servers, port, offsets, result_path):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.coord:
-        granary.Client(coord=args.coord)  # raises: coordination is not built yet
+    if args.coord and args.servers:
+        raise SystemExit("torch_dlrm: give --servers or --coord, not both")
     cluster = None
     servers = args.servers
-    if not servers:
+    if not servers and not args.coord:
         cluster = granary.LocalCluster(args.shards)
         servers = cluster.servers
     import tempfile

@@ -152,6 +152,9 @@ typedef struct gr_ckpt_load_opts {
     uint32_t shard, shards;      /* the target tables are shard `shard` of `shards` (0 of 1:
                                     everything) */
     const gr_ckpt_slot_map *map; /* target slot map; NULL = default for shards */
+    uint32_t threads;            /* threads that read and insert rows at once (the caller's
+                                    included); 0 = one per online CPU, at most 8. The result
+                                    is the same for every count. */
 } gr_ckpt_load_opts;
 
 typedef struct gr_ckpt_load_stats {

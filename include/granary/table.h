@@ -194,6 +194,41 @@ GR_API int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *
 GR_API int gr_table_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
                            const float *state, const gr_row_meta *meta);
 
+/* Whole rows for gr_table_insert_bulk, as gr_table_insert takes them: n keys, weights
+ * (n * dim), state (n * gr_table_state_floats, or NULL: the initial state), meta (n, or NULL:
+ * "now, 0 hits"), and optionally the keys' table hashes (gr_table_hash_keys; NULL: computed). */
+typedef struct gr_table_rows {
+    const uint64_t *keys;
+    size_t n;
+    const float *weights, *state;
+    const gr_row_meta *meta;
+    const uint64_t *hashes;
+} gr_table_rows;
+
+/* The caller has checked every weight and state value of the rows: finite and, for an f16
+ * table, within the half-float range (the checkpoint loader does, to name the file). */
+#define GR_TABLE_BULK_CHECKED 1u
+
+/* gr_table_insert for filling a table that is not serving yet (a restore), restricted to the
+ * rows whose partition belongs to `group` of `groups` (groups 1: every row). The rows are
+ * grouped by partition first; each partition's lock is taken once and its index grown once
+ * per call, and the table's row count is updated once. Threads that each pass a different
+ * group of the same `groups` fill one table together without waiting for each other, and
+ * every key always falls in the same group, so rows of one key are written in the order the
+ * calls give them, as with gr_table_insert. Tables with a capacity take gr_table_insert's
+ * path (it evicts). Errors as gr_table_insert's: unless flags has GR_TABLE_BULK_CHECKED, every
+ * row of the batch is checked (whatever its group) before any is written, so each group's call
+ * refuses the same batch; GR_EINVAL for group >= groups. */
+GR_API int gr_table_insert_bulk(gr_table *t, const gr_table_rows *rows, uint32_t group,
+                                uint32_t groups, unsigned flags);
+/* The table's hashes of n keys into out (n entries), for gr_table_rows.hashes: computed once,
+ * they serve every group's call. */
+GR_API void gr_table_hash_keys(const gr_table *t, const uint64_t *keys, size_t n, uint64_t *out);
+/* Grows every partition's index to hold its share of `rows` more rows (with a margin for
+ * uneven spread), so that a restore of that many rows does not rehash as it fills. Memory is
+ * counted as the index's own growth would count it. */
+GR_API int gr_table_reserve(gr_table *t, uint64_t rows);
+
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
  * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present
  * (absent rows read zeros). */

@@ -313,6 +313,24 @@ GR_API int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *
 GR_API int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
                             const float *dense, const float *emb, float *probs);
 
+/* Dense parameters laid out for scoring one example at a time (a serving replica's request):
+ * for n = 1 cblas_sgemm repacks every weight matrix on every call, which costs more than the
+ * product. A prepared copy holds each layer's weights transposed and, per layer, the blocking
+ * with which a vector kernel gives cblas_sgemm's bits exactly (checked against it on these
+ * weights when prepared; a layer without an exact match keeps cblas_sgemm). So
+ * gr_model_predict_prepared gives bitwise what gr_model_predict gives, for any n. */
+typedef struct gr_model_prepared gr_model_prepared;
+GR_API int gr_model_prepare(const gr_model *m, const float *params, gr_model_prepared **out);
+GR_API void gr_model_prepared_destroy(gr_model_prepared *p);
+/* How many layers take the fast path (0 on a CPU without FMA or an OpenBLAS that computes
+ * otherwise); for tests and benchmarks. */
+GR_API int gr_model_prepared_layers(const gr_model_prepared *p);
+/* gr_model_predict using prep (NULL, or made from other parameters than `params`: ignored)
+ * when n == 1. */
+GR_API int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
+                                     const gr_model_prepared *prep, size_t n, const float *dense,
+                                     const float *emb, float *probs);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Scoring: the one forward path of evaluation, saved models and serving                       */
 
@@ -325,6 +343,9 @@ typedef struct gr_score_ws gr_score_ws; /* per-thread scratch for gr_model_score
 
 GR_API int gr_score_ws_create(const gr_model *m, gr_score_ws **out);
 GR_API void gr_score_ws_destroy(gr_score_ws *ws);
+/* Prepared weights (gr_model_prepare) for the scoring calls that follow with the parameters
+ * they were made from; NULL clears. Bits are unchanged either way. */
+GR_API void gr_score_ws_set_prepared(gr_score_ws *ws, const gr_model_prepared *prep);
 
 /* Scores n examples (dense: n * n_dense features, ids: n * n_sparse feature ids, as gr_batch
  * holds them for a schema without list columns; Criteo: 13 and 26) into probs[n]: dedups the

@@ -14,10 +14,11 @@ from . import _granary
 from ._granary import (GranaryError, LocalCluster, CriteoReader, Op, auc, criteo_feature_id,
                        datagen, dedup, dlrm_dense, dlrm_table_spec, SYNC_ASYNC, SYNC_SYNC,
                        SYNC_SEMISYNC, SYNC_SSP, PUSH_APPLIED, PUSH_STAGED, PUSH_DROPPED,
-                       PUSH_DUPLICATE, VERSION)
+                       PUSH_DUPLICATE, VERSION, gather_rows, segment_sum)
 
 __all__ = ["Client", "GranaryError", "LocalCluster", "CriteoReader", "Op", "auc",
            "criteo_feature_id", "datagen", "dedup", "dlrm_dense", "dlrm_table_spec",
+           "gather_rows", "segment_sum",
            "SYNC_MODES", "VERSION"]
 
 # Sync mode names as `granary train --mode` spells them.
@@ -43,25 +44,24 @@ def _spec_text(spec):
 class Client(_granary.Client):
     """A connection to every shard of a granary cluster.
 
-    Client(servers="host:port,host:port" or a list of them, auth_file=None, ...) or
-    Client(cluster_file=PATH). coord="zk://..." names a ZooKeeper ensemble; granary's
-    ZooKeeper coordination is not built yet, so it raises GranaryError saying so.
+    Client(servers="host:port,host:port" or a list of them, auth_file=None, ...),
+    Client(cluster_file=PATH), or Client(coord="zk://HOSTS/PATH"): the shards of a coordinated
+    job, found through its layout (docs/coord.md). Under coord= every request carries the
+    layout's epoch; a shard that refuses it as stale makes the client re-read the layout and
+    send the request again when that shard still serves at the same address. When a standby
+    took a lost shard's index over (a new address), the operation fails with GranaryError
+    (GR_ESTALE or GR_ECONN): call refresh() with nothing in flight to follow the layout, then
+    go on (the standby serves the shard's rows from the job's checkpoint).
     """
 
     def __init__(self, servers=None, coord=None, cluster_file=None, auth_file=None,
                  connect_timeout_ms=5000, request_timeout_ms=30000, any_shard=False):
-        if coord is not None:
-            if servers is not None or cluster_file is not None:
-                raise ValueError("Client: give one of servers=, coord= or cluster_file=")
-            err = GranaryError("Client(coord=%r): ZooKeeper coordination (the coord part) is not "
-                               "built yet in this granary; give servers='host:port,...'" % coord)
-            err.code, err.name = -1, "GR_EINVAL"
-            raise err
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
         super().__init__(servers=servers, cluster_file=cluster_file, auth_file=auth_file,
                          connect_timeout_ms=connect_timeout_ms,
-                         request_timeout_ms=request_timeout_ms, any_shard=any_shard)
+                         request_timeout_ms=request_timeout_ms, any_shard=any_shard,
+                         coord=coord)
 
     def __enter__(self):
         return self

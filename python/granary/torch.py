@@ -47,8 +47,11 @@ class TableConfig:
 class _Prepared:
     """One batch's ids, deduplicated per table, and the buffers its rows are pulled into."""
 
-    def __init__(self, tables, features):
-        self.parts = []   # per table: (cfg, uniq int64[nu], inverse int64[n], [(feature, lo, hi, offsets)])
+    def __init__(self, tables, features, stacked=False):
+        # per table: (cfg, uniq int64[nu], inverse, [(feature, lo, hi, offsets)]); inverse is
+        # an int32 numpy array for tables without pooling (the C gather and segment sum use
+        # it; stacked: in (ids per feature, features) order) and an int64 tensor for bags.
+        self.parts = []
         self.rows = []    # per table: float32 numpy (nu, dim)
         self.op = None    # a started pull
         self.token = None  # sync modes: the step tags this batch's pull ran under
@@ -72,12 +75,41 @@ class _Prepared:
             uniq = np.empty(n, dtype=np.int64)
             inv = np.empty(n, dtype=np.int32)
             nu = granary.dedup(allids.numpy(), uniq, inv)
-            self.parts.append((cfg, uniq[:nu], torch.from_numpy(inv).long(), spans))
+            if cfg.pooling is not None:
+                inv = torch.from_numpy(inv).long()
+            elif stacked and len(spans) > 1:
+                per = spans[0][2]
+                if any(hi - lo != per for _, lo, hi, _ in spans):
+                    raise ValueError("stacked: the features of table %r have different numbers "
+                                     "of ids (%s)" % (cfg.name, ", ".join(
+                                         "%s %d" % (f, hi - lo) for f, lo, hi, _ in spans)))
+                inv = np.ascontiguousarray(inv.reshape(len(spans), per).T)
+            self.parts.append((cfg, uniq[:nu], inv, spans))
             self.rows.append(np.empty((nu, cfg.dim), dtype=np.float32))
 
     def batches(self):
         return [(cfg.table_id, cfg.dim, uniq, rows)
                 for (cfg, uniq, _, _), rows in zip(self.parts, self.rows)]
+
+
+class _Gather(torch.autograd.Function):
+    """rows[inverse] (one row per id) whose backward sums each unique row's gradients over its
+    occurrences in C (granary.segment_sum), without the GIL."""
+
+    @staticmethod
+    def forward(ctx, w, inv, shape):
+        ctx.inv, ctx.nu = inv, w.shape[0]
+        out = torch.empty(shape + (w.shape[1],), dtype=torch.float32)
+        granary.gather_rows(out.numpy(), inv, w.detach().numpy(), w.shape[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.contiguous()
+        dim = g.shape[-1]
+        out = torch.empty((ctx.nu, dim), dtype=torch.float32)
+        granary.segment_sum(g.numpy(), ctx.inv, out.numpy(), dim)
+        return out, None, None
 
 
 class _Rows(torch.autograd.Function):
@@ -104,10 +136,13 @@ class EmbeddingCollection(torch.nn.Module):
     mode: "async" (pushes applied on arrival), "sync", "semisync", "ssp" (step tokens; the job
     is configured on the shards with workers/aggregate/staleness). worker: this process's
     worker index in the job. Call finish() when this worker has no more batches.
-    create: create the tables on the shards (an existing equal table is fine)."""
+    create: create the tables on the shards (an existing equal table is fine).
+    stacked: a table without pooling returns one tensor under its own name, (ids per feature,
+    features, dim), instead of one per feature (its features must have as many ids each): what
+    a model that stacks the features (DLRM's interaction) wants, without the split and stack."""
 
     def __init__(self, client, tables, mode="async", worker=0, workers=1, aggregate=0,
-                 staleness=0, create=True, timeout_ms=60000, reset=False):
+                 staleness=0, create=True, timeout_ms=60000, reset=False, stacked=False):
         super().__init__()
         if mode not in granary.SYNC_MODES:
             raise ValueError("mode %r: want one of %s" % (mode, ", ".join(granary.SYNC_MODES)))
@@ -119,6 +154,7 @@ class EmbeddingCollection(torch.nn.Module):
                 names.add(f)
         self.client, self.tables, self.mode = client, list(tables), mode
         self.worker, self.timeout_ms = int(worker), int(timeout_ms)
+        self.stacked = bool(stacked)
         self._pending = []        # async pushes started and not yet waited for
         self._tags = None         # sync modes: the tags of this worker's last step per shard
         self._left = False
@@ -134,7 +170,7 @@ class EmbeddingCollection(torch.nn.Module):
     # The step machinery -------------------------------------------------------------------------
     def prepare(self, features):
         """Deduplicates a batch's ids (the CPU part of forward), for a pipeline to run ahead."""
-        return _Prepared(self.tables, features)
+        return _Prepared(self.tables, features, self.stacked)
 
     def wait_pushes(self):
         """Waits for the async pushes already started (the next pull then sees them)."""
@@ -201,7 +237,11 @@ class EmbeddingCollection(torch.nn.Module):
             # One lookup per table for all its features (one backward, one gradient buffer),
             # then split per feature.
             if cfg.pooling is None:
-                out = F.embedding(inv, w)
+                if self.stacked:
+                    shape = tuple(inv.shape) if inv.ndim == 2 else (len(inv), 1)
+                    result[cfg.name] = _Gather.apply(w, inv, shape)
+                    continue
+                out = _Gather.apply(w, inv, (len(inv),))
                 sizes = [hi - lo for _, lo, hi, _ in spans]
             else:
                 offs = torch.cat([o + lo for _, lo, _, o in spans]) if len(spans) > 1 \

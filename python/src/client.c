@@ -12,9 +12,12 @@ static void destroy_if_idle(gr_py_client *self)
 {
     if (self->closed && self->inflight == 0 && self->c) {
         gr_client *c = self->c;
+        gr_py_coord *pc = self->coord;
         self->c = NULL;
+        self->coord = NULL;
         Py_BEGIN_ALLOW_THREADS
         gr_client_destroy(c);
+        gr_py_coord_close(pc); /* after the client: its stale hook uses the coordinator */
         Py_END_ALLOW_THREADS
     }
 }
@@ -47,20 +50,20 @@ static int client_init(PyObject *o, PyObject *args, PyObject *kw)
 {
     gr_py_client *self = CLIENT(o);
     static char *kwlist[] = {"servers", "cluster_file", "auth_file", "connect_timeout_ms",
-                             "request_timeout_ms", "any_shard", NULL};
-    const char *servers = NULL, *cluster_file = NULL, *auth_file = NULL;
+                             "request_timeout_ms", "any_shard", "coord", NULL};
+    const char *servers = NULL, *cluster_file = NULL, *auth_file = NULL, *coord = NULL;
     unsigned int connect_ms = 5000, request_ms = 30000;
     int any_shard = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzIIp", kwlist, &servers, &cluster_file,
-                                     &auth_file, &connect_ms, &request_ms, &any_shard))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzzIIpz", kwlist, &servers, &cluster_file,
+                                     &auth_file, &connect_ms, &request_ms, &any_shard, &coord))
         return -1;
     if (self->c) {
         PyErr_SetString(PyExc_ValueError, "Client.__init__ called twice");
         return -1;
     }
-    if (!servers == !cluster_file) {
-        PyErr_SetString(PyExc_ValueError,
-                        "Client: give exactly one of servers='host:port,...' or cluster_file=");
+    if ((servers != NULL) + (cluster_file != NULL) + (coord != NULL) != 1) {
+        PyErr_SetString(PyExc_ValueError, "Client: give exactly one of servers='host:port,...', "
+                                          "cluster_file= or coord='zk://HOSTS/PATH'");
         return -1;
     }
     gr_client_config cfg;
@@ -72,15 +75,18 @@ static int client_init(PyObject *o, PyObject *args, PyObject *kw)
     cfg.request_timeout_ms = request_ms;
     cfg.any_shard = any_shard;
     gr_client *c = NULL;
+    gr_py_coord *pc = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = gr_client_create(&cfg, &c);
+    rc = coord ? gr_py_coord_connect(coord, &cfg, &pc, &c) : gr_client_create(&cfg, &c);
     Py_END_ALLOW_THREADS
     if (rc) {
         gr_py_raise(rc);
         return -1;
     }
     self->c = c;
+    self->coord = pc;
+    self->connect_ms = connect_ms;
     self->closed = 0;
     return 0;
 }
@@ -120,6 +126,37 @@ static PyObject *client_shard_addr(PyObject *o, PyObject *args)
     if (!a) return PyErr_Format(PyExc_IndexError, "shard %u: the client has %u shards", shard,
                                 gr_client_shards(c));
     return PyUnicode_FromString(a);
+}
+
+static PyObject *client_epoch(PyObject *o, void *closure)
+{
+    (void)closure;
+    gr_client *c = use(CLIENT(o));
+    return c ? PyLong_FromUnsignedLong(gr_client_epoch(c)) : NULL;
+}
+
+/* refresh() -> shards re-pointed: see gr_py_coord_refresh. */
+static PyObject *client_refresh(PyObject *o, PyObject *unused)
+{
+    (void)unused;
+    gr_py_client *self = CLIENT(o);
+    gr_client *c = use(self);
+    if (!c) return NULL;
+    if (!self->coord) {
+        PyErr_SetString(PyExc_ValueError, "refresh(): this client was not made with coord=");
+        return NULL;
+    }
+    if (self->inflight) {
+        PyErr_Format(PyExc_RuntimeError, "refresh(): %ld operation(s) still in flight on this "
+                     "client: wait for them first", self->inflight);
+        return NULL;
+    }
+    uint32_t moved = 0;
+    int rc;
+    CALL_BEGIN(self)
+    rc = gr_py_coord_refresh(self->coord, c, self->connect_ms, &moved);
+    CALL_END(self)
+    return rc ? gr_py_raise(rc) : PyLong_FromUnsignedLong(moved);
 }
 
 /* ---- one table's batch: keys, and rows or gradients -------------------------------------- */
@@ -770,6 +807,9 @@ static PyObject *client_shutdown(PyObject *o, PyObject *args)
 static PyMethodDef client_methods[] = {
     M("close", client_close, METH_NOARGS, "Closes the connections (after what is in flight)."),
     M("shard_addr", client_shard_addr, METH_VARARGS, "shard_addr(i) -> 'host:port'"),
+    M("refresh", client_refresh, METH_NOARGS,
+      "refresh() -> shards re-pointed: coord= only; re-reads the layout, follows moved shards "
+      "and takes its epoch (nothing may be in flight)."),
     M("pull", client_pull, KW,
       "pull(table, dim, keys, out, readonly=False, unique=False): rows of keys into out "
       "(float32, len(keys)*dim), in place."),
@@ -810,6 +850,8 @@ static PyMethodDef client_methods[] = {
 
 static PyGetSetDef client_getset[] = {
     {"shards", client_shards, NULL, "number of shards", NULL},
+    {"epoch", client_epoch, NULL, "the layout epoch stamped on requests (0: not coordinated)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -818,8 +860,9 @@ PyTypeObject gr_py_client_type = {
     .tp_basicsize = sizeof(gr_py_client),
     .tp_dealloc = client_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Client(servers='host:port,...' | cluster_file=PATH, auth_file=None, "
-              "connect_timeout_ms=5000, request_timeout_ms=30000, any_shard=False)",
+    .tp_doc = "Client(servers='host:port,...' | cluster_file=PATH | coord='zk://HOSTS/PATH', "
+              "auth_file=None, connect_timeout_ms=5000, request_timeout_ms=30000, "
+              "any_shard=False)",
     .tp_methods = client_methods,
     .tp_getset = client_getset,
     .tp_init = client_init,

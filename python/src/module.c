@@ -114,6 +114,7 @@ PyMODINIT_FUNC PyInit__granary(void)
     if (!gr_py_error) goto fail;
     Py_INCREF(gr_py_error);
     if (PyModule_AddObject(m, "GranaryError", gr_py_error) < 0) goto fail;
+    if (PyModule_AddFunctions(m, gr_py_grad_methods) < 0) goto fail;
     if (add_type(m, &gr_py_client_type, "Client") || add_type(m, &gr_py_op_type, "Op") ||
         add_type(m, &gr_py_cluster_type, "LocalCluster") ||
         add_type(m, &gr_py_reader_type, "CriteoReader"))

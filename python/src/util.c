@@ -1,5 +1,5 @@
-/* granary._granary helpers that tie the PyTorch path to the C trainer: the Criteo reader
- * (the same parser and feature ids as `granary train`), dedup, the DLRM dense initializer and
+/* granary._granary helpers that tie the PyTorch path to the C trainer: the data reader
+ * (the same parser, schemas and feature ids as `granary train`; Criteo by default), dedup, the DLRM dense initializer and
  * its embedding table spec, and the exact AUC. */
 #include "ext.h"
 
@@ -15,18 +15,31 @@ typedef struct {
     gr_criteo_reader *r;
     gr_batch b;
     size_t batch;
+    gr_schema *schema; /* owned; NULL: Criteo */
+    uint32_t n_dense, n_sparse, max_ids;
+    int lists;
 } gr_py_reader;
+
+/* A schema from the reader's argument: "criteo", a file's path, or the JSON text itself. */
+static int load_schema(const char *arg, gr_schema **out)
+{
+    *out = NULL;
+    if (!arg) return GR_OK;
+    const char *p = arg;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return *p == '{' ? gr_schema_parse(arg, strlen(arg), out) : gr_schema_load(arg, out);
+}
 
 static int reader_init(PyObject *o, PyObject *args, PyObject *kw)
 {
     gr_py_reader *self = (gr_py_reader *)o;
-    static char *kwlist[] = {"path", "batch", "threads", "start", "end", NULL};
-    const char *path;
+    static char *kwlist[] = {"path", "batch", "threads", "start", "end", "schema", NULL};
+    const char *path, *schema_arg = NULL;
     Py_ssize_t batch;
     unsigned threads = 0;
     unsigned long long start = 0, end = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|IKK", kwlist, &path, &batch, &threads, &start,
-                                     &end))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sn|IKKz", kwlist, &path, &batch, &threads, &start,
+                                     &end, &schema_arg))
         return -1;
     if (self->r) {
         PyErr_SetString(PyExc_ValueError, "CriteoReader.__init__ called twice");
@@ -36,14 +49,23 @@ static int reader_init(PyObject *o, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "batch must be 1..1048576, got %zd", batch);
         return -1;
     }
+    gr_schema *schema = NULL;
+    int rc = load_schema(schema_arg, &schema);
+    if (rc) {
+        gr_py_raise(rc);
+        return -1;
+    }
+    const gr_schema *sc = schema ? schema : gr_schema_criteo();
     gr_criteo_opts opt;
     gr_criteo_opts_default(&opt);
     opt.batch = (size_t)batch;
     opt.threads = threads;
     opt.start = start;
     opt.end = end;
-    int rc = gr_batch_init(&self->b, (size_t)batch);
+    opt.schema = schema;
+    rc = gr_batch_init_schema(&self->b, (size_t)batch, schema);
     if (rc) {
+        gr_schema_destroy(schema);
         gr_py_raise(rc);
         return -1;
     }
@@ -53,63 +75,154 @@ static int reader_init(PyObject *o, PyObject *args, PyObject *kw)
     if (rc) {
         gr_batch_fini(&self->b);
         memset(&self->b, 0, sizeof self->b);
+        gr_schema_destroy(schema);
         gr_py_raise(rc);
         return -1;
     }
     self->batch = (size_t)batch;
+    self->schema = schema;
+    self->n_dense = gr_schema_n_dense(sc);
+    self->n_sparse = gr_schema_n_sparse(sc);
+    self->max_ids = gr_schema_max_ids(sc);
+    self->lists = gr_schema_has_lists(sc);
     return 0;
 }
 
-/* next(labels, dense, ids) -> n: the next batch copied into float32 labels[batch], float32
- * dense[batch*13] and uint64/int64 ids[batch*26]; 0 at the end of the data. */
+/* next(labels, dense, ids, bag_off=None) -> n: the next batch copied into float32
+ * labels[batch], float32 dense[batch * n_dense] and uint64/int64 ids; 0 at the end of the data.
+ * Without list columns example i's sparse column s is ids[i * n_sparse + s]; with them ids gets
+ * every bag's ids and uint32 bag_off[batch * n_sparse + 1] where each bag starts (example-major),
+ * so bag_off[n * n_sparse] ids were written. */
 static PyObject *reader_next(PyObject *o, PyObject *args)
 {
     gr_py_reader *self = (gr_py_reader *)o;
-    PyObject *lo, *dobj, *io;
-    if (!PyArg_ParseTuple(args, "OOO", &lo, &dobj, &io)) return NULL;
+    PyObject *lo, *dobj, *io, *bo = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO|O", &lo, &dobj, &io, &bo)) return NULL;
     if (!self->r) {
         PyErr_SetString(PyExc_ValueError, "the reader is closed");
         return NULL;
     }
-    Py_buffer lv, dv, iv;
-    size_t nl, nd, ni;
-    if (gr_py_buffer(lo, GR_PY_F32, 1, "labels", &lv, &nl)) return NULL;
-    if (gr_py_buffer(dobj, GR_PY_F32, 1, "dense", &dv, &nd)) {
-        PyBuffer_Release(&lv);
+    if (self->lists && bo == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "this schema has list columns: next() needs bag_off, "
+                                          "uint32 of batch * n_sparse + 1 entries");
         return NULL;
     }
-    if (gr_py_buffer(io, GR_PY_U64, 1, "ids", &iv, &ni)) {
-        PyBuffer_Release(&lv);
-        PyBuffer_Release(&dv);
-        return NULL;
-    }
+    Py_buffer v[4];
+    size_t n[4] = {0, 0, 0, 0};
+    int held = 0;
     PyObject *ret = NULL;
-    if (nl < self->batch || nd < self->batch * GR_CRITEO_DENSE ||
-        ni < self->batch * GR_CRITEO_SPARSE) {
+    if (gr_py_buffer(lo, GR_PY_F32, 1, "labels", &v[0], &n[0])) goto out;
+    held++;
+    if (gr_py_buffer(dobj, GR_PY_F32, 1, "dense", &v[1], &n[1])) goto out;
+    held++;
+    if (gr_py_buffer(io, GR_PY_U64, 1, "ids", &v[2], &n[2])) goto out;
+    held++;
+    if (bo != Py_None) {
+        if (gr_py_buffer(bo, GR_PY_U32, 1, "bag_off", &v[3], &n[3])) goto out;
+        held++;
+    }
+    size_t want[4] = {self->batch, self->batch * self->n_dense, self->batch * self->max_ids,
+                      self->lists ? self->batch * self->n_sparse + 1 : 0};
+    if (n[0] < want[0] || n[1] < want[1] || n[2] < want[2] || n[3] < want[3]) {
         PyErr_Format(PyExc_ValueError,
-                     "buffers too small for a batch of %zu: labels %zu, dense %zu, ids %zu "
-                     "(want %zu, %zu, %zu)",
-                     self->batch, nl, nd, ni, self->batch, self->batch * GR_CRITEO_DENSE,
-                     self->batch * GR_CRITEO_SPARSE);
+                     "buffers too small for a batch of %zu: labels %zu, dense %zu, ids %zu, "
+                     "bag_off %zu (want %zu, %zu, %zu, %zu)",
+                     self->batch, n[0], n[1], n[2], n[3], want[0], want[1], want[2], want[3]);
         goto out;
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = gr_criteo_next(self->r, &self->b);
     if (!rc) {
-        size_t n = self->b.n;
-        memcpy(lv.buf, self->b.labels, n * sizeof(float));
-        memcpy(dv.buf, self->b.dense, n * GR_CRITEO_DENSE * sizeof(float));
-        memcpy(iv.buf, self->b.ids, n * GR_CRITEO_SPARSE * sizeof(uint64_t));
+        size_t k = self->b.n;
+        memcpy(v[0].buf, self->b.labels, k * sizeof(float));
+        memcpy(v[1].buf, self->b.dense, k * self->n_dense * sizeof(float));
+        memcpy(v[2].buf, self->b.ids, self->b.n_ids * sizeof(uint64_t));
+        if (self->lists) memcpy(v[3].buf, self->b.bag_off, (k * self->n_sparse + 1) * sizeof(uint32_t));
     }
     Py_END_ALLOW_THREADS
     ret = rc ? gr_py_raise(rc) : PyLong_FromSize_t(self->b.n);
 out:
-    PyBuffer_Release(&lv);
-    PyBuffer_Release(&dv);
-    PyBuffer_Release(&iv);
+    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
     return ret;
 }
+
+/* The schema's columns: [(name, type, pooling or None), ...] for the sparse ones in slot order
+ * (type "categorical" or "list"), or the dense ones in feature order. */
+static PyObject *columns_of(gr_py_reader *self, int sparse)
+{
+    const gr_schema *sc = self->schema ? self->schema : gr_schema_criteo();
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (uint32_t i = 0; i < gr_schema_n_columns(sc); i++) {
+        const gr_schema_column *c = gr_schema_column_at(sc, i);
+        int is_sparse = c->type == GR_COL_CATEGORICAL || c->type == GR_COL_LIST;
+        if ((sparse && !is_sparse) || (!sparse && c->type != GR_COL_DENSE)) continue;
+        PyObject *item;
+        if (!sparse)
+            item = PyUnicode_FromString(c->name);
+        else if (c->type == GR_COL_LIST)
+            item = Py_BuildValue("(sss)", c->name, "list", c->pooling == GR_POOL_MEAN ? "mean" : "sum");
+        else
+            item = Py_BuildValue("(ssO)", c->name, "categorical", Py_None);
+        if (!item || PyList_Append(list, item)) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+static PyObject *reader_sparse_columns(PyObject *o, void *c)
+{
+    (void)c;
+    return columns_of((gr_py_reader *)o, 1);
+}
+static PyObject *reader_dense_columns(PyObject *o, void *c)
+{
+    (void)c;
+    return columns_of((gr_py_reader *)o, 0);
+}
+static PyObject *reader_n_dense(PyObject *o, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(((gr_py_reader *)o)->n_dense);
+}
+static PyObject *reader_n_sparse(PyObject *o, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(((gr_py_reader *)o)->n_sparse);
+}
+static PyObject *reader_max_ids(PyObject *o, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(((gr_py_reader *)o)->max_ids);
+}
+static PyObject *reader_has_lists(PyObject *o, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(((gr_py_reader *)o)->lists);
+}
+static PyObject *reader_is_criteo(PyObject *o, void *c)
+{
+    (void)c;
+    gr_py_reader *self = (gr_py_reader *)o;
+    return PyBool_FromLong(!self->schema || gr_schema_is_criteo(self->schema));
+}
+
+static PyGetSetDef reader_getset[] = {
+    {"n_dense", reader_n_dense, NULL, "dense features per example", NULL},
+    {"n_sparse", reader_n_sparse, NULL, "sparse columns (categorical and list) per example", NULL},
+    {"max_ids", reader_max_ids, NULL, "the most ids one example can give", NULL},
+    {"has_lists", reader_has_lists, NULL, "some column is a list (next() needs bag_off)", NULL},
+    {"is_criteo", reader_is_criteo, NULL, "the schema is the built-in Criteo layout", NULL},
+    {"sparse_columns", reader_sparse_columns, NULL,
+     "[(name, 'categorical' | 'list', pooling or None), ...] in slot order", NULL},
+    {"dense_columns", reader_dense_columns, NULL, "the dense columns' names in order", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyObject *reader_close(PyObject *o, PyObject *unused)
 {
@@ -119,6 +232,8 @@ static PyObject *reader_close(PyObject *o, PyObject *unused)
     self->r = NULL;
     gr_batch_fini(&self->b);
     memset(&self->b, 0, sizeof self->b);
+    gr_schema_destroy(self->schema); /* after the reader, which used it */
+    self->schema = NULL;
     Py_RETURN_NONE;
 }
 
@@ -130,7 +245,7 @@ static void reader_dealloc(PyObject *o)
 
 static PyMethodDef reader_methods[] = {
     {"next", reader_next, METH_VARARGS,
-     "next(labels, dense, ids) -> n examples copied in (0 at the end)"},
+     "next(labels, dense, ids, bag_off=None) -> n examples copied in (0 at the end)"},
     {"close", reader_close, METH_NOARGS, "Stops the parser threads."},
     {NULL, NULL, 0, NULL},
 };
@@ -140,9 +255,12 @@ PyTypeObject gr_py_reader_type = {
     .tp_basicsize = sizeof(gr_py_reader),
     .tp_dealloc = reader_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "CriteoReader(path, batch, threads=0, start=0, end=0): granary's Criteo TSV "
-              "reader (log(1+x) dense features, salted uint64 ids), batches in file order.",
+    .tp_doc = "CriteoReader(path, batch, threads=0, start=0, end=0, schema=None): granary's "
+              "data reader (`granary train`'s parser and feature ids), batches in file order; "
+              "schema: 'criteo' (the default), a schema file's path or its JSON text "
+              "(docs/data.md).",
     .tp_methods = reader_methods,
+    .tp_getset = reader_getset,
     .tp_init = reader_init,
     .tp_new = PyType_GenericNew,
 };
@@ -186,34 +304,39 @@ static PyObject *py_dedup(PyObject *self, PyObject *args)
 
 /* Builds a DLRM model from (dim, "bottom", "top", seed). */
 static int dlrm_model(unsigned dim, const char *bottom, const char *top,
-                      unsigned long long seed, gr_model **m)
+                      unsigned long long seed, unsigned n_dense, unsigned n_sparse, gr_model **m)
 {
     gr_model_config cfg;
     gr_model_config_default(&cfg, GR_MODEL_DLRM);
     cfg.dim = dim;
     cfg.seed = seed;
+    cfg.n_dense = n_dense; /* 0 and 0: Criteo's 13 and 26 */
+    cfg.n_sparse = n_sparse;
     int rc = gr_model_parse_layers(bottom, cfg.bottom, &cfg.n_bottom);
     if (!rc) rc = gr_model_parse_layers(top, cfg.top, &cfg.n_top);
     if (!rc) rc = gr_model_create(&cfg, m);
     return rc;
 }
 
-/* dlrm_dense(dim, bottom, top, seed, out=None) -> (size, layout): the C trainer's initial
- * dense parameters (written to out when given, float32 of exactly size entries) and their
- * layout ("bottom0.w 64x13 @0, ..."). */
+/* dlrm_dense(dim, bottom, top, seed, out=None, n_dense=0, n_sparse=0) -> (size, layout): the C
+ * trainer's initial dense parameters (written to out when given, float32 of exactly size
+ * entries) and their layout ("bottom0.w 64x13 @0, ..."); n_dense/n_sparse 0: Criteo's. */
 static PyObject *py_dlrm_dense(PyObject *self, PyObject *args, PyObject *kw)
 {
     (void)self;
-    static char *kwlist[] = {"dim", "bottom", "top", "seed", "out", NULL};
-    unsigned dim;
+    static char *kwlist[] = {"dim", "bottom", "top", "seed", "out", "n_dense", "n_sparse", NULL};
+    unsigned dim, n_dense = 0, n_sparse = 0;
     const char *bottom, *top;
     unsigned long long seed;
     PyObject *out = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "IssK|O", kwlist, &dim, &bottom, &top, &seed,
-                                     &out))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "IssK|OII", kwlist, &dim, &bottom, &top, &seed,
+                                     &out, &n_dense, &n_sparse))
         return NULL;
+    if (!n_dense != !n_sparse)
+        return PyErr_Format(PyExc_ValueError, "dlrm_dense: give both n_dense and n_sparse (or "
+                            "neither, for Criteo's), got %u and %u", n_dense, n_sparse);
     gr_model *m = NULL;
-    int rc = dlrm_model(dim, bottom, top, seed, &m);
+    int rc = dlrm_model(dim, bottom, top, seed, n_dense, n_sparse, &m);
     if (rc) return gr_py_raise(rc);
     size_t size = gr_model_dense_size(m);
     PyObject *ret = NULL;
@@ -326,7 +449,7 @@ static PyObject *py_datagen(PyObject *self, PyObject *args, PyObject *kw)
 PyMethodDef gr_py_util_methods[] = {
     {"dedup", py_dedup, METH_VARARGS, "dedup(keys, uniq_out, inverse_out) -> unique count"},
     {"dlrm_dense", (PyCFunction)(void (*)(void))py_dlrm_dense, METH_VARARGS | METH_KEYWORDS,
-     "dlrm_dense(dim, bottom, top, seed, out=None) -> (size, layout)"},
+     "dlrm_dense(dim, bottom, top, seed, out=None, n_dense=0, n_sparse=0) -> (size, layout)"},
     {"dlrm_table_spec", py_dlrm_table_spec, METH_VARARGS, "dlrm_table_spec(dim, seed) -> JSON"},
     {"auc", py_auc, METH_VARARGS, "auc(scores, labels) -> exact ROC AUC"},
     {"criteo_feature_id", py_criteo_feature_id, METH_VARARGS,

@@ -100,6 +100,14 @@ typedef struct ck_table_desc {
     bool seen;
 } ck_table_desc;
 
+/* What reading a compressed payload needs besides the output: the compressed bytes and a
+ * zstd context. One per thread reading payloads. */
+typedef struct ck_scratch {
+    unsigned char *stored;
+    size_t stored_cap;
+    void *zctx; /* ZSTD_DCtx, lazily */
+} ck_scratch;
+
 typedef struct ck_reader {
     int fd;
     bool own_fd;
@@ -113,8 +121,7 @@ typedef struct ck_reader {
     void *hash;         /* XXH3_state_t fed with every byte read in order (verify), or NULL */
     uint32_t nsection;  /* sections read so far */
     ck_table_desc *tables; /* hdr.ntables entries, filled as TABLE sections are read */
-    void *zctx;         /* ZSTD_DCtx, lazily */
-    unsigned char *stored; size_t stored_cap; /* compressed payload scratch */
+    ck_scratch scratch; /* ck_reader_payload's */
 } ck_reader;
 
 /* Opens a shard file and checks its header and trailer. expect_size 0 = not checked. */
@@ -127,6 +134,12 @@ int ck_reader_next(ck_reader *r, ck_section *s);
 /* Reads and verifies the payload of the section just returned by ck_reader_next into
  * *buf (grown as needed; raw bytes after decompression). */
 int ck_reader_payload(ck_reader *r, const ck_section *s, unsigned char **buf, size_t *cap);
+/* ck_reader_payload for a section whose header was read before (at payload_off, section
+ * number nsec for messages), with the caller's scratch: several threads may read payloads of
+ * one reader at once. hash (an XXH3 state or NULL) is fed the stored bytes. */
+int ck_payload_at(const ck_reader *r, const ck_section *s, uint64_t payload_off, uint32_t nsec,
+                  unsigned char **buf, size_t *cap, ck_scratch *sc, void *hash);
+void ck_scratch_fini(ck_scratch *sc);
 /* Parses a TABLE payload into r->tables[s->table]. */
 int ck_reader_table(ck_reader *r, const ck_section *s, const unsigned char *p);
 /* Reads the END section the trailer points at (JSON, NUL-terminated; caller frees). */
@@ -190,6 +203,8 @@ void ck_spec_diff(const gr_table_spec *ckpt, const gr_table_spec *table, char *b
 int ck_check_row(const char *where, const char *table, uint64_t key, const float *w,
                  uint32_t dim, bool f16, const float *state, uint32_t nstate);
 
+/* CPUs online (at least 1): how many threads a restore uses by default. */
+uint32_t ck_online_cpus(void);
 /* Joins dir and name into buf; GR_EINVAL when it does not fit. */
 int ck_path(char *buf, size_t cap, const char *dir, const char *name);
 /* Parent directory of a checkpoint dir (for resolving a parent name). */

@@ -7,6 +7,7 @@
 #include "ckpt/ckpt_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -374,10 +375,21 @@ static bool all_finite(const void *p, uint64_t n)
     return bad == 0;
 }
 
-static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
-                      const unsigned char *payload)
+/* The rows of one ROWS section that go into the target, checked: the payload's columns when
+ * every row is kept, else a filtered copy in a's scratch. */
+typedef struct row_batch {
+    gr_table *t;
+    const uint64_t *keys;
+    size_t n;
+    const float *w, *state;
+    const gr_row_meta *meta;
+} row_batch;
+
+static int prepare_rows(apply_ctx *a, const ck_reader *r, const ck_section *s, int target,
+                        const unsigned char *payload, row_batch *out)
 {
-    apply_ctx *a = vctx;
+    memset(out, 0, sizeof *out);
+    out->t = a->tables[target];
     const ck_table_info *ti = &r->tables[s->table].info;
     ck_rows v;
     ck_rows_view(ti, payload, s->count, &v);
@@ -418,9 +430,9 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
     for (uint64_t i = 0; i < n && all; i++)
         all = a->owned[gr_slot_of(v.keys[i])] && (!live || keyset_has(live, v.keys[i]));
     if (all && !f16) {
-        int rc = gr_table_insert(a->tables[target], v.keys, n, v.weights, v.state, v.meta);
-        if (rc == GR_OK) a->st->rows_loaded += n;
-        return rc;
+        *out = (row_batch){a->tables[target], v.keys, n, v.weights, v.state, v.meta};
+        a->st->rows_loaded += n;
+        return GR_OK;
     }
     int rc = reserve((void **)&a->keys, &a->cap_k, n, 8);
     if (rc == GR_OK) rc = reserve((void **)&a->meta, &a->cap_m, n, sizeof(gr_row_meta));
@@ -453,10 +465,262 @@ static int apply_rows(void *vctx, ck_reader *r, const ck_section *s, int target,
         if (mbytes) memcpy(&a->meta[m], mbytes + 8 * i, 8);
         m++;
     }
-    if (m == 0) return GR_OK;
-    rc = gr_table_insert(a->tables[target], a->keys, m, a->w, sf ? a->state : NULL,
-                         mbytes ? a->meta : NULL);
-    if (rc == GR_OK) a->st->rows_loaded += m;
+    *out = (row_batch){a->tables[target], a->keys, m, a->w, sf ? a->state : NULL,
+                       mbytes ? a->meta : NULL};
+    a->st->rows_loaded += m;
+    return GR_OK;
+}
+
+/* ---- applying a file's rows with several threads ----
+ * The section headers are walked first (TABLE sections read and matched on the way). Then
+ * each of T threads inserts, section by section in file order, the rows that fall in its own
+ * group of table partitions (gr_table_insert_bulk, group t of T); a key always falls in the
+ * same group, so its rows are applied in file order whatever T is, and two threads never want
+ * the same partition lock. Sections are read, verified, decompressed and checked into a ring
+ * of W slots by whichever thread finds the section it needs not read yet; a slot is reused
+ * once every thread has inserted its rows. There is no barrier: a thread the scheduler parks
+ * holds the others back only once they are W sections ahead of it. */
+
+typedef struct sec_ref {
+    ck_section s;
+    uint64_t off;  /* payload offset */
+    uint32_t nsec; /* section number, for messages */
+} sec_ref;
+
+static int list_sections(ck_reader *r, file_ctx *fc, uint16_t type, sec_ref **out, size_t *n)
+{
+    sec_ref *v = NULL;
+    size_t len = 0, cap = 0;
+    unsigned char *tbuf = NULL;
+    size_t tcap = 0;
+    int rc = GR_OK;
+    for (;;) {
+        ck_section s;
+        int got = ck_reader_next(r, &s);
+        if (got <= 0) {
+            rc = got;
+            break;
+        }
+        if (s.type == CK_SEC_TABLE) {
+            rc = ck_reader_payload(r, &s, &tbuf, &tcap);
+            if (rc == GR_OK) rc = on_table(r, &s, tbuf, fc);
+            if (rc != GR_OK) break;
+            continue;
+        }
+        if (s.type != type || fc->want[s.table] < 0) continue;
+        if (len == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            sec_ref *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = gr_seterr(GR_ENOMEM, "out of memory listing %s", r->path);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        v[len++] = (sec_ref){s, r->payload_off, r->nsection - 1};
+    }
+    free(tbuf);
+    if (rc != GR_OK) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *n = len;
+    return GR_OK;
+}
+
+typedef struct par_run par_run;
+
+/* One section read and checked, waiting until every thread has inserted its rows. */
+typedef struct par_slot {
+    apply_ctx a; /* its scratch holds the filtered rows */
+    gr_ckpt_load_stats st;
+    unsigned char *buf;
+    size_t cap;
+    ck_scratch sc;
+    row_batch b;
+    uint64_t *hashes; /* the batch's table hashes, computed once for every group */
+    size_t hcap;
+    size_t sec;       /* the section it holds */
+    bool reading;     /* a thread is reading `sec` into it */
+    bool ready;       /* read; `pending` threads still to insert from it */
+    uint32_t pending; /* free: none of the three */
+} par_slot;
+
+typedef struct par_worker {
+    par_run *run;
+    uint32_t id;
+} par_worker;
+
+struct par_run {
+    const ck_reader *r;
+    const int *want;
+    const sec_ref *secs;
+    size_t nsec;
+    uint32_t T; /* threads = groups */
+    uint32_t W; /* slots */
+    par_slot *slots;
+    size_t next_read; /* the next section to read; its slot is free once section - W is done */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool go; /* T is final: as many threads as could be started */
+    atomic_int failed;
+    int err;
+    char errmsg[1024];
+};
+
+static void par_fail(par_run *p, int rc)
+{
+    pthread_mutex_lock(&p->mu);
+    if (!p->err) {
+        p->err = rc;
+        snprintf(p->errmsg, sizeof p->errmsg, "%s", gr_errmsg());
+    }
+    atomic_store(&p->failed, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int read_slot(par_run *p, par_slot *sl, const sec_ref *sr)
+{
+    sl->b.n = 0;
+    int rc = ck_payload_at(p->r, &sr->s, sr->off, sr->nsec, &sl->buf, &sl->cap, &sl->sc, NULL);
+    if (rc == GR_OK) rc = prepare_rows(&sl->a, p->r, &sr->s, p->want[sr->s.table], sl->buf, &sl->b);
+    if (rc == GR_OK) rc = reserve((void **)&sl->hashes, &sl->hcap, sl->b.n, sizeof *sl->hashes);
+    if (rc == GR_OK) gr_table_hash_keys(sl->b.t, sl->b.keys, sl->b.n, sl->hashes);
+    return rc;
+}
+
+/* Section k read into its slot: waits for it, reading whatever section is next meanwhile
+ * when its slot is free. False when the restore failed. Called with mu held. */
+static bool wait_section(par_run *p, size_t k)
+{
+    par_slot *want = &p->slots[k % p->W];
+    while (!atomic_load(&p->failed)) {
+        if (want->ready && want->sec == k) return true;
+        par_slot *next = p->next_read < p->nsec ? &p->slots[p->next_read % p->W] : NULL;
+        if (next && !next->reading && !next->ready && next->pending == 0) {
+            size_t j = p->next_read++;
+            next->reading = true;
+            pthread_mutex_unlock(&p->mu);
+            int rc = read_slot(p, next, &p->secs[j]);
+            if (rc != GR_OK) par_fail(p, rc);
+            pthread_mutex_lock(&p->mu);
+            next->sec = j;
+            next->pending = p->T;
+            next->reading = false;
+            next->ready = rc == GR_OK;
+            pthread_cond_broadcast(&p->cv);
+            continue;
+        }
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+    return false;
+}
+
+static void *par_main(void *arg)
+{
+    par_worker *w = arg;
+    par_run *p = w->run;
+    pthread_mutex_lock(&p->mu);
+    while (!p->go) pthread_cond_wait(&p->cv, &p->mu);
+    bool mine = w->id < p->T;
+    for (size_t k = 0; mine && k < p->nsec; k++) {
+        if (!wait_section(p, k)) break;
+        par_slot *sl = &p->slots[k % p->W];
+        pthread_mutex_unlock(&p->mu);
+        const row_batch *b = &sl->b;
+        if (b->n) {
+            /* prepare_rows ran the writer's row check (every value finite); an f16 table also
+             * needs the half-float range, which the insert checks itself. */
+            gr_table_rows rows = {b->keys, b->n, b->w, b->state, b->meta, sl->hashes};
+            unsigned flags = gr_table_get_spec(b->t)->dtype == GR_DTYPE_F32 ? GR_TABLE_BULK_CHECKED : 0;
+            int rc = gr_table_insert_bulk(b->t, &rows, w->id, p->T, flags);
+            if (rc != GR_OK) par_fail(p, rc);
+        }
+        pthread_mutex_lock(&p->mu);
+        if (--sl->pending == 0) {
+            sl->ready = false;
+            pthread_cond_broadcast(&p->cv);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static uint32_t load_threads(const gr_ckpt_load_opts *o)
+{
+    if (o->threads) return o->threads > 64 ? 64 : o->threads;
+    uint32_t n = ck_online_cpus();
+    return n > 8 ? 8 : n;
+}
+
+/* Inserts every wanted ROWS section of r into the targets with up to T threads. */
+static int apply_file(ck_reader *r, file_ctx *fc, const apply_ctx *proto, uint32_t T)
+{
+    sec_ref *secs = NULL;
+    size_t nsec = 0;
+    int rc = list_sections(r, fc, CK_SEC_ROWS, &secs, &nsec);
+    if (rc != GR_OK) return rc;
+    if (T > nsec) T = nsec ? (uint32_t)nsec : 1;
+    /* Four sections per thread in flight: room for the others to run ahead of a thread the
+     * scheduler parks (about 3 MiB per slot). */
+    const uint32_t W = 4 * T;
+    par_run *p = calloc(1, sizeof *p);
+    par_worker *w = calloc(T, sizeof *w);
+    par_slot *slots = calloc(W, sizeof *slots);
+    pthread_t *th = calloc(T, sizeof *th);
+    if (!p || !w || !slots || !th) {
+        free(p);
+        free(w);
+        free(slots);
+        free(th);
+        free(secs);
+        return gr_seterr(GR_ENOMEM, "out of memory");
+    }
+    *p = (par_run){.r = r, .want = fc->want, .secs = secs, .nsec = nsec, .T = T, .W = W,
+                   .slots = slots};
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->failed, 0);
+    for (uint32_t i = 0; i < W; i++) {
+        slots[i].a = *proto;
+        slots[i].a.st = &slots[i].st;
+    }
+    for (uint32_t i = 0; i < T; i++) w[i] = (par_worker){p, i};
+    /* Threads that cannot be started are done without: the others do their share. */
+    uint32_t started = 1;
+    while (started < T && pthread_create(&th[started], NULL, par_main, &w[started]) == 0)
+        started++;
+    pthread_mutex_lock(&p->mu);
+    p->T = started;
+    p->go = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    par_main(&w[0]);
+    for (uint32_t i = 1; i < started; i++) pthread_join(th[i], NULL);
+    if (rc == GR_OK && p->err) rc = gr_seterr(p->err, "%s", p->errmsg);
+    for (uint32_t i = 0; i < W; i++) {
+        par_slot *sl = &slots[i];
+        proto->st->rows_read += sl->st.rows_read;
+        proto->st->rows_loaded += sl->st.rows_loaded;
+        proto->st->rows_dropped += sl->st.rows_dropped;
+        free(sl->a.keys);
+        free(sl->a.w);
+        free(sl->a.state);
+        free(sl->a.meta);
+        free(sl->buf);
+        free(sl->hashes);
+        ck_scratch_fini(&sl->sc);
+    }
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(th);
+    free(slots);
+    free(w);
+    free(p);
+    free(secs);
     return rc;
 }
 
@@ -487,6 +751,32 @@ static bool file_relevant(const gr_ckpt_manifest *m, uint32_t f, const bool *own
     return false;
 }
 
+/* Sizes each target's index for the rows its full checkpoint brings (each file's rows times
+ * the share of that file's slots the target owns), so the restore does not rehash. */
+static int reserve_targets(const ck_chain *c, gr_table *const *tables, const gr_table_spec *specs,
+                           size_t ntables, const bool *owned)
+{
+    const gr_ckpt_manifest *m = c->m[c->len - 1];
+    for (size_t i = 0; i < ntables; i++) {
+        const gr_table_spec *ts = specs ? &specs[i] : gr_table_get_spec(tables[i]);
+        long ix = gr_ckpt_manifest_table(m, ts->name);
+        if (ix < 0) continue;
+        double rows = 0;
+        for (uint32_t f = 0; f < m->map.shards; f++) {
+            uint32_t in_file = 0, mine = 0;
+            for (uint32_t s = 0; s < GR_SLOTS; s++)
+                if (m->map.owner[s] == f) {
+                    in_file++;
+                    mine += owned[s];
+                }
+            if (in_file) rows += (double)m->files[f].rows[ix] * mine / in_file;
+        }
+        int rc = gr_table_reserve(tables[i], (uint64_t)rows);
+        if (rc != GR_OK) return rc;
+    }
+    return GR_OK;
+}
+
 int gr_ckpt_load(const char *dir, gr_table *const *tables, size_t ntables,
                  const gr_ckpt_load_opts *opts, gr_ckpt_load_stats *stats)
 {
@@ -496,7 +786,7 @@ int gr_ckpt_load(const char *dir, gr_table *const *tables, size_t ntables,
 int ck_load(const char *dir, gr_table *const *tables, const gr_table_spec *specs,
             size_t ntables, const gr_ckpt_load_opts *opts, gr_ckpt_load_stats *stats)
 {
-    gr_ckpt_load_opts def = {0, 1, NULL};
+    gr_ckpt_load_opts def = {0, 1, NULL, 0};
     const gr_ckpt_load_opts *o = opts ? opts : &def;
     gr_ckpt_load_stats st_local;
     gr_ckpt_load_stats *st = stats ? stats : &st_local;
@@ -597,13 +887,15 @@ int ck_load(const char *dir, gr_table *const *tables, const gr_table_spec *specs
     ac.owned = owned;
     ac.live = live;
     ac.st = st;
+    uint32_t threads = load_threads(o);
+    if (rc == GR_OK) rc = reserve_targets(c, tables, specs, ntables, owned);
     for (size_t k = c->len; k-- > 0 && rc == GR_OK;) {
         for (uint32_t f = 0; f < c->m[k]->map.shards && rc == GR_OK; f++) {
             if (!file_relevant(c->m[k], f, owned)) continue;
             ck_reader r;
             rc = ck_open_checked(&r, c->dir[k], c->m[k], f);
             if (rc != GR_OK) break;
-            rc = for_each_section(&r, &fc, CK_SEC_ROWS, apply_rows, &ac);
+            rc = apply_file(&r, &fc, &ac, threads);
             st->files++;
             st->bytes += r.size;
             ck_reader_close(&r);
@@ -638,7 +930,7 @@ int ck_apply_file(ck_reader *r, gr_table *const *tables, size_t ntables, bool ex
         ac.tables = tables;
         ac.owned = owned;
         ac.st = st;
-        rc = for_each_section(r, &fc, CK_SEC_ROWS, apply_rows, &ac);
+        rc = apply_file(r, &fc, &ac, 1);
         free(ac.keys);
         free(ac.w);
         free(ac.state);

@@ -127,11 +127,7 @@ void ck_reader_close(ck_reader *r)
     r->fd = -1;
     free(r->tables);
     r->tables = NULL;
-    ZSTD_freeDCtx(r->zctx);
-    r->zctx = NULL;
-    free(r->stored);
-    r->stored = NULL;
-    r->stored_cap = 0;
+    ck_scratch_fini(&r->scratch);
 }
 
 static const char *type_name(unsigned type)
@@ -243,40 +239,55 @@ static int grow(unsigned char **buf, size_t *cap, size_t need)
     return GR_OK;
 }
 
-int ck_reader_payload(ck_reader *r, const ck_section *s, unsigned char **buf, size_t *cap)
+int ck_payload_at(const ck_reader *r, const ck_section *s, uint64_t payload_off, uint32_t nsec,
+                  unsigned char **buf, size_t *cap, ck_scratch *sc, void *hash)
 {
     char w[4200];
-    snprintf(w, sizeof w, "%s: %s section %u at offset %llu", r->path, type_name(s->type),
-             r->nsection - 1, (unsigned long long)(r->payload_off - CK_SECTION_SIZE));
+    snprintf(w, sizeof w, "%s: %s section %u at offset %llu", r->path, type_name(s->type), nsec,
+             (unsigned long long)(payload_off - CK_SECTION_SIZE));
+    /* read_at takes the reader only for its descriptor and path, which stay as they are. */
+    ck_reader *rr = (ck_reader *)r;
     int rc;
     if (s->codec == CK_CODEC_NONE) {
         rc = grow(buf, cap, s->raw_len);
-        if (rc == GR_OK) rc = read_at(r, *buf, s->raw_len, r->payload_off);
+        if (rc == GR_OK) rc = read_at(rr, *buf, s->raw_len, payload_off);
         if (rc != GR_OK) return rc;
-        if (r->hash) XXH3_64bits_update(r->hash, *buf, s->raw_len);
+        if (hash) XXH3_64bits_update(hash, *buf, s->raw_len);
         if (r->verify && gr_checksum(*buf, s->raw_len) != s->payload_checksum)
             return gr_seterr(GR_ECORRUPT, "%s: payload checksum mismatch (corrupt data)", w);
         return GR_OK;
     }
-    rc = grow(&r->stored, &r->stored_cap, s->stored_len);
-    if (rc == GR_OK) rc = read_at(r, r->stored, s->stored_len, r->payload_off);
+    rc = grow(&sc->stored, &sc->stored_cap, s->stored_len);
+    if (rc == GR_OK) rc = read_at(rr, sc->stored, s->stored_len, payload_off);
     if (rc != GR_OK) return rc;
-    if (r->hash) XXH3_64bits_update(r->hash, r->stored, s->stored_len);
-    if (r->verify && gr_checksum(r->stored, s->stored_len) != s->payload_checksum)
+    if (hash) XXH3_64bits_update(hash, sc->stored, s->stored_len);
+    if (r->verify && gr_checksum(sc->stored, s->stored_len) != s->payload_checksum)
         return gr_seterr(GR_ECORRUPT, "%s: payload checksum mismatch (corrupt data)", w);
     rc = grow(buf, cap, s->raw_len);
     if (rc != GR_OK) return rc;
-    if (!r->zctx) {
-        r->zctx = ZSTD_createDCtx();
-        if (!r->zctx) return gr_seterr(GR_ENOMEM, "out of memory for zstd");
+    if (!sc->zctx) {
+        sc->zctx = ZSTD_createDCtx();
+        if (!sc->zctx) return gr_seterr(GR_ENOMEM, "out of memory for zstd");
     }
-    size_t got = ZSTD_decompressDCtx(r->zctx, *buf, s->raw_len, r->stored, s->stored_len);
+    size_t got = ZSTD_decompressDCtx(sc->zctx, *buf, s->raw_len, sc->stored, s->stored_len);
     if (ZSTD_isError(got))
         return gr_seterr(GR_ECORRUPT, "%s: zstd: %s", w, ZSTD_getErrorName(got));
     if (got != s->raw_len)
         return gr_seterr(GR_ECORRUPT, "%s: decompressed to %zu bytes, expected %llu", w, got,
                          (unsigned long long)s->raw_len);
     return GR_OK;
+}
+
+void ck_scratch_fini(ck_scratch *sc)
+{
+    ZSTD_freeDCtx(sc->zctx);
+    free(sc->stored);
+    memset(sc, 0, sizeof *sc);
+}
+
+int ck_reader_payload(ck_reader *r, const ck_section *s, unsigned char **buf, size_t *cap)
+{
+    return ck_payload_at(r, s, r->payload_off, r->nsection - 1, buf, cap, &r->scratch, r->hash);
 }
 
 int ck_reader_table(ck_reader *r, const ck_section *s, const unsigned char *p)

@@ -454,7 +454,7 @@ int gr_ckpt_reshard(const char *src, const char *dst, uint32_t shards, int zstd_
     wo.shards = shards;
     wo.step = m->step;
     wo.zstd_level = zstd_level;
-    gr_ckpt_load_opts lo = {0, shards, NULL};
+    gr_ckpt_load_opts lo = {0, shards, NULL, 0};
     for (uint32_t j = 0; j < shards && rc == GR_OK; j++) {
         /* Staging tables without capacity or memory caps, so merging shards never evicts;
          * the files carry the checkpoint's own specs. */

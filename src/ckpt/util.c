@@ -267,3 +267,9 @@ int ck_check_row(const char *where, const char *table, uint64_t key, const float
                              "is %g, not finite", where, table, key, i, (double)state[i]);
     return GR_OK;
 }
+
+uint32_t ck_online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > 1024 ? 1024u : (uint32_t)n;
+}

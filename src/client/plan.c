@@ -9,6 +9,16 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CL_WIDE 1 /* AVX-512 loops, chosen at run time (the build targets baseline x86-64) */
+static bool cl_have_avx512;
+__attribute__((constructor)) static void detect_avx512(void)
+{
+    __builtin_cpu_init();
+    cl_have_avx512 = __builtin_cpu_supports("avx512f");
+}
+#endif
 
 static inline uint32_t shard_of_key(uint32_t nshards, uint64_t key)
 {
@@ -35,12 +45,76 @@ static int check_tables(const gr_client_batch *b, size_t nb, bool rows, bool gra
 }
 
 /* Arena bytes one table needs (see the carving in cl_plan_tables). */
-static size_t table_bytes(const gr_client_batch *b, uint32_t nshards, bool grads)
+static size_t table_bytes(const gr_client_batch *b, uint32_t nshards, bool rows, bool grads)
 {
     size_t n = b->n, per = 4 + 4; /* order, shard of each unique key */
-    if (!(b->flags & GR_CLIENT_BATCH_UNIQUE)) per += 8 + 4 + 4 + 4; /* uniq, first, next, inv */
+    if (!(b->flags & GR_CLIENT_BATCH_UNIQUE)) {
+        per += 8;                 /* uniq (and two more, see dedup_table) */
+        if (rows) per += 4 + 4;   /* first, next */
+        if (grads) per += 4;      /* inv */
+    }
     if (grads) per += sizeof(float *);
-    return n * per + ((size_t)nshards + 1) * 4 + 16;
+    return n * per + ((size_t)nshards + 1) * 4 + 16 + 16;
+}
+
+/* Scratch shared by the tables of one plan: the dedup's open-addressing map (unique index + 1,
+ * 0 = empty; a power of two at least twice the largest table) and the last occurrence seen of
+ * each key (zeroed once, so it is never read uninitialised). */
+typedef struct dedup_map {
+    uint32_t *idx, *last;
+    size_t mask;
+} dedup_map;
+
+/* One pass over a table's keys: its unique keys in first-seen order, and what the op needs of
+ * each occurrence: the chain of a key's occurrences in the caller's order (first, next: the
+ * scatter of rows) and/or its unique index (inv: the sums of gradients). Whether a key is new
+ * is a coin toss on Zipf batches (half the keys are repeats), so the loop has no branch on it:
+ * the map slot, the unique key and the chain link are written either way, with selects, and
+ * the only branch is the probe loop, which rarely runs twice. The map holds unique indices
+ * and compares against uniq[], so a probe touches two small arrays (4096 keys: 32 KiB each).
+ * first[] sits right after next[] (cl_plan_tables carves them so): a key's chain head is
+ * next[n + u], so the first link and a later one are the same store. */
+static uint32_t dedup_table(cl_tbl *t, const uint64_t *keys, dedup_map *m)
+{
+    const size_t n = t->n, mask = m->mask;
+    /* base[0] is a sentinel set to the key being probed, so an empty slot (0) and a match end
+     * the probe with one comparison; base[u + 1] is unique key u, written one ahead. */
+    uint64_t *base = (uint64_t *)t->uniq - 1;
+    int32_t *links = t->next; /* next[0 .. n), then first[0 .. n) */
+    uint32_t *inv = t->inv, *last = m->last, *idx = m->idx;
+    memset(idx, 0, (mask + 1) * sizeof *idx);
+    uint32_t nu = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t k = keys[i];
+        /* Fibonacci hashing: keys are often already hashes, but not always. */
+        size_t h = (size_t)((k * 0x9e3779b97f4a7c15ull) >> 20) & mask;
+        base[0] = k;
+        uint32_t e = idx[h];
+        while (base[e] != k) {
+            h = (h + 1) & mask;
+            e = idx[h];
+        }
+        uint32_t fresh = e == 0;
+#if defined(__GNUC__)
+        /* Unpredictable by nature: hidden from the optimiser, which would otherwise turn the
+         * masks below back into a branch on it (measured: a mispredict on half the keys). */
+        __asm__("" : "+r"(fresh));
+#endif
+        const uint32_t keep = fresh - 1; /* all ones when the key was seen before */
+        const uint32_t u = (nu & ~keep) | ((e - 1) & keep);
+        idx[h] = u + 1;
+        base[nu + 1] = k; /* kept only when fresh: otherwise the next fresh key overwrites it */
+        nu += fresh;
+        if (links) {
+            const uint32_t prev = last[u]; /* stale when fresh, and then not used */
+            const size_t at = ((n + u) & ~(size_t)keep) | ((size_t)prev & (size_t)keep);
+            links[at] = (int32_t)i;
+            links[i] = -1;
+            last[u] = (uint32_t)i;
+        }
+        if (inv) inv[i] = u;
+    }
+    return nu;
 }
 
 int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_t nb, bool rows,
@@ -50,23 +124,32 @@ int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_
     p->nshards = nshards;
     int rc = check_tables(b, nb, rows, grads);
     if (rc) return rc;
-    size_t bytes = 0, out_bytes = 0;
+    size_t bytes = 0, out_bytes = 0, nmax = 0;
     for (size_t i = 0; i < nb; i++) {
-        bytes += table_bytes(&b[i], nshards, grads);
+        bytes += table_bytes(&b[i], nshards, rows, grads);
         out_bytes += rows ? b[i].n * b[i].dim * sizeof(float) : 0;
+        if (!(b[i].flags & GR_CLIENT_BATCH_UNIQUE) && b[i].n > nmax) nmax = b[i].n;
     }
+    size_t cap = 16;
+    while (cap < nmax * 4) cap <<= 1;
+    dedup_map m = {NULL, NULL, cap - 1};
     p->stream_rows = out_bytes >= CL_STREAM_ROWS_BYTES;
     p->tb = calloc(nb, sizeof *p->tb);
     p->arena = malloc(bytes);
     uint32_t *count = calloc((size_t)nshards + 1, sizeof *count);
-    if (!p->tb || !p->arena || !count) {
+    if (nmax) {
+        m.idx = malloc(cap * sizeof *m.idx);
+        m.last = rows ? calloc(nmax, sizeof *m.last) : NULL;
+    }
+    if (!p->tb || !p->arena || !count || (nmax && (!m.idx || (rows && !m.last)))) {
         free(count);
+        free(m.idx);
+        free(m.last);
         return gr_seterr(GR_ENOMEM, "cannot allocate a batch of %zu bytes", bytes);
     }
     p->nb = nb;
     uint8_t *a = p->arena;
-    gr_dedup_scratch scratch = {0};
-    for (size_t bi = 0; bi < nb && !rc; bi++) {
+    for (size_t bi = 0; bi < nb; bi++) {
         cl_tbl *t = &p->tb[bi];
         size_t n = b[bi].n;
         t->table = b[bi].table;
@@ -80,14 +163,18 @@ int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_
             a += n * sizeof(float *);
         }
         if (!t->unique) {
-            t->uniq = (const uint64_t *)(void *)a;
-            a += n * 8;
-            t->first = (int32_t *)(void *)a;
-            a += n * 4;
-            t->next = (int32_t *)(void *)a;
-            a += n * 4;
-            t->inv = (uint32_t *)(void *)a;
-            a += n * 4;
+            t->uniq = (const uint64_t *)(void *)a + 1; /* a sentinel before, one spare after */
+            a += (n + 2) * 8;
+            if (rows) { /* first right after next: dedup_table links through both */
+                t->next = (int32_t *)(void *)a;
+                a += n * 4;
+                t->first = (int32_t *)(void *)a;
+                a += n * 4;
+            }
+            if (grads) {
+                t->inv = (uint32_t *)(void *)a;
+                a += n * 4;
+            }
         }
         t->order = (uint32_t *)(void *)a;
         a += n * 4;
@@ -102,18 +189,7 @@ int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_
             t->uniq = b[bi].keys;
             t->nuniq = (uint32_t)n;
         } else {
-            long nu = gr_dedup(b[bi].keys, n, (uint64_t *)t->uniq, t->inv, &scratch);
-            if (nu < 0) {
-                rc = (int)nu;
-                break;
-            }
-            t->nuniq = (uint32_t)nu;
-            for (uint32_t u = 0; u < t->nuniq; u++) t->first[u] = -1;
-            for (size_t i = n; i-- > 0;) {
-                uint32_t u = t->inv[i];
-                t->next[i] = t->first[u];
-                t->first[u] = (int32_t)i;
-            }
+            t->nuniq = dedup_table(t, b[bi].keys, &m);
         }
         /* Counting sort of the unique keys by shard. */
         memset(count, 0, ((size_t)nshards + 1) * sizeof *count);
@@ -129,7 +205,8 @@ int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_
         p->keys_sent += t->nuniq;
     }
     free(count);
-    gr_dedup_scratch_fini(&scratch);
+    free(m.idx);
+    free(m.last);
     return rc;
 }
 
@@ -262,11 +339,46 @@ static inline uint32_t nonfinite(float v)
     return (b & 0x7f800000u) == 0x7f800000u;
 }
 
+#if CL_WIDE
+/* cl_plan_sum_grads for one table of a dim that is a multiple of 16, 16 floats at a time.
+ * Same additions in the same order as the portable loop (a + b is exact-commutative), so the
+ * sums are bit for bit the same. Returns nonzero when a gradient is NaN or inf. */
+__attribute__((target("avx512f"))) static uint32_t sum_table16(const cl_tbl *t, const float *g)
+{
+    const __m512i em = _mm512_set1_epi32(0x7f800000);
+    const size_t dim = t->dim;
+    __mmask16 bad = 0;
+    uint32_t fresh = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const float *src = g + i * dim;
+        const uint32_t u = t->unique ? (uint32_t)i : t->inv[i];
+        float *dst = t->dst[u];
+        if (u == fresh) { /* the key's first occurrence: unique indices are in first-seen order */
+            fresh++;
+            for (size_t d = 0; d < dim; d += 16) {
+                __m512 x = _mm512_loadu_ps(src + d);
+                _mm512_storeu_ps(dst + d, x);
+                bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), em), em);
+            }
+        } else {
+            for (size_t d = 0; d < dim; d += 16) {
+                __m512 x = _mm512_loadu_ps(src + d);
+                _mm512_storeu_ps(dst + d, _mm512_add_ps(_mm512_loadu_ps(dst + d), x));
+                bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), em), em);
+            }
+        }
+    }
+    return bad != 0;
+}
+#endif
+
 /* It walks the gradients in the caller's order (a sequential read of the largest array) and
  * adds into each key's slot in the frame; repeated keys are the hot ones, so their slots stay
  * in cache. Walking key by key instead would jump across the caller's array for every repeat
  * (measured: twice the client's push CPU). The finite check rides along: it is the same
- * single read of the gradients that a separate pass would repeat (check.c words the error). */
+ * single read of the gradients that a separate pass would repeat (check.c words the error).
+ * A key's first occurrence is the one whose unique index is the next unseen one (dedup numbers
+ * keys in first-seen order), so no per-key table is read to tell a copy from an add. */
 int cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
 {
     for (size_t bi = 0; bi < p->nb; bi++) {
@@ -274,16 +386,24 @@ int cl_plan_sum_grads(cl_plan *p, const gr_client_batch *b)
         const float *g = b[bi].grads;
         size_t dim = t->dim;
         uint32_t bad = 0;
+#if CL_WIDE
+        if (cl_have_avx512 && dim % 16 == 0) {
+            if (sum_table16(t, g)) return cl_check_grads(&b[bi], 1);
+            continue;
+        }
+#endif
+        uint32_t fresh = 0;
         for (size_t i = 0; i < t->n; i++) {
             const float *src = g + i * dim;
-            if (t->unique || t->first[t->inv[i]] == (int32_t)i) {
-                float *dst = t->dst[t->unique ? i : t->inv[i]];
+            const uint32_t u = t->unique ? (uint32_t)i : t->inv[i];
+            float *dst = t->dst[u];
+            if (u == fresh) {
+                fresh++;
                 for (size_t d = 0; d < dim; d++) {
                     dst[d] = src[d];
                     bad |= nonfinite(src[d]);
                 }
             } else {
-                float *dst = t->dst[t->inv[i]];
                 for (size_t d = 0; d < dim; d++) {
                     dst[d] += src[d];
                     bad |= nonfinite(src[d]);

@@ -321,29 +321,6 @@ static void one_job(gr_controller *c, const caller *who, const gr_http_request *
     }
 }
 
-static void controller_metrics(gr_controller *c, gr_http_response *resp)
-{
-    unsigned counts[6] = {0};
-    for (size_t i = 0; i < c->njobs; i++) counts[c->jobs[i]->state]++;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) {
-        gr_http_error(resp, 500, "out of memory");
-        return;
-    }
-    fprintf(f, "# HELP granary_controller_jobs Jobs known to the controller, by state.\n"
-               "# TYPE granary_controller_jobs gauge\n");
-    for (int s = 0; s < 6; s++)
-        fprintf(f, "granary_controller_jobs{state=\"%s\"} %u\n", job_state_name((job_state)s),
-                counts[s]);
-    fprintf(f, "# HELP granary_controller_capacity_cores Cores the executor may hand out.\n"
-               "# TYPE granary_controller_capacity_cores gauge\n"
-               "granary_controller_capacity_cores %u\n", c->cfg.capacity);
-    fclose(f);
-    gr_http_take(resp, 200, "text/plain; version=0.0.4", buf, len);
-}
-
 void api_handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
 {
     gr_controller *c = ctx;
@@ -352,14 +329,10 @@ void api_handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
         gr_http_printf(resp, 200, "text/html; charset=utf-8", "%s", gr_dashboard_html);
         return;
     }
-    if (get && !strcmp(req->path, "/healthz")) {
-        gr_http_printf(resp, 200, "text/plain", "ok\n");
-        return;
-    }
+    /* /healthz and /metrics (the collector takes c->mu itself). */
+    if (gr_metrics_http_answer(c->metrics, NULL, NULL, req, resp)) return;
     pthread_mutex_lock(&c->mu);
-    if (get && !strcmp(req->path, "/metrics")) {
-        controller_metrics(c, resp);
-    } else if (strncmp(req->path, "/v1/", 4) != 0) {
+    if (strncmp(req->path, "/v1/", 4) != 0) {
         gr_http_error(resp, 404, "no such page: %s", req->path);
     } else {
         caller who;

@@ -92,6 +92,7 @@ int controller_submit(gr_controller *c, job *j)
     j->exit_code = -1;
     int rc = store_insert(c->store, j);
     if (rc) return rc;
+    gr_metric_inc(c->m_submitted, 1);
     job_dirs(c, j);
     if (!strcmp(j->kind, "train")) {
         /* The checkpoint root: the job's own --ckpt-dir, or one the controller picks. */
@@ -455,6 +456,7 @@ static void autoscale(gr_controller *c, job *j, unsigned *free_cores)
                 if (start_proc(c, j, i) == 0) {
                     j->replicas++;
                     *free_cores -= j->cores;
+                    gr_metric_inc(c->m_scaled, 1);
                     store_event(c->store, j->id, "scaled",
                                 "up to %u replicas (%.1f requests/s per replica)", j->replicas,
                                 rps);
@@ -468,6 +470,7 @@ static void autoscale(gr_controller *c, job *j, unsigned *free_cores)
                 j->procs[i].stop_sent = now;
                 exec_signal(&j->procs[i], SIGTERM);
                 j->replicas--;
+                gr_metric_inc(c->m_scaled, 1);
                 store_event(c->store, j->id, "scaled",
                             "down to %u replicas (%.1f requests/s per replica)", j->replicas, rps);
                 break;
@@ -515,6 +518,7 @@ void controller_tick(gr_controller *c)
             start_job(c, j);
             used += j->cores * (strcmp(j->kind, "serve") ? 1 : j->replicas);
         } else {
+            gr_metric_inc(c->m_preemptions, 1);
             store_event(c->store, j->id, "preempting",
                         "a job of higher priority needs its cores: checkpoint, then stop");
             stop_procs(c, j, STOP_PREEMPT);
@@ -626,6 +630,7 @@ int gr_controller_start(const gr_controller_config *cfg, gr_controller **out)
     if ((rc = store_load(c->store, &c->jobs, &c->njobs))) goto fail;
     c->cap = c->njobs;
     reattach(c);
+    if ((rc = controller_metrics_init(c))) goto fail;
     gr_http_config hc = {.listen = cfg->http, .threads = 4, .max_body = 1u << 20,
                          .handler = api_handle, .ctx = c};
     if ((rc = gr_http_start(&hc, &c->http))) goto fail;
@@ -637,6 +642,7 @@ int gr_controller_start(const gr_controller_config *cfg, gr_controller **out)
     *out = c;
     return 0;
 fail:
+    controller_metrics_free(c);
     store_close(c->store);
     for (size_t i = 0; i < c->njobs; i++) job_free(c->jobs[i]);
     free(c->jobs);
@@ -672,6 +678,7 @@ void gr_controller_stop(gr_controller *c, int stop_jobs)
     pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->ticker, NULL);
+    controller_metrics_free(c);
     store_close(c->store);
     for (size_t i = 0; i < c->njobs; i++) job_free(c->jobs[i]);
     free(c->jobs);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "granary/http.h"
+#include "granary/metrics.h"
 #include "granary/platform.h"
 
 #include <time.h>
@@ -178,6 +179,9 @@ struct gr_controller {
     job **jobs;
     size_t njobs, cap;
     gr_http_server *http;
+    gr_metrics *metrics;            /* GET /metrics: the registry, filled by a collector */
+    gr_metric_family *m_jobs, *m_capacity, *m_cores_used, *m_replicas;
+    gr_metric *m_preemptions, *m_submitted, *m_scaled;
     pthread_t ticker;
     pthread_cond_t wake;
     bool stopping;
@@ -187,6 +191,10 @@ job *controller_find(gr_controller *c, int64_t id);
 int controller_submit(gr_controller *c, job *j);   /* takes j */
 int controller_stop_job(gr_controller *c, job *j); /* user stop */
 void controller_tick(gr_controller *c);
+
+/* The controller's Prometheus series (GET /metrics, docs/platform.md). */
+int controller_metrics_init(gr_controller *c);
+void controller_metrics_free(gr_controller *c);
 
 /* The HTTP handler of the API and the page. */
 void api_handle(void *ctx, const gr_http_request *req, gr_http_response *resp);

@@ -76,7 +76,8 @@ static void examples_free(examples *e)
 /* Parses one example line (no label) into slot i of e. */
 static int parse_line(examples *e, size_t i, const char *line, size_t len, char *err, size_t errlen)
 {
-    char *buf = malloc(len + 3);
+    char small[1024]; /* a Criteo line is a few hundred bytes: no allocation per example */
+    char *buf = len + 3 <= sizeof small ? small : malloc(len + 3);
     if (!buf) return snprintf(err, errlen, "out of memory"), GR_ENOMEM;
     buf[0] = '0';
     buf[1] = '\t';
@@ -84,7 +85,7 @@ static int parse_line(examples *e, size_t i, const char *line, size_t len, char 
     float label;
     int rc = gr_criteo_parse_line(buf, len + 2, &label, e->dense + i * GR_CRITEO_DENSE,
                                   e->ids + i * GR_CRITEO_SPARSE);
-    free(buf);
+    if (buf != small) free(buf);
     if (rc) {
         /* The parser counts the label as a field; the line a caller sent has none. */
         const char *m = gr_errmsg();

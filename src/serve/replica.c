@@ -41,7 +41,10 @@ static char *dup_or_null(const char *s, bool *oom)
 
 static void dense_put(sv_dense *d)
 {
-    if (d && atomic_fetch_sub(&d->refs, 1) == 1) free(d);
+    if (d && atomic_fetch_sub(&d->refs, 1) == 1) {
+        gr_model_prepared_destroy(d->prep);
+        free(d);
+    }
 }
 
 static sv_dense *dense_get(gr_serve *s)
@@ -76,6 +79,10 @@ int gr_serve_set_dense(gr_serve *s, const float *params, size_t n, uint64_t vers
     d->version = version;
     d->n = n;
     memcpy(d->params, params, n * sizeof(float));
+    /* Made once per version, outside the lock: requests of one example score with it. Without
+     * it (out of memory) they take the plain path, with the same bits. */
+    d->prep = NULL;
+    if (gr_model_prepare(s->model, d->params, &d->prep)) d->prep = NULL;
     pthread_mutex_lock(&s->mu);
     sv_dense *old = s->dense;
     bool newer = !old || version > old->version;
@@ -250,7 +257,9 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
     sv_ws *w = NULL;
     if (!rc) rc = ws_take(s, &w);
     if (!rc) {
+        gr_score_ws_set_prepared(w->ws, d->prep);
         rc = gr_model_score(s->model, w->ws, d->params, rows_of, t, n, dense, ids, probs);
+        gr_score_ws_set_prepared(w->ws, NULL);
         ws_give(s, w);
     }
     dense_put(d);

@@ -38,6 +38,7 @@ uint64_t sv_table_rows(sv_table *t);
 typedef struct sv_dense {
     atomic_int refs;
     uint64_t version;
+    gr_model_prepared *prep; /* params laid out for one-example requests (same bits) */
     size_t n;
     float params[];
 } sv_dense;

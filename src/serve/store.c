@@ -6,6 +6,8 @@
  * what it does (optimizer state, admission, eviction). */
 #include "serve/serve_int.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +17,15 @@
 
 struct sv_part {
     pthread_rwlock_t lock;
-    size_t cap, n;    /* cap: power of two */
-    uint64_t *keys;
+    /* cap and the arrays change only under the write lock. They are atomic so that
+     * sv_table_get may read them without the lock to prefetch a key's slot (a value a grow
+     * replaced only prefetches a line in vain: a prefetch never faults). */
+    _Atomic size_t cap; /* power of two */
+    size_t n;
+    uint64_t *_Atomic keys;
     uint64_t *versions;
-    uint8_t *used;
-    float *rows;      /* cap * dim */
+    uint8_t *_Atomic used;
+    float *_Atomic rows; /* cap * dim */
 };
 
 static inline uint64_t mix(uint64_t k)
@@ -70,23 +76,51 @@ void sv_table_destroy(sv_table *t)
 /* Index of key in p, or -1. Under p->lock (either mode). */
 static long find(const sv_part *p, uint64_t key, uint64_t h)
 {
-    if (!p->cap) return -1;
-    size_t mask = p->cap - 1;
+    size_t cap = p->cap;
+    if (!cap) return -1;
+    const uint8_t *used = p->used;
+    const uint64_t *ks = p->keys;
+    size_t mask = cap - 1;
     for (size_t i = (h >> 6) & mask;; i = (i + 1) & mask) {
-        if (!p->used[i]) return -1;
-        if (p->keys[i] == key) return (long)i;
+        if (!used[i]) return -1;
+        if (ks[i] == key) return (long)i;
     }
+}
+
+static inline void prefetch_at(const void *base, size_t off)
+{
+    __builtin_prefetch((const void *)((uintptr_t)base + off));
+}
+
+/* Starts loading the lines key's lookup will touch (its slot's flag, key and row), without
+ * the lock: rows are scattered over the whole store, and one lookup after another each waited
+ * for its own cache misses (the store was 12 % of a one-example request's CPU). */
+static void prefetch_slot(const sv_table *t, uint64_t key)
+{
+    uint64_t h = mix(key);
+    const sv_part *p = &t->parts[h & (t->nparts - 1)];
+    size_t cap = atomic_load_explicit(&p->cap, memory_order_relaxed);
+    if (!cap) return;
+    size_t i = (h >> 6) & (cap - 1), rb = t->dim * sizeof(float);
+    prefetch_at(atomic_load_explicit(&p->used, memory_order_relaxed), i);
+    prefetch_at(atomic_load_explicit(&p->keys, memory_order_relaxed), i * sizeof(uint64_t));
+    const float *rows = atomic_load_explicit(&p->rows, memory_order_relaxed);
+    prefetch_at(rows, i * rb);
+    prefetch_at(rows, i * rb + rb - 1);
 }
 
 void sv_table_get(sv_table *t, const uint64_t *keys, size_t n, float *out, bool *found)
 {
+    enum { AHEAD = 8 }; /* lookups in flight: enough to overlap their misses */
     size_t rb = t->dim * sizeof(float);
+    for (size_t i = 0; i < n && i < AHEAD; i++) prefetch_slot(t, keys[i]);
     for (size_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) prefetch_slot(t, keys[i + AHEAD]);
         uint64_t h = mix(keys[i]);
         sv_part *p = &t->parts[h & (t->nparts - 1)];
         pthread_rwlock_rdlock(&p->lock);
         long at = find(p, keys[i], h);
-        if (at >= 0) memcpy(out + i * t->dim, p->rows + (size_t)at * t->dim, rb);
+        if (at >= 0) memcpy(out + i * t->dim, (const float *)p->rows + (size_t)at * t->dim, rb);
         pthread_rwlock_unlock(&p->lock);
         if (at < 0) memset(out + i * t->dim, 0, rb);
         if (found) found[i] = at >= 0;

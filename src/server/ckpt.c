@@ -624,7 +624,7 @@ static int stage_dense(gr_server *s, const char *dir, const gr_ckpt_manifest *to
             if ((rc = loadset_add(L, t, true, sizes[d]))) break;
             gr_ckpt_load_stats st;
             memset(&st, 0, sizeof st);
-            gr_ckpt_load_opts lo = {0, 1, NULL};
+            gr_ckpt_load_opts lo = {0, 1, NULL, 0};
             rc = gr_ckpt_load(sub, &t, 1, &lo, &st);
             tot->rows_loaded += st.rows_loaded;
             tot->rows_read += st.rows_read;
@@ -700,7 +700,7 @@ static int do_load(srv_ckpt *k, const gr_proto_header *h, const uint8_t *body, g
             gr_table **ts = calloc(L.n, sizeof *ts);
             if (!ts) rc = gr_seterr(GR_ENOMEM, "out of memory");
             for (size_t i = 0; ts && i < L.n; i++) ts[i] = L.v[i].t;
-            gr_ckpt_load_opts lo = {s->cfg.shard, s->cfg.shards, NULL};
+            gr_ckpt_load_opts lo = {s->cfg.shard, s->cfg.shards, NULL, 0};
             if (!rc) rc = gr_ckpt_load(dir, ts, L.n, &lo, &tot);
             free(ts);
         }

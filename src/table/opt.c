@@ -10,8 +10,18 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GR_OPT_WIDE 1 /* AVX-512 / AVX kernels, chosen at run time */
+#endif
 
 bool gr_have_prefetchw = false;
+#if GR_OPT_WIDE
+/* The build targets baseline x86-64 (SSE2); the Adagrad step and the finite check, which a
+ * push runs on every row, use wider vectors when the CPU has them. Measured on the shards of
+ * `granary bench ps` (docs/server.md, "Where a batch's time goes"). */
+static int opt_width = 4;
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -20,6 +30,8 @@ __attribute__((constructor)) static void detect_prefetchw(void)
 {
     unsigned a, b, c, d;
     if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) gr_have_prefetchw = (c >> 8) & 1u;
+    __builtin_cpu_init();
+    opt_width = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx") ? 8 : 4;
 }
 #endif
 
@@ -112,11 +124,53 @@ static void step_sgd(const gr_opt_spec *o, uint32_t dim, float *restrict w,
     for (uint32_t i = 0; i < dim; i++) w[i] -= lr * g[i];
 }
 
+#if GR_OPT_WIDE
+/* Adagrad on elements [0, n - n % 16) / [0, n - n % 8): the same operations in the same order
+ * as the SSE and scalar loops below (add, mul, div and sqrt are correctly rounded at any
+ * width, and intrinsics are never contracted into FMAs), so the results are bit for bit those
+ * of the narrow loops; returns how many elements it did. */
+__attribute__((target("avx512f"))) static uint32_t adagrad16(float lr, float eps, uint32_t n,
+                                                             float *restrict w, float *restrict a,
+                                                             const float *restrict g)
+{
+    const __m512 vlr = _mm512_set1_ps(lr), veps = _mm512_set1_ps(eps);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gi = _mm512_loadu_ps(g + i);
+        __m512 ai = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_mul_ps(gi, gi));
+        _mm512_storeu_ps(a + i, ai);
+        __m512 d = _mm512_div_ps(_mm512_mul_ps(vlr, gi), _mm512_add_ps(_mm512_sqrt_ps(ai), veps));
+        _mm512_storeu_ps(w + i, _mm512_sub_ps(_mm512_loadu_ps(w + i), d));
+    }
+    return i;
+}
+
+__attribute__((target("avx"))) static uint32_t adagrad8(float lr, float eps, uint32_t n,
+                                                        float *restrict w, float *restrict a,
+                                                        const float *restrict g)
+{
+    const __m256 vlr = _mm256_set1_ps(lr), veps = _mm256_set1_ps(eps);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gi = _mm256_loadu_ps(g + i);
+        __m256 ai = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_mul_ps(gi, gi));
+        _mm256_storeu_ps(a + i, ai);
+        __m256 d = _mm256_div_ps(_mm256_mul_ps(vlr, gi), _mm256_add_ps(_mm256_sqrt_ps(ai), veps));
+        _mm256_storeu_ps(w + i, _mm256_sub_ps(_mm256_loadu_ps(w + i), d));
+    }
+    return i;
+}
+#endif
+
 static void step_adagrad(const gr_opt_spec *o, uint32_t dim, float *restrict w,
                          float *restrict a, const float *restrict g)
 {
     const float lr = o->lr, eps = o->eps;
     uint32_t i = 0;
+#if GR_OPT_WIDE
+    if (opt_width == 16) i = adagrad16(lr, eps, dim, w, a, g);
+    else if (opt_width == 8) i = adagrad8(lr, eps, dim, w, a, g);
+#endif
 #if defined(__SSE2__)
     /* The compiler will not vectorize sqrtf without -fno-math-errno; SSE's add, mul, div and
      * sqrt are IEEE correctly rounded, so this gives the scalar loop's results bit for bit. */
@@ -206,13 +260,34 @@ void gr_table_opt_step(const gr_table_spec *spec, uint32_t dim, float *w, float 
 
 /* ---- the finite policy ---- */
 
+#if GR_OPT_WIDE
+/* Every |v[i]| < lim for i < n - n % 16 (a NaN compares false: ordered, non-signalling);
+ * *done says how far it looked. */
+__attribute__((target("avx512f"))) static bool below16(const float *v, uint32_t n, float lim,
+                                                      uint32_t *done)
+{
+    const __m512 vl = _mm512_set1_ps(lim);
+    __mmask16 ok = 0xffff;
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        ok &= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(v + i)), vl, _CMP_LT_OQ);
+    *done = i;
+    return ok == 0xffff;
+}
+#endif
+
 bool gr_row_finite(const float *w, uint32_t dim, const float *state, uint32_t nstate,
                    float wlimit)
 {
-    /* Branch-free so the loops vectorize: a NaN fails every comparison and so counts as bad. */
-    uint32_t ok = 1;
-    for (uint32_t i = 0; i < dim; i++) ok &= (uint32_t)(fabsf(w[i]) < wlimit);
-    for (uint32_t i = 0; i < nstate; i++) ok &= (uint32_t)(fabsf(state[i]) <= FLT_MAX);
+    /* Branch-free so the loops vectorize: a NaN fails every comparison and so counts as bad.
+     * The state test |s| <= FLT_MAX is |s| < inf. */
+    uint32_t ok = 1, i = 0, j = 0;
+#if GR_OPT_WIDE
+    if (opt_width == 16 && !(below16(w, dim, wlimit, &i) && below16(state, nstate, INFINITY, &j)))
+        return false;
+#endif
+    for (; i < dim; i++) ok &= (uint32_t)(fabsf(w[i]) < wlimit);
+    for (; j < nstate; j++) ok &= (uint32_t)(fabsf(state[j]) <= FLT_MAX);
     return ok != 0;
 }
 

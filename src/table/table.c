@@ -217,10 +217,18 @@ static void idx_put(gr_part *p, uint64_t entry)
 
 /* Grows one partition's index by rehashing its entries from their stored tags (no row is
  * read). Only this partition is locked while it happens. */
+static int idx_grow_to(gr_table *t, gr_part *p, uint32_t nc);
+
 static int idx_grow(gr_table *t, gr_part *p)
 {
+    return idx_grow_to(t, p, gr_idx_next_cap(p->cap));
+}
+
+/* Rehashes p's index into a new array of nc buckets (a capacity of gr_idx_next_cap's
+ * sequence, so memory is counted as step-by-step growth would count it). */
+static int idx_grow_to(gr_table *t, gr_part *p, uint32_t nc)
+{
     uint32_t old = p->cap;
-    uint32_t nc = gr_idx_next_cap(old);
     if (nc <= old) return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
     size_t nb = idx_block_bytes(nc);
     if (mem_take(t, nb)) return cap_error(t);
@@ -1025,4 +1033,67 @@ int gr_table_get(gr_table *t, const uint64_t *keys, size_t n, float *weights, fl
     CHECK_PTR(keys, "get", "keys");
     op_ctx c = {.keys = keys, .out = weights, .sout = state, .mout = meta, .found = found};
     return run_batch(t, &c, n, OP_GET);
+}
+
+/* ---- hooks for the bulk insert (bulk.c) ----
+ * The pieces of an insert, so that bulk.c can take each partition's lock once per group of
+ * rows and count the table's rows once per call, while the row layout, the index and the
+ * dirty bits stay this file's business. */
+
+int gr_table_check_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
+                          const float *state)
+{
+    int rc = check_finite(t, "weights", keys, weights, n, t->dim);
+    if (!rc && t->spec.dtype == GR_DTYPE_F16) rc = check_f16_range(t, keys, weights, n);
+    if (!rc && state) rc = check_finite(t, "optimizer state", keys, state, n, t->state_floats);
+    return rc;
+}
+
+int gr_part_reserve_locked(gr_table *t, gr_part *p, uint64_t rows)
+{
+    /* One rehash, to the first capacity of the growth sequence that fits: the steps in
+     * between would each allocate, fill and retire an array. */
+    uint32_t nc = p->cap;
+    while (rows * GR_IDX_LOAD_DEN > (uint64_t)nc * GR_IDX_LOAD_NUM) {
+        uint32_t next = gr_idx_next_cap(nc);
+        if (next <= nc) break; /* at the limit: idx_grow_to says so */
+        nc = next;
+    }
+    if (nc == p->cap) {
+        if (rows * GR_IDX_LOAD_DEN > (uint64_t)nc * GR_IDX_LOAD_NUM)
+            return gr_seterr(GR_ECAPACITY, "table '%s': partition index is full", t->spec.name);
+        return GR_OK;
+    }
+    return idx_grow_to(t, p, nc);
+}
+
+int gr_part_new_row_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t *slot)
+{
+    uint32_t s = GR_NO_ROW;
+    int rc = slot_alloc(t, p, &s);
+    if (rc) return rc;
+    gr_row_hdr_of(gr_row_ptr(t, s))->key = key;
+    idx_put(p, ((uint64_t)s << 32) | (uint32_t)h);
+    t->live[s >> 6] |= 1ull << (s & 63);
+    p->rows++;
+    *slot = s;
+    return GR_OK;
+}
+
+void gr_part_store_row_locked(gr_table *t, gr_part *p, uint32_t s, const float *w,
+                              const float *state, const gr_row_meta *meta, uint32_t now)
+{
+    uint8_t *rowp = gr_row_ptr(t, s);
+    write_weights_in(t, rowp, w);
+    if (state) memcpy(gr_row_state(t, rowp), state, t->state_floats * sizeof(float));
+    else gr_table_init_state(t, gr_row_state(t, rowp));
+    gr_row_hdr *hd = gr_row_hdr_of(rowp);
+    if (meta) {
+        hd->meta = *meta;
+        if (meta->hits > GR_HITS_MAX) hd->meta.hits = GR_HITS_MAX;
+    } else {
+        hd->meta.last_update = now;
+        hd->meta.hits = 0;
+    }
+    dirty_mark(t, p, s);
 }

@@ -216,6 +216,20 @@ uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64
                              uint32_t *pos);
 void gr_part_remove_locked(gr_table *t, gr_part *p, uint32_t pos, uint32_t slot);
 
+/* Hooks for the bulk insert (table.c, used by bulk.c). gr_table_check_insert: the checks
+ * gr_table_insert runs before writing anything (finite, f16 range). With p's lock held:
+ * gr_part_reserve_locked grows p's index until `rows` rows fit under its load factor;
+ * gr_part_new_row_locked takes a slot for a key that is not in p (the caller reserved the
+ * index, checked the capacity, and adds the row to t->nrows itself); gr_part_store_row_locked
+ * writes a row's weights, state (NULL: initial) and metadata (NULL: now, 0 hits) and marks it
+ * dirty, as gr_table_insert does. */
+int gr_table_check_insert(gr_table *t, const uint64_t *keys, size_t n, const float *weights,
+                          const float *state);
+int gr_part_reserve_locked(gr_table *t, gr_part *p, uint64_t rows);
+int gr_part_new_row_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t *slot);
+void gr_part_store_row_locked(gr_table *t, gr_part *p, uint32_t s, const float *w,
+                              const float *state, const gr_row_meta *meta, uint32_t now);
+
 /* Kernels (opt.c). */
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w /* dim */);
 void gr_table_init_state(const gr_table *t, float *state);

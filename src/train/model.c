@@ -4,15 +4,21 @@
  * default). Dense parameters are one flat float array so they can live on a parameter server
  * as one dense tensor; embedding rows come in and their gradients go out per sparse slot. */
 #include "granary/train.h"
+#include "train/model_prep.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_SPARSE 4096                      /* vectors per example a model takes, at most */
 #define MAX_LAYERS (GR_MODEL_MAX_LAYERS + 1) /* hidden layers + the output layer */
+#define IA_LANES 8 /* interaction: dots (forward) or elements (backward) summed side by side */
+/* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
+ * whatever vector width the target has. */
+typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
 
 typedef struct layer {
     uint32_t in, out;
@@ -39,6 +45,17 @@ struct gr_model_ws {
     float *dz;         /* its gradient */
     float *da, *db;    /* ping-pong gradient buffers, n x max_width */
     float *dbot;       /* gradient of the bottom output, n x dim */
+    float *vt;         /* one example's vectors transposed: dim x vpad (interaction) */
+    float *dsym;       /* one example's dot gradients as a full nvec x nvec matrix */
+    const gr_model_prepared *prep; /* set by gr_model_predict_prepared for one example */
+};
+
+/* Weights laid out for scoring one example (model_prep.c): each layer's W transposed, and
+ * the K blocking that reproduces cblas_sgemm's bits for it (q == 0: that layer keeps sgemm). */
+struct gr_model_prepared {
+    const float *params; /* the parameters it was made from: used only with those */
+    float *wt;           /* dense_size floats, W of each layer transposed (in x out) */
+    uint32_t bot_q[MAX_LAYERS], bot_u[MAX_LAYERS], top_q[MAX_LAYERS], top_u[MAX_LAYERS];
 };
 
 void gr_model_config_default(gr_model_config *c, gr_model_kind kind)
@@ -254,7 +271,9 @@ static void ws_free_buffers(gr_model_ws *ws)
     free(ws->da);
     free(ws->db);
     free(ws->dbot);
-    ws->z = ws->dz = ws->da = ws->db = ws->dbot = NULL;
+    free(ws->vt);
+    free(ws->dsym);
+    ws->z = ws->dz = ws->da = ws->db = ws->dbot = ws->vt = ws->dsym = NULL;
     ws->cap = 0;
 }
 
@@ -286,6 +305,10 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
     ok &= (ws->da = malloc(n * m->max_width * sizeof(float))) != NULL;
     ok &= (ws->db = malloc(n * m->max_width * sizeof(float))) != NULL;
     ok &= (ws->dbot = malloc(n * m->c.dim * sizeof(float))) != NULL;
+    size_t vpad = (size_t)(m->nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
+    /* calloc: the lanes past nvec stay zero (read, never stored) */
+    ok &= (ws->vt = calloc((vpad ? vpad : 1) * m->c.dim, sizeof(float))) != NULL;
+    ok &= (ws->dsym = malloc(((size_t)m->nvec * m->nvec + 1) * sizeof(float))) != NULL;
     if (!ok) {
         ws_free_buffers(ws);
         return gr_seterr(GR_ENOMEM, "cannot allocate a workspace for %zu examples", n);
@@ -296,14 +319,54 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
 
 /* ---- shared pieces ------------------------------------------------------------------------ */
 
-/* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. */
-static void layer_forward(const layer *l, const float *p, size_t n, const float *x, float *y)
+/* The element-wise loops of a step get a second copy built for AVX2 (picked at load time on
+ * CPUs that have it). Every loop below works on independent lanes and keeps each sum in the
+ * scalar order, and the build does not contract a * b + c into one instruction (-std=c11 means
+ * -ffp-contract=off), so both copies give bitwise the same results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                          \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+/* Not under the sanitizers: the copy is picked by an ifunc resolver that runs while the
+ * program is being relocated, before their runtimes are up (it crashed under TSan). */
+#define GR_HOT_LOOPS __attribute__((target_clones("default", "avx2")))
+#else
+#define GR_HOT_LOOPS
+#endif
+
+GR_HOT_LOOPS static void relu_inplace(float *restrict y, size_t cnt)
 {
-    for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in, 1.0f,
-                x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
-    if (l->relu)
-        for (size_t i = 0; i < n * l->out; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+    for (size_t i = 0; i < cnt; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+/* dx = 0 where x (the layer's input, a ReLU output) is not positive. */
+GR_HOT_LOOPS static void relu_mask(float *restrict dx, const float *restrict x, size_t cnt)
+{
+    for (size_t i = 0; i < cnt; i++) dx[i] = x[i] > 0.0f ? dx[i] : 0.0f;
+}
+
+/* db = the column sums of dy (n x out), rows added in order. */
+GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy, size_t n,
+                                   size_t out)
+{
+    memset(db, 0, out * sizeof *db);
+    for (size_t i = 0; i < n; i++) {
+        const float *row = dy + i * out;
+        for (size_t k = 0; k < out; k++) db[k] += row[k];
+    }
+}
+
+/* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
+ * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
+static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
+                          const float *p, size_t n, const float *x, float *y)
+{
+    if (ws->prep && q) {
+        tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
+    } else {
+        for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in,
+                    1.0f, x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
+    }
+    if (l->relu) relu_inplace(y, n * l->out);
 }
 
 /* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
@@ -313,18 +376,11 @@ static void layer_backward(const layer *l, const float *p, size_t n, const float
 {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)n, 1.0f,
                 dy, (int)l->out, x, (int)l->in, 0.0f, g + l->w, (int)l->in);
-    float *gb = g + l->b;
-    memset(gb, 0, l->out * sizeof *gb);
-    for (size_t i = 0; i < n; i++) {
-        const float *row = dy + i * l->out;
-        for (uint32_t k = 0; k < l->out; k++) gb[k] += row[k];
-    }
+    bias_grad(g + l->b, dy, n, l->out);
     if (!dx) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)l->in, (int)l->out, 1.0f,
                 dy, (int)l->out, p + l->w, (int)l->in, 0.0f, dx, (int)l->in);
-    if (mask_x)
-        for (size_t i = 0; i < n * l->in; i++)
-            if (!(x[i] > 0.0f)) dx[i] = 0.0f;
+    if (mask_x) relu_mask(dx, x, n * l->in);
 }
 
 /* Numerically stable log loss from a logit: softplus(z) - y z. */
@@ -370,88 +426,137 @@ static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, 
     return v == 0 ? bi : ei + (size_t)(v - 1) * d;
 }
 
-/* The interaction: z = [bot, <va, vb> for a > b] per example. */
+/* The interaction: z = [bot, <va, vb> for a > b] per example. The example's vectors are first
+ * transposed into vt (d x vpad, lanes past nvec zero), so the dots of va with IA_LANES vectors
+ * vb are one vector multiply-add per element t: no horizontal sums, and each dot is still
+ * summed over t in order, as the scalar loop did (bitwise the same dots). */
 static inline __attribute__((always_inline)) void
-interact_forward(float *zs, uint32_t top_in, const float *bot, const float *emb, size_t n,
-                 uint32_t d, uint32_t ns, uint32_t nvec)
+interact_forward(float *restrict zs, uint32_t top_in, const float *restrict bot,
+                 const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
+                 float *restrict vt)
 {
+    const size_t vpad = (size_t)(nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
     for (size_t i = 0; i < n; i++) {
         float *z = zs + i * top_in;
-        memcpy(z, bot + i * d, d * sizeof *z);
+        const float *bi = bot + i * d, *ei = emb + i * ns * d;
+        memcpy(z, bi, d * sizeof *z);
+        for (uint32_t v = 0; v < nvec; v++) {
+            const float *x = vec_at(bi, ei, v, d);
+            for (uint32_t t = 0; t < d; t++) vt[t * vpad + v] = x[t];
+        }
         float *dots = z + d;
         uint32_t k = 0;
-        const float *bi = bot + i * d, *ei = emb + i * ns * d;
         for (uint32_t a = 1; a < nvec; a++) {
             const float *va = vec_at(bi, ei, a, d);
-            for (uint32_t b = 0; b < a; b++) {
-                const float *vb = vec_at(bi, ei, b, d);
-                float s = 0;
-                for (uint32_t t = 0; t < d; t++) s += va[t] * vb[t];
-                dots[k++] = s;
+            for (uint32_t b0 = 0; b0 < a; b0 += IA_LANES) {
+                ia_vec acc = {0}, col;
+                for (uint32_t t = 0; t < d; t++) {
+                    memcpy(&col, vt + t * vpad + b0, sizeof col);
+                    acc += va[t] * col;
+                }
+                float out[IA_LANES];
+                memcpy(out, &acc, sizeof out);
+                uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
+                for (uint32_t l = 0; l < m; l++) dots[k++] = out[l];
             }
         }
     }
 }
 
-/* Its backward: the gradient of every slot's row (gemb, zeroed first) and of the bottom output
- * (dbot) from dz. */
+/* Its backward: the gradient of every slot's row (gemb) and of the bottom output (dbot) from
+ * dz. Vector c's gradient is its start (dz's bottom part for c = 0, else 0) plus
+ * sum over j != c, in order of j, of ddot(c, j) v_j: the order in which the pair loop
+ * (a > b: g_a += ddot v_b, g_b += ddot v_a) added them, so the same gradients, but summed
+ * IA_LANES elements at a time in registers rather than read and written per pair. The loop
+ * over j has no branch: the diagonal of dsym is 0, and adding 0 * v_j changes nothing (but
+ * the sign of a zero). */
 static inline __attribute__((always_inline)) void
-interact_backward(const float *dzs, uint32_t top_in, const float *bot, const float *emb,
-                  size_t n, uint32_t d, uint32_t ns, uint32_t nvec, float *dbots, float *gemb)
+interact_backward(const float *restrict dzs, uint32_t top_in, const float *restrict bot,
+                  const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
+                  float *restrict dbots, float *restrict gemb, float *restrict dsym)
 {
-    memset(gemb, 0, n * ns * d * sizeof *gemb);
+    for (uint32_t c = 0; c < nvec; c++) dsym[c * nvec + c] = 0.0f;
     for (size_t i = 0; i < n; i++) {
-        const float *dz = dzs + i * top_in;
-        float *dbot = dbots + i * d;
-        memcpy(dbot, dz, d * sizeof *dbot);
-        const float *ddots = dz + d;
-        uint32_t k = 0;
+        const float *dz = dzs + i * top_in, *ddots = dz + d;
         const float *bi = bot + i * d, *ei = emb + i * ns * d;
         float *gi = gemb + i * ns * d;
-        for (uint32_t a = 1; a < nvec; a++) {
-            const float *va = vec_at(bi, ei, a, d);
-            float *ga = gi + (size_t)(a - 1) * d;
-            for (uint32_t b = 0; b < a; b++) {
-                float gk = ddots[k++];
-                if (gk == 0.0f) continue;
-                const float *vb = vec_at(bi, ei, b, d);
-                float *gb = b == 0 ? dbot : gi + (size_t)(b - 1) * d;
-                for (uint32_t t = 0; t < d; t++) {
-                    ga[t] += gk * vb[t];
-                    gb[t] += gk * va[t];
+        uint32_t k = 0;
+        for (uint32_t a = 1; a < nvec; a++)
+            for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
+        for (uint32_t c = 0; c < nvec; c++) {
+            float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
+            const float *row = dsym + (size_t)c * nvec;
+            uint32_t t0 = 0;
+            for (; t0 + IA_LANES <= d; t0 += IA_LANES) {
+                ia_vec acc = {0}, v;
+                if (c == 0) memcpy(&acc, dz + t0, sizeof acc);
+                memcpy(&v, bi + t0, sizeof v);
+                acc += row[0] * v;
+                const float *vj = ei + t0;
+                for (uint32_t j = 1; j < nvec; j++, vj += d) {
+                    memcpy(&v, vj, sizeof v);
+                    acc += row[j] * v;
                 }
+                memcpy(gc + t0, &acc, sizeof acc);
+            }
+            for (uint32_t t = t0; t < d; t++) {
+                float s = c == 0 ? dz[t] : 0.0f;
+                s += row[0] * bi[t];
+                for (uint32_t j = 1; j < nvec; j++) s += row[j] * ei[(size_t)(j - 1) * d + t];
+                gc[t] = s;
             }
         }
     }
+}
+
+/* Criteo's 27 vectors get their own copy of each, with the count known to the compiler, as
+ * before models took any number of columns. */
+GR_HOT_LOOPS static void interact_forward_any(float *zs, uint32_t top_in, const float *bot,
+                                              const float *emb, size_t n, uint32_t d, uint32_t ns,
+                                              uint32_t nvec, float *vt)
+{
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_forward(zs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1, vt);
+    else
+        interact_forward(zs, top_in, bot, emb, n, d, ns, nvec, vt);
+}
+
+GR_HOT_LOOPS static void interact_backward_any(const float *dzs, uint32_t top_in,
+                                               const float *bot, const float *emb, size_t n,
+                                               uint32_t d, uint32_t ns, uint32_t nvec,
+                                               float *dbots, float *gemb, float *dsym)
+{
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_backward(dzs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1,
+                          dbots, gemb, dsym);
+    else
+        interact_backward(dzs, top_in, bot, emb, n, d, ns, nvec, dbots, gemb, dsym);
 }
 
 /* Forward to the logits (ws->top_out[ntop-1], n x 1). */
 static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
                          const float *dense, const float *emb)
 {
-    const uint32_t d = m->c.dim, ns = m->ns, nvec = m->nvec;
     const float *x = dense;
+    const gr_model_prepared *pr = ws->prep;
     for (uint32_t l = 0; l < m->nbot; l++) {
-        layer_forward(&m->bot[l], p, n, x, ws->bot_out[l]);
+        layer_forward(ws, pr ? pr->bot_q[l] : 0, pr ? pr->bot_u[l] : 0, &m->bot[l], p, n, x,
+                      ws->bot_out[l]);
         x = ws->bot_out[l];
     }
-    /* Criteo's 27 vectors get their own copy of the loop, with the count known to the
-     * compiler, as before models took any number of columns. */
-    if (nvec == GR_CRITEO_SPARSE + 1)
-        interact_forward(ws->z, m->top_in, x, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1);
-    else
-        interact_forward(ws->z, m->top_in, x, emb, n, d, ns, nvec);
+    interact_forward_any(ws->z, m->top_in, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
-        layer_forward(&m->top[l], p, n, x, ws->top_out[l]);
+        layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
+                      ws->top_out[l]);
         x = ws->top_out[l];
     }
 }
 
 static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
-                          const float *dense, const float *emb, float *g, float *gemb)
+                          const float *dense, float *g, const float *emb, float *gemb)
 {
-    const uint32_t d = m->c.dim, ns = m->ns, nvec = m->nvec;
+    const uint32_t d = m->c.dim;
     /* ws->da holds dlogit (n x 1) on entry. Top MLP, last layer first. */
     float *dy = ws->da, *dx = ws->db;
     for (int l = (int)m->ntop - 1; l >= 0; l--) {
@@ -466,15 +571,13 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     }
     /* Interaction: z = [bot, dots(a > b)]. */
     const float *bot = ws->bot_out[m->nbot - 1];
-    if (nvec == GR_CRITEO_SPARSE + 1)
-        interact_backward(ws->dz, m->top_in, bot, emb, n, d, GR_CRITEO_SPARSE,
-                          GR_CRITEO_SPARSE + 1, ws->dbot, gemb);
-    else
-        interact_backward(ws->dz, m->top_in, bot, emb, n, d, ns, nvec, ws->dbot, gemb);
+    interact_backward_any(ws->dz, m->top_in, bot, emb, n, d, m->ns, m->nvec, ws->dbot, gemb,
+                          ws->dsym);
     /* Bottom MLP: its output went through a ReLU. */
     dy = ws->da;
     dx = ws->db;
-    for (size_t i = 0; i < n * d; i++) dy[i] = bot[i] > 0.0f ? ws->dbot[i] : 0.0f;
+    memcpy(dy, ws->dbot, n * d * sizeof *dy);
+    relu_mask(dy, bot, n * d);
     for (int l = (int)m->nbot - 1; l >= 0; l--) {
         const float *x = l ? ws->bot_out[l - 1] : dense;
         layer_backward(&m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
@@ -523,12 +626,19 @@ int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params,
         ws->da[i] = (pr - labels[i]) * inv_n;
     }
     *loss = sum / (double)n;
-    dlrm_backward(m, ws, params, n, dense, emb, grad_dense, grad_emb);
+    dlrm_backward(m, ws, params, n, dense, grad_dense, emb, grad_emb);
     return GR_OK;
 }
 
 int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, size_t n,
                      const float *dense, const float *emb, float *probs)
+{
+    return gr_model_predict_prepared(m, ws, params, NULL, n, dense, emb, probs);
+}
+
+int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
+                              const gr_model_prepared *prep, size_t n, const float *dense,
+                              const float *emb, float *probs)
 {
     int rc = check_args(m, params, n, dense, emb);
     if (rc || n == 0) return rc;
@@ -536,9 +646,63 @@ int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, si
     if (m->c.kind == GR_MODEL_LR) {
         lr_logits(m, params, n, dense, emb, probs);
     } else {
+        /* The prepared path is for one example (the n that makes sgemm pack a panel per call
+         * for one row of work) and only with the parameters it was made from. */
+        ws->prep = prep && n == 1 && prep->params == params ? prep : NULL;
         dlrm_forward(m, ws, params, n, dense, emb);
+        ws->prep = NULL;
         memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);
     }
     for (size_t i = 0; i < n; i++) probs[i] = sigmoidf(probs[i]);
     return GR_OK;
+}
+
+/* ---- weights prepared for one example at a time (model_prep.c) ---------------------------- */
+
+static void prepare_layers(const layer *ls, uint32_t nl, const float *params, float *wt,
+                           uint32_t *qs, uint32_t *us, uint32_t *hint_q, uint32_t *hint_u)
+{
+    for (uint32_t i = 0; i < nl; i++) {
+        const layer *l = &ls[i];
+        for (uint32_t j = 0; j < l->out; j++)
+            for (uint32_t k = 0; k < l->in; k++)
+                wt[l->w + (size_t)k * l->out + j] = params[l->w + (size_t)j * l->in + k];
+        tr_gemv_find_split(l->in, l->out, params + l->w, wt + l->w, params + l->b, &qs[i], &us[i],
+                           hint_q, hint_u);
+    }
+}
+
+int gr_model_prepare(const gr_model *m, const float *params, gr_model_prepared **out)
+{
+    *out = NULL;
+    gr_model_prepared *p = calloc(1, sizeof *p);
+    if (!p || !(p->wt = malloc((m->dense_size ? m->dense_size : 1) * sizeof *p->wt))) {
+        free(p);
+        return gr_seterr(GR_ENOMEM, "cannot allocate prepared weights (%zu floats)", m->dense_size);
+    }
+    p->params = params;
+    if (m->c.kind == GR_MODEL_DLRM) {
+        static _Atomic uint32_t hint_q, hint_u; /* the same for every model in one process */
+        uint32_t hq = atomic_load(&hint_q), hu = atomic_load(&hint_u);
+        prepare_layers(m->bot, m->nbot, params, p->wt, p->bot_q, p->bot_u, &hq, &hu);
+        prepare_layers(m->top, m->ntop, params, p->wt, p->top_q, p->top_u, &hq, &hu);
+        atomic_store(&hint_q, hq);
+        atomic_store(&hint_u, hu);
+    }
+    *out = p;
+    return GR_OK;
+}
+
+void gr_model_prepared_destroy(gr_model_prepared *p)
+{
+    if (!p) return;
+    free(p->wt);
+    free(p);
+}
+
+int gr_model_prepared_layers(const gr_model_prepared *p)
+{
+    int k = 0;
+    for (int i = 0; i < MAX_LAYERS; i++) k += (p->bot_q[i] != 0) + (p->top_q[i] != 0);
+    return k;
 }

@@ -132,20 +132,43 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     long nu = gr_dedup(it->batch.ids, occ, it->uniq, it->inv, &w->dedup);
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
+    /* dense_beside: the rows the previous batch did not touch are pulled now, while it still
+     * computes (prefetch.c); only the others wait for its push, below. */
+    tr_prefetch *pf = tr->dense_beside ? &w->pf : NULL;
+    if (pf) {
+        tr_prefetch_split(pf, it->uniq, it->nuniq);
+        double t0 = gr_now_s();
+        if (pf->nfresh &&
+            (rc = be->pull(be->ctx, tr->o->emb.id, pf->fresh_keys, pf->nfresh, pf->rows, 0)))
+            return rc;
+        tr_prefetch_place(pf->rows, pf->fresh_at, pf->nfresh, tr->dim, it->rows);
+        it->t.pull += gr_now_s() - t0;
+    }
     if (tr->ck.on && (rc = tr_ck_gate(w, false))) return rc;
-    /* Hybrid takes its token in compute: only the dense parameters wait for the step. */
-    bool token_here = tr->stepped && !tr->hybrid;
+    /* Hybrid with a staleness bound takes its token in compute: only the dense parameters
+     * wait for the step, and the rows of the next batch are pulled while this one computes.
+     * With bound 0 the pull waits for this worker's previous push anyway: the token is taken
+     * here, early (the shard answers once the step is complete, while the previous batch is
+     * still being pushed), and the dense parameters come with the rows. */
+    bool token_here = tr->token_in_fetch;
     if (token_here && (rc = take_token(w, it))) return rc;
     if (tr->ck.on && (rc = tr_ck_gate(w, true))) return rc;
     if (tr->hybrid && (rc = wait_inflight(w, it))) return rc;
     double t0 = gr_now_s();
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
-    if (token_here)
+    if (pf) {
+        rc = be->steps->fetch(be->ctx, tr->o->emb.id, pf->common_keys, pf->ncommon, pf->rows,
+                              tr->dense_name, it->params, tr->np);
+        if (rc) return rc;
+        tr_prefetch_place(pf->rows, pf->common_at, pf->ncommon, tr->dim, it->rows);
+        tr_prefetch_remember(pf, it->uniq, it->nuniq);
+    } else if (token_here) {
         rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows,
                               tr->dense_name, it->params, tr->np);
-    else
+    } else {
         rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
+    }
     if (rc) return rc;
     /* Each slot's row (or pooled bag), for the model. Done here rather than in compute: the
      * compute stage is the pipeline's slowest, so memory work moves to the stages around it. */
@@ -171,6 +194,7 @@ static int dense_in(tr_worker *w, tr_item *it)
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     int rc = GR_OK;
+    if (tr->hybrid && tr->token_in_fetch) return GR_OK; /* fetched with the rows */
     if (tr->hybrid && (rc = take_token(w, it))) return rc;
     double t0 = gr_now_s();
     void *op = NULL;
@@ -223,8 +247,8 @@ static int stage_compute(tr_worker *w, tr_item *it)
     it->t.compute += gr_now_s() - t0;
     /* The dense gradient goes out at once, for the same reason the pull came late: the next
      * batch's compute then sees this step's dense update (it is waited for before this stage
-     * ends). */
-    if ((rc = dense_out(w, it))) return rc;
+     * ends). With dense_beside the compute thread sends it after handing the batch on. */
+    if (!tr->dense_beside && (rc = dense_out(w, it))) return rc;
     if (w->id == tr->o->straggler && tr->o->straggler_factor > 1) {
         /* The straggler's stage takes F times as long: it sleeps F - 1 times its busy time
          * (dense round trips included, step-token waits not). */
@@ -245,18 +269,37 @@ static void add_times(tr_stage_times *to, const tr_stage_times *t)
     to->wait += t->wait;
 }
 
+/* dense_beside: the compute thread's dense step push of it is done; its rc. */
+static void dense_beside_done(tr_worker *w, tr_item *it, int rc)
+{
+    pthread_mutex_lock(&w->mu);
+    it->dense_rc = rc;
+    it->dense_done = true;
+    pthread_cond_broadcast(&w->inflight_cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int dense_beside_wait(tr_worker *w, tr_item *it)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!it->dense_done && !w->abort) pthread_cond_wait(&w->inflight_cv, &w->mu);
+    int rc = it->dense_done ? it->dense_rc : gr_seterr(GR_ESHUTDOWN, "training stopped");
+    it->dense_done = false;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
 static int stage_push(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
     double t0 = gr_now_s();
-    bool dropped = it->dropped;
     int rc;
     /* Sum the gradients of duplicate ids into one row per unique id (reusing rows). */
     tr_bags_scatter(&tr->bags, &it->batch, it->gemb, it->inv, it->nuniq, tr->dim, it->rows);
     if (tr->stepped && !tr->hybrid)
         rc = be->steps->push(be->ctx, w->id, it->token, tr->o->emb.id, it->uniq, it->nuniq,
-                             it->rows, tr->dense_name, it->gdense, tr->np, &dropped);
+                             it->rows, tr->dense_name, it->gdense, tr->np, &it->dropped);
     else
         rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
     if (rc) return rc;
@@ -267,6 +310,10 @@ static int stage_push(tr_worker *w, tr_item *it)
         pthread_cond_broadcast(&w->inflight_cv);
         pthread_mutex_unlock(&w->mu);
     }
+    /* The step counts as pushed (checkpoints, leaving the job) once its dense part is out too;
+     * the item goes back to the free list only after the compute thread is done with it. */
+    if (tr->dense_beside && (rc = dense_beside_wait(w, it))) return rc;
+    bool dropped = it->dropped;
     pthread_mutex_lock(&tr->mu);
     w->steps++;
     if (tr->data.chunk_pushed && it->chunk != UINT64_MAX) {
@@ -340,6 +387,16 @@ static void *compute_main(void *arg)
             break;
         }
         tr_queue_push(&w->push_q, it);
+        if (w->tr->dense_beside) {
+            /* The row gradients go out from the push stage while this thread sends the dense
+             * step push: both are in flight at once. */
+            rc = dense_out(w, it);
+            dense_beside_done(w, it, rc);
+            if (rc) {
+                tr_fail(w->tr, w, rc);
+                break;
+            }
+        }
     }
     tr_queue_close(&w->push_q);
     return NULL;
@@ -422,6 +479,7 @@ void tr_worker_fini(tr_worker *w)
     tr_queue_fini(&w->push_q);
     gr_model_ws_destroy(w->ws);
     gr_dedup_scratch_fini(&w->dedup);
+    tr_prefetch_fini(&w->pf);
     pthread_cond_destroy(&w->inflight_cv);
     pthread_mutex_destroy(&w->mu);
 }
@@ -445,6 +503,8 @@ int tr_worker_init(trainer *tr, tr_worker *w, unsigned id)
     }
     int rc = gr_model_ws_create(tr->m, &w->ws);
     if (rc) return rc;
+    if (tr->dense_beside && (rc = tr_prefetch_init(&w->pf, tr->o->batch * tr->max_ids, tr->dim)))
+        return rc;
     if (tr->o->pipeline) {
         if ((rc = tr_queue_init(&w->free_q, w->nitems, &w->mu, &w->abort)) ||
             (rc = tr_queue_init(&w->read_q, depth, &w->mu, &w->abort)) ||

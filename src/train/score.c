@@ -16,7 +16,10 @@ struct gr_score_ws {
     uint64_t *uniq;
     uint32_t *inv;
     float *rows, *emb;
+    const gr_model_prepared *prep; /* gr_score_ws_set_prepared */
 };
+
+void gr_score_ws_set_prepared(gr_score_ws *ws, const gr_model_prepared *prep) { ws->prep = prep; }
 
 int gr_score_ws_create(const gr_model *m, gr_score_ws **out)
 {
@@ -86,7 +89,8 @@ int gr_model_score_batch(const gr_model *m, gr_score_ws *ws, const float *params
     if (nu < 0) return (int)nu;
     if ((rc = rows(ctx, ws->uniq, (size_t)nu, ws->rows))) return rc;
     tr_bags_gather(&ws->bags, b, ws->rows, ws->inv, gr_model_emb_dim(m), ws->emb);
-    return gr_model_predict(m, ws->mws, params, b->n, b->dense, ws->emb, probs);
+    return gr_model_predict_prepared(m, ws->mws, params, ws->prep, b->n, b->dense, ws->emb,
+                                     probs);
 }
 
 int gr_model_score(const gr_model *m, gr_score_ws *ws, const float *params, gr_rows_fn rows,

@@ -330,6 +330,10 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     tr.stepped = be->steps != NULL;
     tr.hybrid = o->mode == GR_MODE_HYBRID;
     tr.emb_bound = o->emb_staleness;
+    /* Hybrid with bound 0: a worker's next pull waits for its own push anyway, so taking the
+     * token before it costs no overlap, and the dense parameters then come with the rows. */
+    tr.token_in_fetch = tr.stepped && (!tr.hybrid || tr.emb_bound == 0);
+    tr.dense_beside = tr.hybrid && tr.emb_bound == 0 && o->pipeline && tr.stepped;
     /* Sync and hybrid take one batch of every worker per step: static ranges. */
     /* A job of several processes cuts static ranges by the job's worker index (chunks taken in
      * turn would need a counter shared across processes). */

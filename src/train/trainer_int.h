@@ -61,6 +61,10 @@ struct tr_item {
     uint64_t seq;     /* this worker's batch number, from 0 (hybrid: embedding staleness) */
     uint64_t stale;   /* hybrid: this worker's earlier batches not yet pushed at its pull */
     bool dropped;     /* its step push was refused as stale */
+    /* Hybrid with the dense step in flight beside the row push (tr->dense_beside): the
+     * compute stage's dense push is done (under the worker's mu; inflight_cv), with its rc. */
+    bool dense_done;
+    int dense_rc;
     tr_stage_times t; /* seconds this batch spent in each stage */
 };
 
@@ -115,6 +119,32 @@ void tr_bags_gather(const tr_bags *g, const gr_batch *b, const float *rows, cons
 void tr_bags_scatter(const tr_bags *g, const gr_batch *b, const float *gemb, const uint32_t *inv,
                      size_t nuniq, uint32_t d, float *rows);
 
+/* ---- rows pulled before the previous push lands (prefetch.c) -------------------------------- */
+
+/* A hybrid worker's (bound 0) split of a batch's unique ids: those its previous batch did not
+ * touch (fresh: pulled while the previous batch computes) and those it did (common: pulled
+ * after that batch's push). Owned by the worker's fetch stage. */
+typedef struct tr_prefetch {
+    uint64_t *keys;  /* open-addressing set of the previous batch's ids */
+    uint32_t *stamp; /* a slot holds an id of the set when its stamp is gen */
+    size_t mask;
+    uint32_t gen;
+    uint64_t *fresh_keys, *common_keys; /* the split (tr_prefetch_split) */
+    uint32_t *fresh_at, *common_at;     /* their positions among the batch's unique ids */
+    size_t nfresh, ncommon;
+    float *rows; /* one part's rows as pulled, before tr_prefetch_place */
+} tr_prefetch;
+
+/* For batches of at most cap unique ids of dim floats. */
+int tr_prefetch_init(tr_prefetch *p, size_t cap, uint32_t dim);
+void tr_prefetch_fini(tr_prefetch *p);
+/* Splits keys[0..n) (unique) against the remembered set, keeping their order in each part. */
+void tr_prefetch_split(tr_prefetch *p, const uint64_t *keys, size_t n);
+/* The set becomes keys[0..n). */
+void tr_prefetch_remember(tr_prefetch *p, const uint64_t *keys, size_t n);
+/* rows[at[i]] = src[i] for i < n (rows of dim floats). */
+void tr_prefetch_place(const float *src, const uint32_t *at, size_t n, uint32_t dim, float *rows);
+
 /* Scores a file (eval.c): gr_train_evaluate with the run's share of valid lines required. */
 int tr_evaluate(const gr_model *m, gr_train_backend *be, uint32_t table, const char *path,
                 size_t batch, unsigned threads, double min_valid, double *auc, double *logloss,
@@ -145,6 +175,7 @@ typedef struct tr_worker {
      * staleness bound). */
     uint64_t next_seq, pushed_seq;
     pthread_cond_t inflight_cv;
+    tr_prefetch pf; /* tr->dense_beside: the fetch stage's split of each batch's ids */
 } tr_worker;
 
 /* Where a worker's fetch stage is, for the checkpoint coordinator. */
@@ -199,6 +230,10 @@ struct trainer {
      * the step calls; embedding rows are pulled and pushed asynchronously. */
     bool stepped, hybrid;
     uint32_t emb_bound; /* hybrid: batches a worker may have pulled but not pushed */
+    /* Hybrid with emb_bound 0, pipelined: the fetch stage takes the token and fetches the rows
+     * with the dense parameters (one round trip), and the compute stage hands a batch to the
+     * push stage before its dense step push, so the two pushes are in flight together. */
+    bool token_in_fetch, dense_beside;
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;

@@ -248,6 +248,24 @@ static void test_preemption_resumes_bitwise(void **state)
                     "logloss %s\n", ref_auc, ref_ll, auc, ll);
     assert_string_equal(auc, ref_auc);
     assert_string_equal(ll, ref_ll);
+    /* The controller's own series: what the scheduler did, read from its registry. */
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/metrics", c.port);
+    gr_http_result r;
+    assert_int_equal(gr_http_fetch("GET", url, NULL, NULL, 0, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    const char *want[] = {"\ngranary_controller_jobs_submitted_total 2\n",
+                          "\ngranary_controller_preemptions_total 1\n",
+                          "\ngranary_controller_jobs{state=\"succeeded\"} 2\n",
+                          "\ngranary_controller_jobs{state=\"running\"} 0\n",
+                          "\ngranary_controller_capacity_cores 2\n",
+                          "\ngranary_controller_cores_in_use 0\n",
+                          "\nprocess_resident_memory_bytes "};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        if (!strstr(r.body, want[i])) fprintf(stderr, "missing %s in:\n%s\n", want[i], r.body);
+        assert_non_null(strstr(r.body, want[i]));
+    }
+    gr_http_result_free(&r);
     ctl_kill_jobs(&c);
     ctl_test_kill(&c, SIGTERM);
 }

@@ -2,6 +2,8 @@
  * bounded staleness) over an embedded 2-shard cluster on generated data.
  *  - one worker, sequential: hybrid gives bitwise the AUC and logloss of sync (the same
  *    updates, the rows merely travel outside the step);
+ *  - one worker, pipelined with bound 0 (rows its previous batch did not touch pulled while
+ *    that batch computes, the rest after its push): bitwise the result without the pipeline;
  *  - two pipelined workers: every global step averaged both workers' dense gradients (each
  *    shard applied exactly as many steps as a worker took), nothing dropped, staleness 0 with
  *    the default bound, and the model learns;
@@ -124,6 +126,22 @@ static void test_one_worker_matches_sync(void **state)
     assert_int_equal(rh.emb_staleness_max, 0);
 }
 
+/* With bound 0 a pipelined worker pulls the rows its previous batch did not touch while that
+ * batch computes, and the others (with the dense parameters) only after its push. One worker
+ * then reads exactly what it reads without the pipeline: a row pulled too early (before the
+ * push that changes it) would change the result. */
+static void test_one_worker_pipelined_matches_sequential(void **state)
+{
+    (void)state;
+    gr_train_result rs, rp;
+    run_one(GR_MODE_HYBRID, 1, false, 0, 1, &rs, NULL);
+    run_one(GR_MODE_HYBRID, 1, true, 0, 1, &rp, NULL);
+    assert_int_equal(rp.steps, rs.steps);
+    assert_true(rs.test_auc == rp.test_auc);
+    assert_true(rs.test_logloss == rp.test_logloss);
+    assert_int_equal(rp.emb_staleness_max, 0);
+}
+
 static void test_two_workers_dense_sync(void **state)
 {
     (void)state;
@@ -222,6 +240,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_worker_matches_sync),
+        cmocka_unit_test(test_one_worker_pipelined_matches_sequential),
         cmocka_unit_test(test_two_workers_dense_sync),
         cmocka_unit_test(test_staleness_bound),
         cmocka_unit_test(test_token_wait_is_counted),

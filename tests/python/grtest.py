@@ -80,3 +80,119 @@ def main():
 def local_cluster(shards=1):
     import granary
     return granary.LocalCluster(shards)
+
+
+# ZooKeeper and coordinated shards, for the coord= tests: Debian's ZooKeeper started on a free
+# loopback port with its own folder and tickTime 500 (as tests/support/zk_harness.c does), and
+# `granary server --coord` processes. Every process dies with the test (PR_SET_PDEATHSIG).
+ZK_JAR = "/usr/share/java/zookeeper.jar"
+SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
+
+
+def _java():
+    for j in ("/usr/bin/java", "/usr/lib/jvm/default-java/bin/java"):
+        if os.access(j, os.X_OK):
+            return j
+    return None
+
+
+def zk_available():
+    return _java() is not None and os.access(ZK_JAR, os.R_OK)
+
+
+def _die_with_parent():
+    import ctypes
+    import signal
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _four_letters(port, word):
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(word.encode())
+            return s.recv(64).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class ZooKeeper:
+    """A ZooKeeper server on a free loopback port; .hosts is "127.0.0.1:PORT"."""
+
+    def __init__(self, tmp):
+        import time
+        self.dir = os.path.join(tmp, "zk")
+        os.makedirs(os.path.join(self.dir, "data"))
+        self.port = free_port()
+        self.hosts = "127.0.0.1:%d" % self.port
+        cfg = os.path.join(self.dir, "zoo.cfg")
+        with open(cfg, "w") as f:
+            f.write("tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir=%s/data\nclientPort=%d\n"
+                    "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+                    "4lw.commands.whitelist=ruok,srvr\nmaxClientCnxns=0\n"
+                    % (self.dir, self.port))
+        cp = ZK_JAR + (":" + SLF4J_JAR if os.access(SLF4J_JAR, os.R_OK) else "")
+        log = open(os.path.join(self.dir, "zk.log"), "w")
+        self.proc = subprocess.Popen(
+            [_java(), "-Xmx96m", "-Xss512k", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-Dzookeeper.admin.enableServer=false", "-cp", cp,
+             "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+        log.close()
+        deadline = time.time() + 30
+        while not _four_letters(self.port, "ruok").startswith("imok"):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError("ZooKeeper did not start (log: %s/zk.log)" % self.dir)
+            time.sleep(0.05)
+
+    def url(self, path):
+        return "zk://%s%s" % (self.hosts, path)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class CoordServer:
+    """`granary server --coord URL --listen 127.0.0.1:0` plus args; .address once it listens."""
+
+    def __init__(self, url, args, cwd):
+        env = dict(os.environ, GRANARY_LOG=os.environ.get("GRANARY_LOG", "warn"))
+        self.proc = subprocess.Popen([GRANARY_BIN, "server", "--coord", url, "--listen",
+                                      "127.0.0.1:0"] + list(args), cwd=cwd, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     preexec_fn=_die_with_parent)
+        line = self.proc.stdout.readline().decode().strip()
+        if not line.startswith("listening on "):
+            self.kill()
+            raise RuntimeError("granary server --coord did not start (said %r)" % line)
+        self.address = line[len("listening on "):]
+
+    def kill(self, sig=9):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def cluster_status(url):
+    """`granary cluster status --json` of a coordinated job (a dict)."""
+    import json
+    r = subprocess.run([GRANARY_BIN, "cluster", "status", "--coord", url, "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError("cluster status: %s" % r.stderr)
+    return json.loads(r.stdout)

@@ -91,6 +91,76 @@ class EmbeddingCollectionTest(unittest.TestCase):
     def test_ssp(self):
         self.run_mode("ssp", 400)
 
+    def test_stacked(self):
+        """stacked=True: a table without pooling returns (ids per feature, features, dim) in one
+        tensor, equal to stacking F.embedding per feature; the rows after an SGD step (lr 1) are
+        the rows minus the gradient summed over every occurrence (the C segment sum)."""
+        import torch
+        from granary.torch import EmbeddingCollection, TableConfig
+        F = torch.nn.functional
+        c = self.g.Client(servers=self.cluster.servers)
+        sgd = {"init": {"kind": "uniform", "low": -0.5, "high": 0.5},
+               "optimizer": {"kind": "sgd", "lr": 1.0}}
+        feats = ["f0", "f1", "f2"]
+        ec = EmbeddingCollection(c, [TableConfig("st", 600, 4, feats, pooling=None, spec=sgd)],
+                                 stacked=True)
+        g = torch.Generator().manual_seed(6)
+        ids = {f: torch.randint(0, 12, (50,), generator=g) for f in feats}  # many repeats
+        allids = torch.unique(torch.cat(list(ids.values())))
+        w = torch.zeros(12, 4)
+        w[allids] = torch.from_numpy(c.pull(600, 4, allids.numpy()))
+        w = torch.nn.Parameter(w)
+        out = ec(ids)
+        self.assertEqual(list(out), ["st"])
+        self.assertEqual(tuple(out["st"].shape), (50, 3, 4))
+        expect = torch.stack([F.embedding(ids[f], w) for f in feats], dim=1)
+        torch.testing.assert_close(out["st"], expect, rtol=0, atol=0)
+        wt = torch.randn(expect.shape, generator=g)
+        (out["st"] * wt).sum().backward()
+        (expect * wt).sum().backward()
+        ec.finish()
+        after = torch.from_numpy(c.pull(600, 4, allids.numpy(), readonly=True))
+        torch.testing.assert_close(after, (w.detach() - w.grad)[allids], rtol=0, atol=1e-5)
+        # One feature: (ids, 1, dim). Features of different lengths cannot stack.
+        ec1 = EmbeddingCollection(c, [TableConfig("st", 600, 4, ["f0"], pooling=None, spec=sgd)],
+                                  stacked=True)
+        with torch.no_grad():
+            self.assertEqual(tuple(ec1({"f0": ids["f0"]})["st"].shape), (50, 1, 4))
+        with self.assertRaises(ValueError) as e:
+            ec({"f0": ids["f0"], "f1": ids["f1"][:7], "f2": ids["f2"]})
+        self.assertIn("f1 7", str(e.exception))
+        c.close()
+
+    def test_gather_and_segment_sum(self):
+        import numpy as np
+        g = self.g
+        rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+        inv = np.array([2, 0, 2, 3, 2], dtype=np.int32)
+        out = np.empty((5, 3), np.float32)
+        g.gather_rows(out, inv, rows, 3)
+        np.testing.assert_array_equal(out, rows[inv])
+        grads = np.arange(15, dtype=np.float32).reshape(5, 3)
+        sums = np.full((4, 3), 7, np.float32)  # overwritten, not added to
+        g.segment_sum(grads, inv, sums, 3)
+        want = np.zeros((4, 3), np.float32)
+        np.add.at(want, inv, grads)
+        np.testing.assert_array_equal(sums, want)
+        bad = np.array([0, 4], dtype=np.int32)  # 4 is past the 4 rows
+        with self.assertRaises(ValueError) as e:
+            g.segment_sum(np.ones((2, 3), np.float32), bad, sums, 3)
+        self.assertIn("inverse[1] = 4", str(e.exception))
+        with self.assertRaises(ValueError):
+            g.gather_rows(out, inv, rows, 0)  # dim
+        with self.assertRaises(ValueError):
+            g.gather_rows(np.empty((4, 3), np.float32), inv, rows, 3)  # out too small
+        with self.assertRaises(ValueError):
+            g.segment_sum(grads, inv, np.empty(10, np.float32), 3)  # not whole rows
+        with self.assertRaises(TypeError):
+            g.segment_sum(grads, inv.astype(np.int64), sums, 3)
+        with self.assertRaises(TypeError):
+            g.gather_rows(np.empty((5, 6), np.float32)[:, :3], inv, rows, 3)  # strided out
+        np.testing.assert_array_equal(sums, want)  # untouched by the refused calls
+
     def test_bad_features(self):
         import torch
         from granary.torch import EmbeddingCollection, TableConfig

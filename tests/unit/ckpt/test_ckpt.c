@@ -445,7 +445,7 @@ static void check_restore_n(const char *dir, const gr_table_spec *sp, const rowc
     uint64_t sum = 0;
     for (uint32_t j = 0; j < N; j++) {
         gr_table *t = make_table(sp);
-        gr_ckpt_load_opts lo = {j, N, NULL};
+        gr_ckpt_load_opts lo = {j, N, NULL, 0};
         assert_int_equal(gr_ckpt_load(dir, &t, 1, &lo, NULL), GR_OK);
         rowcopy mine = {0};
         mine.dim = all->dim;
@@ -586,7 +586,7 @@ static void test_refuse_damaged(void **state)
     /* ... but a target shard whose slots live only in the present file still loads (a restore
      * reads only the files it needs), and a restored file works again. */
     gr_table *half = make_table(&sp);
-    gr_ckpt_load_opts lo0 = {0, 2, NULL};
+    gr_ckpt_load_opts lo0 = {0, 2, NULL, 0};
     assert_int_equal(gr_ckpt_load(dir, &half, 1, &lo0, NULL), GR_OK);
     assert_true(rows_of(half) > 0 && rows_of(half) < all.n);
     gr_table_destroy(half);
@@ -728,7 +728,7 @@ static void test_deltas(void **state)
     uint64_t sum = 0;
     for (uint32_t j = 0; j < 3; j++) {
         u = make_table(&sp);
-        gr_ckpt_load_opts lo = {j, 3, NULL};
+        gr_ckpt_load_opts lo = {j, 3, NULL, 0};
         assert_int_equal(gr_ckpt_load(d3, &u, 1, &lo, NULL), GR_OK);
         sum += rows_of(u);
         gr_table_destroy(u);

@@ -282,7 +282,7 @@ static void test_restore_names_the_bad_row(void **state)
     uint64_t key = plant_nan(dir, fi.name);
     gr_table *target = NULL;
     assert_int_equal(gr_table_create(gr_table_get_spec(t), &target), 0);
-    gr_ckpt_load_opts lo = {0, 1, NULL};
+    gr_ckpt_load_opts lo = {0, 1, NULL, 0};
     assert_int_equal(gr_ckpt_load(dir, &target, 1, &lo, NULL), GR_ECORRUPT);
     char want[256];
     snprintf(want, sizeof want, "%s: table 'emb', row of key %llu: weight element 0 is nan",

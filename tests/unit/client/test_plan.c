@@ -231,6 +231,63 @@ static void test_push_sums_duplicates(void **state)
     cl_plan_fini(&p);
 }
 
+/* The same at a dim the wide loop takes (a multiple of 16), many keys and repeats: every
+ * key's slot holds its gradients summed in occurrence order, bit for bit; a NaN inside the
+ * vector part of a repeat is refused and named. */
+static void test_push_sums_wide_dim(void **state)
+{
+    (void)state;
+    enum { N = 300, DIM = 48 };
+    uint64_t keys[N];
+    static float g[N * DIM], want[N * DIM];
+    for (int i = 0; i < N; i++) keys[i] = (uint64_t)((i * 7) % 61); /* 61 keys, ~5 each */
+    for (int i = 0; i < N * DIM; i++) g[i] = (float)((i * 2654435761u) % 1000003u) * 1e-3f - 500.0f;
+    /* The reference: per unique key in first-seen order, its occurrences added in order. */
+    uint64_t uniq[N];
+    int nu = 0;
+    for (int i = 0; i < N; i++) {
+        int u = 0;
+        while (u < nu && uniq[u] != keys[i]) u++;
+        if (u == nu) {
+            uniq[nu++] = keys[i];
+            memcpy(want + (size_t)u * DIM, g + (size_t)i * DIM, DIM * sizeof(float));
+        } else {
+            for (int d = 0; d < DIM; d++) want[(size_t)u * DIM + d] += g[(size_t)i * DIM + d];
+        }
+    }
+    gr_client_batch bt = {4, DIM, N, keys, NULL, g, 0};
+    cl_plan p;
+    assert_int_equal(cl_plan_tables(&p, 1, &bt, 1, false, true), GR_OK);
+    assert_int_equal(cl_plan_split(&p, lims2, GR_PROTO_KEYS_VALUES, false), GR_OK);
+    gr_proto_buf buf;
+    gr_proto_buf_init(&buf);
+    assert_int_equal(gr_proto_buf_reserve(&buf, cl_plan_body_size(&p, 0, GR_PROTO_KEYS_VALUES)), 0);
+    assert_int_equal(cl_plan_put_sections(&p, 0, GR_PROTO_KEYS_VALUES, &buf), GR_OK);
+    assert_int_equal(cl_plan_sum_grads(&p, &bt), GR_OK);
+    gr_proto_batch d;
+    assert_int_equal(gr_proto_decode_batch(buf.data, buf.len, GR_PROTO_KEYS_VALUES, &lims2[0], &d), 0);
+    assert_int_equal(d.sections[0].n, nu);
+    for (int u = 0; u < nu; u++) {
+        assert_true(d.sections[0].keys[u] == uniq[u]);
+        assert_memory_equal(d.sections[0].values + (size_t)u * DIM, want + (size_t)u * DIM,
+                            DIM * sizeof(float));
+    }
+    gr_proto_batch_fini(&d);
+    gr_proto_buf_fini(&buf);
+    cl_plan_fini(&p);
+
+    g[200 * DIM + 21] = __builtin_nanf(""); /* row 200 repeats key (200 * 7) % 61 */
+    assert_int_equal(cl_plan_tables(&p, 1, &bt, 1, false, true), GR_OK);
+    assert_int_equal(cl_plan_split(&p, lims2, GR_PROTO_KEYS_VALUES, false), GR_OK);
+    gr_proto_buf_init(&buf);
+    assert_int_equal(gr_proto_buf_reserve(&buf, cl_plan_body_size(&p, 0, GR_PROTO_KEYS_VALUES)), 0);
+    assert_int_equal(cl_plan_put_sections(&p, 0, GR_PROTO_KEYS_VALUES, &buf), GR_OK);
+    assert_int_equal(cl_plan_sum_grads(&p, &bt), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "(row 200, element 21) is not finite"));
+    gr_proto_buf_fini(&buf);
+    cl_plan_fini(&p);
+}
+
 /* A reply for request ri whose row j of section k is filled with base + 1000 k + j. */
 static void make_reply(const cl_plan *p, size_t ri, float base, gr_proto_buf *buf, gr_proto_batch *out)
 {
@@ -399,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_all_keys_on_one_shard),
         cmocka_unit_test(test_split_over_limits),
         cmocka_unit_test(test_push_sums_duplicates),
+        cmocka_unit_test(test_push_sums_wide_dim),
         cmocka_unit_test(test_scatter_to_every_occurrence),
         cmocka_unit_test(test_scatter_streaming),
         cmocka_unit_test(test_unique_keys),

@@ -1,7 +1,8 @@
 /* Unit tests of the replica's apply rules: a row or dense version is written only when newer
  * than the replica's copy, so replaying a publication or delivering two out of order ends in
  * the same state as delivering them once in order; f16 rows; dense parameters of the wrong
- * size or not finite are refused; predict reads missing rows as zeros and reports the version. */
+ * size or not finite are refused; predict reads missing rows as zeros and reports the version;
+ * one-example DLRM scores keep the trainer's forward pass's bits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -152,12 +153,76 @@ static void test_dense_versions_and_predict(void **state)
     gr_serve_destroy(s);
 }
 
+/* A DLRM replica scoring one example per call (the prepared weights of its dense version)
+ * gives bitwise what the trainer's forward pass gives for that example, before and after a
+ * new dense version replaces the old one. */
+static int replica_rows(void *ctx, const uint64_t *keys, size_t n, float *rows)
+{
+    gr_serve *s = ctx;
+    bool found[64];
+    for (size_t off = 0; off < n; off += 64) {
+        size_t m = n - off < 64 ? n - off : 64;
+        assert_int_equal(gr_serve_lookup(s, GR_TRAIN_EMB_TABLE, keys + off, m, rows + off * 16,
+                                         found), GR_OK);
+    }
+    return GR_OK;
+}
+
+static void test_dlrm_one_example_bits(void **state)
+{
+    (void)state;
+    gr_model_config mc;
+    gr_model_config_default(&mc, GR_MODEL_DLRM);
+    gr_serve_config cfg;
+    gr_serve_config_default(&cfg);
+    cfg.model = &mc;
+    gr_serve *s = NULL;
+    assert_int_equal(gr_serve_create(&cfg, &s), GR_OK);
+    const gr_model *m = gr_serve_model(s);
+    size_t np = gr_model_dense_size(m);
+    float *params = malloc(np * sizeof *params);
+    gr_model_init_dense(m, params);
+    gr_rng r;
+    gr_rng_seed(&r, 77);
+    enum { N = 64, KEYS = 500 };
+    uint64_t keys[KEYS];
+    float rows[KEYS * 16];
+    for (size_t i = 0; i < KEYS; i++) keys[i] = 1000 + i * 7919;
+    for (size_t i = 0; i < KEYS * 16; i++) rows[i] = (float)(gr_rng_uniform(&r) - 0.5);
+    assert_int_equal(gr_serve_put_rows(s, GR_TRAIN_EMB_TABLE, 16, keys, KEYS, rows, 1), GR_OK);
+    float dense[N * GR_CRITEO_DENSE];
+    uint64_t ids[N * GR_CRITEO_SPARSE];
+    for (size_t i = 0; i < N * GR_CRITEO_DENSE; i++) dense[i] = (float)(4 * gr_rng_uniform(&r));
+    for (size_t i = 0; i < N * GR_CRITEO_SPARSE; i++)
+        ids[i] = i % 9 == 8 ? 99 : keys[gr_rng_next(&r) % KEYS]; /* 99: absent, reads zeros */
+    gr_score_ws *ws;
+    assert_int_equal(gr_score_ws_create(m, &ws), GR_OK);
+    for (int version = 1; version <= 2; version++) {
+        for (size_t i = 0; i < np; i++) params[i] += (float)(gr_rng_uniform(&r) - 0.5) * 0.05f;
+        assert_int_equal(gr_serve_set_dense(s, params, np, (uint64_t)version), GR_OK);
+        for (size_t i = 0; i < N; i++) {
+            float got, want;
+            uint64_t v;
+            assert_int_equal(gr_serve_predict(s, 1, dense + i * GR_CRITEO_DENSE,
+                                              ids + i * GR_CRITEO_SPARSE, &got, &v), GR_OK);
+            assert_int_equal(gr_model_score(m, ws, params, replica_rows, s, 1,
+                                            dense + i * GR_CRITEO_DENSE,
+                                            ids + i * GR_CRITEO_SPARSE, &want), GR_OK);
+            assert_memory_equal(&got, &want, sizeof got);
+        }
+    }
+    gr_score_ws_destroy(ws);
+    free(params);
+    gr_serve_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_and_reorder),
         cmocka_unit_test(test_f16_rows),
         cmocka_unit_test(test_dense_versions_and_predict),
+        cmocka_unit_test(test_dlrm_one_example_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "granary/train.h"
+#include "train/model_prep.h"
 
 #define NS GR_CRITEO_SPARSE
 #define ND GR_CRITEO_DENSE
@@ -215,6 +216,93 @@ static void test_batch_mean_and_predict(void **state)
     fixture_fini(&f);
 }
 
+/* gr_model_predict_prepared gives gr_model_predict's bits, one example at a time, for the
+ * default DLRM and for one whose top input (dim 32: 383 floats) is cut into two K blocks by
+ * OpenBLAS; and the fast path is really taken on a CPU with FMA. */
+static void check_prepared(const gr_model_config *c, size_t n, uint64_t seed)
+{
+    fixture f;
+    fixture_init(&f, c, n, seed);
+    gr_rng r;
+    gr_rng_seed(&r, seed + 1);
+    for (size_t i = 0; i < f.np; i++) f.params[i] += (float)(gr_rng_uniform(&r) - 0.5) * 0.1f;
+    gr_model_prepared *prep = NULL;
+    assert_int_equal(gr_model_prepare(f.m, f.params, &prep), GR_OK);
+    int fast = gr_model_prepared_layers(prep);
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        assert_int_equal(fast, (int)(c->n_bottom + 1 + c->n_top + 1));
+#endif
+    const size_t d = gr_model_emb_dim(f.m);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want, got;
+        const float *dense = f.dense + i * ND, *emb = f.emb + i * NS * d;
+        assert_int_equal(gr_model_predict(f.m, f.ws, f.params, 1, dense, emb, &want), GR_OK);
+        assert_int_equal(gr_model_predict_prepared(f.m, f.ws, f.params, prep, 1, dense, emb, &got),
+                         GR_OK);
+        differ += memcmp(&want, &got, sizeof got) != 0;
+    }
+    assert_int_equal(differ, 0);
+    /* A batch, and parameters other than the prepared ones, take the plain path. */
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    assert_int_equal(gr_model_predict(f.m, f.ws, f.params, n, f.dense, f.emb, want), GR_OK);
+    assert_int_equal(gr_model_predict_prepared(f.m, f.ws, f.params, prep, n, f.dense, f.emb, got),
+                     GR_OK);
+    assert_memory_equal(want, got, n * sizeof *got);
+    float *other = malloc(f.np * sizeof *other);
+    memcpy(other, f.params, f.np * sizeof *other);
+    other[0] += 1.0f; /* a bottom weight: changes every score */
+    assert_int_equal(gr_model_predict(f.m, f.ws, other, 1, f.dense, f.emb, want), GR_OK);
+    assert_int_equal(gr_model_predict_prepared(f.m, f.ws, other, prep, 1, f.dense, f.emb, got),
+                     GR_OK);
+    assert_memory_equal(want, got, sizeof *got);
+    free(other), free(want), free(got);
+    gr_model_prepared_destroy(prep);
+    fixture_fini(&f);
+}
+
+/* The blocking search on layers of 17..40 inputs, starting with no hint: every pair it tries
+ * stays inside the layer (ASan: the arrays are exactly the layer's size), and a pair is
+ * found on a CPU with FMA. */
+static void test_gemv_search_bounds(void **state)
+{
+    (void)state;
+    gr_rng r;
+    gr_rng_seed(&r, 5);
+    for (uint32_t in = 17; in <= 40; in++) {
+        const uint32_t out = 9;
+        float *w = malloc(in * out * sizeof *w), *wt = malloc(in * out * sizeof *wt);
+        float *b = malloc(out * sizeof *b);
+        for (uint32_t i = 0; i < in * out; i++) w[i] = (float)(gr_rng_uniform(&r) - 0.5);
+        for (uint32_t j = 0; j < out; j++) {
+            b[j] = (float)gr_rng_uniform(&r);
+            for (uint32_t k = 0; k < in; k++) wt[k * out + j] = w[j * in + k];
+        }
+        uint32_t q, u, hq = 0, hu = 0;
+        int found = tr_gemv_find_split(in, out, w, wt, b, &q, &u, &hq, &hu);
+        if (tr_gemv_supported()) assert_int_equal(found, 1);
+        free(w), free(wt), free(b);
+    }
+}
+
+static void test_prepared_bitwise(void **state)
+{
+    (void)state;
+    gr_model_config c;
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    check_prepared(&c, 300, 21);
+    c.dim = 32;
+    c.top[0] = 256;
+    check_prepared(&c, 200, 22);
+    /* A layer of 24 inputs: the blocking search tries pairs whose half-block would run past
+     * the end (ASan caught it in a replica). */
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    c.bottom[0] = 24;
+    c.n_bottom = 1;
+    check_prepared(&c, 50, 23);
+}
+
 static void test_config_and_init(void **state)
 {
     (void)state;
@@ -283,6 +371,8 @@ int main(void)
         cmocka_unit_test(test_lr_gradcheck),
         cmocka_unit_test(test_batch_mean_and_predict),
         cmocka_unit_test(test_config_and_init),
+        cmocka_unit_test(test_prepared_bitwise),
+        cmocka_unit_test(test_gemv_search_bounds),
     };
     return cmocka_run_group_tests_name("train_model", tests, NULL, NULL);
 }

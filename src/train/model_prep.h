@@ -1,0 +1,22 @@
+/* model_prep.c: one example's layer product with cblas_sgemm's bits (used by model.c for
+ * gr_model_predict_prepared). */
+#ifndef GRANARY_TRAIN_MODEL_PREP_H
+#define GRANARY_TRAIN_MODEL_PREP_H
+
+#include "granary/core.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Whether this CPU has the fused multiply-add the kernel needs. */
+bool tr_gemv_supported(void);
+/* y = b + x W^T for one example (wt: W transposed, in x out) with OpenBLAS's K blocks
+ * (q, u). */
+void tr_gemv_exact(uint32_t in, uint32_t out, const float *x, const float *wt, const float *b,
+                   uint32_t q, uint32_t u, float *y);
+/* The (q, u) with which tr_gemv_exact equals cblas_sgemm bit for bit on this layer, tried
+ * against it; 1 when found, 0 (q = u = 0) when none. */
+int tr_gemv_find_split(uint32_t in, uint32_t out, const float *w, const float *wt, const float *b,
+                       uint32_t *q_out, uint32_t *u_out, uint32_t *hint_q, uint32_t *hint_u);
+
+#endif
