@@ -204,8 +204,6 @@ static int ck_save(trainer *tr, uint64_t step)
     return rc;
 }
 
-/* The coordinator's turn (the run's main thread, holding mu): start a pause when one is due,
- * and save once every worker is quiet. Returns true when it saved. */
 /* The most steps any of this process's workers has begun (base + fetched). Under mu. */
 static uint64_t most_fetched(const trainer *tr)
 {
@@ -234,6 +232,8 @@ static void ck_follow_chief(trainer *tr)
     pthread_cond_broadcast(&tr->cv);
 }
 
+/* The coordinator's turn (the run's main thread, holding mu): start a pause when one is due,
+ * and save once every worker is quiet. Returns true when it saved. */
 bool tr_ck_turn(trainer *tr)
 {
     const gr_train_opts *o = tr->o;
