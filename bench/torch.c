@@ -17,8 +17,8 @@
     X(TB_TEST, "test-rows", GR_CLI_INT, NULL, 1, 1e9, NULL, "M", "20000", "test rows")         \
     X(TB_DATA, "data", GR_CLI_STR, NULL, 0, 0, NULL, "DIR",                                    \
       NULL, "use DIR/train.tsv and DIR/test.tsv instead of generating")                        \
-    X(TB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "2",                         \
-      "torch threads of both PyTorch runs")                                                    \
+    X(TB_THREADS, "threads", GR_CLI_INT, NULL, 1, 256, NULL, "T", "1",                         \
+      "torch threads of both PyTorch runs (1: both ran faster with 1 than 2 on 2 cores)")      \
     X(TB_WORKERS, "workers", GR_CLI_INT, NULL, 1, 64, NULL, "W", "1",                          \
       "PyTorch + granary worker processes (DDP over gloo)")                                    \
     X(TB_GWORKERS, "granary-workers", GR_CLI_INT, NULL, 1, 256, NULL, "W", "2",                \

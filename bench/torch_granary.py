@@ -44,7 +44,9 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=200000, help="training rows (default 200000)")
     ap.add_argument("--test-rows", type=int, default=20000)
     ap.add_argument("--data", help="use DIR/train.tsv and DIR/test.tsv instead of generating")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (both PyTorch runs)")
+    # 1 by default: on 2 cores both PyTorch runs were faster with 1 thread than with 2 (plain
+    # PyTorch 2.4-2.8x, PyTorch + granary 1.7x; docs/benchmarks.md, session 4).
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (both PyTorch runs)")
     ap.add_argument("--workers", type=int, default=1,
                     help="PyTorch + granary worker processes (DDP)")
     ap.add_argument("--granary-workers", type=int, default=2, help="granary train --workers")

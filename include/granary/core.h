@@ -76,6 +76,9 @@ GR_API void gr_sleep_ms(unsigned ms);
  * value is part of the on-disk and on-wire contract and never changes. */
 GR_API uint64_t gr_hash64(const void *data, size_t len, uint64_t seed);
 GR_API uint64_t gr_hash_key(uint64_t key, uint64_t seed);
+/* A random nonzero id (the kernel's random bytes mixed with the time and the pid), for ids
+ * that two processes must never share: a trainer's job owner, a job's run id. */
+GR_API uint64_t gr_random_id(void);
 /* Checksum of a byte range (XXH3-64), used by checkpoint files. */
 GR_API uint64_t gr_checksum(const void *data, size_t len);
 

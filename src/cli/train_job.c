@@ -53,20 +53,6 @@ struct tj_job {
 
 /* ---- the job value ---- */
 
-static uint64_t random_id(void)
-{
-    uint64_t v = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) {
-        if (fread(&v, sizeof v, 1, f) != 1) v = 0;
-        fclose(f);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    v ^= gr_hash_key((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec, (uint64_t)getpid());
-    return v ? v : 1;
-}
-
 /* Reads the value: *rec (NULL when none is stored) and its version (-1 then). */
 static int rec_get(tj_job *j, cJSON **rec, int64_t *version)
 {
@@ -151,9 +137,9 @@ static cJSON *new_run(const tj_job *j)
     cJSON *r = cJSON_CreateObject();
     if (!r) return NULL;
     char buf[17];
-    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)random_id());
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)gr_random_id());
     cJSON_AddStringToObject(r, "run", buf);
-    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)random_id());
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)gr_random_id());
     cJSON_AddStringToObject(r, "owner", buf);
     cJSON_AddNumberToObject(r, "ranks", j->want.ranks);
     cJSON_AddNumberToObject(r, "threads", j->want.threads);

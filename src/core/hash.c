@@ -2,6 +2,9 @@
  * the wire and checkpoint contract: changing them moves every row to another shard. */
 #include "granary/core.h"
 
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 uint64_t gr_hash64(const void *data, size_t len, uint64_t seed)
@@ -20,4 +23,19 @@ uint32_t gr_slot_of(uint64_t key)
 {
     /* Seed chosen once; never change it. */
     return (uint32_t)(gr_hash_key(key, 0x736c6f74u) & (GR_SLOTS - 1));
+}
+
+uint64_t gr_random_id(void)
+{
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&v, sizeof v, 1, f) != 1) v = 0;
+        fclose(f);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    v ^= gr_hash_key((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
+                     (uint64_t)getpid());
+    return v ? v : 1;
 }

@@ -39,22 +39,6 @@ typedef struct ps_ctx {
     char label[128];
 } ps_ctx;
 
-/* A fresh owner id: random enough that two trainers never share one. */
-static uint64_t new_owner(void)
-{
-    uint64_t v = 0;
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) {
-        if (fread(&v, sizeof v, 1, f) != 1) v = 0;
-        fclose(f);
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    v ^= gr_hash_key((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
-                     (uint64_t)getpid());
-    return v ? v : 1;
-}
-
 /* The job this backend installs, owned by this trainer. Hybrid runs a sync job whose steps
  * carry only the dense gradient; the rows go through plain PULL/PUSH beside it. */
 static gr_client_sync_config job_config(const ps_ctx *p)
@@ -437,7 +421,7 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
             if (!p->want || !p->next || !p->tags) rc = gr_seterr(GR_ENOMEM, "out of memory");
         }
         if (!rc) {
-            p->owner = o->owner ? o->owner : new_owner();
+            p->owner = o->owner ? o->owner : gr_random_id();
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             p->started_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;

@@ -107,6 +107,18 @@ static void test_rng_deterministic(void **state)
     assert_true(sq / 100000 > 0.97 && sq / 100000 < 1.03);
 }
 
+/* Ids that two trainers must never share: nonzero and different call to call. */
+static void test_random_id(void **state)
+{
+    (void)state;
+    uint64_t seen[64];
+    for (int i = 0; i < 64; i++) {
+        seen[i] = gr_random_id();
+        assert_true(seen[i] != 0);
+        for (int j = 0; j < i; j++) assert_true(seen[i] != seen[j]);
+    }
+}
+
 static void test_zipf(void **state)
 {
     (void)state;
@@ -213,6 +225,7 @@ int main(void)
         cmocka_unit_test(test_errors),   cmocka_unit_test(test_slots_fixed),
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_zipf),
+        cmocka_unit_test(test_random_id),
         cmocka_unit_test(test_dedup),    cmocka_unit_test(test_files),
         cmocka_unit_test(test_sizes),
     };
