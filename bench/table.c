@@ -107,8 +107,10 @@ static inline uint64_t model_home(uint32_t row)
 }
 
 /* The lookup's memory pattern with none of its work: bucket prefetched 2D ids ahead, read D
- * ids ahead (probing to the row's entry), the row's header + weights prefetched, then copied. */
-static void model_gather(const uint32_t *ix, size_t n, float *out)
+ * ids ahead (probing to the row's entry), the row's header + weights prefetched, then copied.
+ * The gathers are noinline so that callgrind (--toggle-collect=worker_main) reports each
+ * apart from the lookup (docs/table.md, the per-row budget). */
+static __attribute__((noinline)) void model_gather(const uint32_t *ix, size_t n, float *out)
 {
     enum { D = 8, R = 32 };
     uint64_t home[R], slot[R];
@@ -133,7 +135,8 @@ static void model_gather(const uint32_t *ix, size_t n, float *out)
     }
 }
 
-static void wide_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
+static __attribute__((noinline)) void wide_gather(const float *flat, const uint32_t *ix, size_t n,
+                                                  float *out)
 {
     const size_t pf = 16;
     for (size_t i = 0; i < n; i++) {
@@ -145,7 +148,8 @@ static void wide_gather(const float *flat, const uint32_t *ix, size_t n, float *
     }
 }
 
-static void flat_gather(const float *flat, const uint32_t *ix, size_t n, float *out)
+static __attribute__((noinline)) void flat_gather(const float *flat, const uint32_t *ix, size_t n,
+                                                  float *out)
 {
     const size_t pf = 16;
     for (size_t i = 0; i < n; i++) {

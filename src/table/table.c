@@ -1,7 +1,8 @@
 /* The table engine: the row arena, the partitions with their open-addressing indexes, and
- * the batch operations (lookup, apply, get, insert, delete), which run as a three-stage
- * software pipeline over the caller's keys (index buckets prefetched two keys-distances ahead,
- * rows one distance ahead), taking each key's partition lock only for that key. */
+ * the batch operations (apply, get, insert, delete; lookups: lookup.c), which run as a
+ * three-stage software pipeline over the caller's keys (index buckets prefetched two
+ * keys-distances ahead, rows one distance ahead), taking each key's partition lock only for
+ * that key. */
 #include "table/table_internal.h"
 
 #define XXH_INLINE_ALL
@@ -28,6 +29,8 @@ uint64_t gr_table_hash(uint64_t key)
 {
     return XXH3_64bits_withSeed(&key, sizeof key, GR_TABLE_HASH_SEED);
 }
+
+const uint64_t gr_idx_none[2] = {1, GR_IDX_EMPTY};
 
 /* ---- memory accounting ---- */
 
@@ -156,7 +159,7 @@ static int chunk_carve(gr_table *t, uint32_t *first)
 #define IREGION_FIRST (8u << 20)
 #define IDX_PAGE_ALIGN GR_IDX_PAGE_ALIGN
 
-static inline uint64_t ild(const uint64_t *e) { return __atomic_load_n(e, __ATOMIC_RELAXED); }
+#define ild gr_idx_load
 static inline void ist(uint64_t *e, uint64_t v) { __atomic_store_n(e, v, __ATOMIC_RELAXED); }
 
 /* Returns `bytes` of zero-filled-on-first-touch index memory. Caller holds no lock but the
@@ -311,26 +314,6 @@ uint32_t gr_part_find_locked(const gr_table *t, gr_part *p, uint64_t key, uint64
         }
         if (++i == cap) i = 0;
     }
-}
-
-/* The probe stage, without the lock: the first slot whose tag matches in the index array `e`
- * of `cap` buckets (whatever array the partition had published when stage A read it),
- * starting at bucket i, or GR_NO_ROW. The result is a hint, checked in stage C; the walk is
- * bounded because a stale array may hold anything. */
-static inline uint32_t idx_probe_hint(const uint64_t *e, uint32_t cap, uint32_t i, uint32_t tag)
-{
-    if (!e) return GR_NO_ROW;
-    for (unsigned step = 0; step < 64; step++) {
-        uint64_t x = ild(&e[i]);
-        /* 0 is what a retired array's returned pages read as: no hint (a real entry for slot
-         * 0 with tag 0 only loses its prefetch). Every other entry of any of this partition's
-         * arrays, current or retired, names a slot of this partition, which the lock-free
-         * lookup relies on (its seqlock covers this partition's slots only). */
-        if (x == GR_IDX_EMPTY || x == 0) return GR_NO_ROW;
-        if ((uint32_t)x == tag) return (uint32_t)(x >> 32);
-        if (++i == cap) i = 0;
-    }
-    return GR_NO_ROW;
 }
 
 /* ---- row slots ---- */
@@ -573,7 +556,7 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     for (uint32_t i = 0; i < np; i++) {
         gr_part *p = &t->parts[i];
         atomic_init(&p->lock.v, 0);
-        atomic_init(&p->pf_idx, NULL);
+        atomic_init(&p->pf_idx, &gr_idx_none[1]);
         atomic_init(&p->seq, 0);
         p->free_head = GR_NO_ROW;
         p->rng = gr_hash_key(i, spec->seed ^ 0x65766963ull);
@@ -632,7 +615,7 @@ void gr_table_set_clock(gr_table *t, uint32_t now)
 
 /* ---- batches ---- */
 
-enum { OP_LOOKUP, OP_LOOKUP_RO, OP_APPLY, OP_GET, OP_INSERT, OP_DELETE };
+enum { OP_APPLY, OP_GET, OP_INSERT, OP_DELETE }; /* lookups: lookup.c */
 
 typedef struct op_ctx {
     const uint64_t *keys;
@@ -649,9 +632,6 @@ typedef struct op_ctx {
     uint64_t nonfinite_key; /* the first of them */
     uint32_t now;
     int rc;
-    uint64_t fast_hits; /* lookups served without the lock */
-    uint64_t rng;       /* hit counting's random stream, seeded on first use */
-    bool rng_seeded;
 } op_ctx;
 
 static inline void copy_weights_out(const gr_table *t, uint8_t *row, float *dst)
@@ -677,105 +657,6 @@ static inline void write_weights_in(const gr_table *t, uint8_t *row, const float
 static inline void bump_hits(gr_row_hdr *hd)
 {
     if (hd->meta.hits < GR_HITS_MAX) hd->meta.hits++;
-}
-
-/* The hit-count step of one lookup (gr_hits_step), drawing from the batch's random stream
- * when the count is past the exact range. The stream is seeded from the table's seed and a
- * per-table counter of streams, so a single-threaded sequence of calls counts the same way
- * every run. */
-static inline uint32_t lookup_hits_step(gr_table *t, op_ctx *c, uint32_t hits)
-{
-    if (hits < GR_HITS_EXACT) return 1;
-    if (!c->rng_seeded) {
-        uint64_t n = atomic_fetch_add_explicit(&t->hit_streams, 1, memory_order_relaxed);
-        c->rng = gr_hash_key(n, t->spec.seed ^ 0x68697473ull);
-        c->rng_seeded = true;
-    }
-    /* splitmix64, inlined (core's gr_splitmix64 is a call per hot hit) */
-    uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return gr_hits_step(hits, z ^ (z >> 31));
-}
-
-/* ---- lock-free lookups ----
- * A lookup whose probe stage found a slot reads that row without the partition lock, as a
- * seqlock reader: it reads the partition's write sequence, the row header (it must hold this
- * key and not be free) and the weights, then the sequence again, and keeps the copy only if
- * the sequence was even and unchanged. Writers (creation, apply, insert, delete, eviction,
- * expiry) hold the lock and make the sequence odd while they change a row. The slot is one of
- * the partition's own (idx_probe_hint), and rows never move between partitions, so a header
- * holding the key while the sequence stood still is the key's row, whole. Nothing is written:
- * the hot rows and partition lines of a Zipf workload stay shared in the caches of every core
- * that reads them, and there is no atomic read-modify-write (whose store-buffer drain waited
- * for the previous row's output stores). Hits are counted per batch (t->lookup_hits) and in
- * the row only when gr_hits_step says so, under the lock. Rows with fewer than GR_HITS_EXACT
- * hits (cold rows, whose count every lookup writes) take the locked path directly. */
-
-/* Reads the row's header and copies its weights out, racing with writers by design: the
- * caller discards the result unless the sequence check passes. Not instrumented by TSan (the
- * race is the protocol); under TSan the copy is a plain loop so that no intercepted memcpy
- * sees it either. */
-#if defined(__SANITIZE_THREAD__)
-#define RACY_READ static __attribute__((no_sanitize_thread, noinline))
-#else
-#define RACY_READ static inline
-#endif
-RACY_READ bool row_read_racy(const gr_table *t, const uint8_t *row, uint64_t key,
-                                           float *dst, uint32_t *hits)
-{
-    const gr_row_hdr *hd = (const gr_row_hdr *)row;
-    uint32_t h = hd->meta.hits;
-    /* A row still in the exact range of its hit count is written by this lookup anyway:
-     * cheaper under the lock at once than read here and locked again to count. */
-    if (hd->key != key || h == GR_HITS_FREE || h < GR_HITS_EXACT) return false;
-    *hits = h;
-#if defined(__SANITIZE_THREAD__)
-    const volatile uint8_t *src = row + sizeof(gr_row_hdr);
-    if (t->spec.dtype == GR_DTYPE_F32) {
-        uint8_t *d = (uint8_t *)dst;
-        for (uint32_t i = 0; i < t->wbytes; i++) d[i] = src[i];
-    } else {
-        for (uint32_t i = 0; i < t->dim; i++)
-            dst[i] = gr_f16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
-    }
-#else
-    if (t->spec.dtype == GR_DTYPE_F32) {
-        memcpy(dst, row + sizeof(gr_row_hdr), t->wbytes);
-    } else {
-        const uint16_t *hw = (const uint16_t *)(row + sizeof(gr_row_hdr));
-        for (uint32_t i = 0; i < t->dim; i++) dst[i] = gr_f16_to_f32(hw[i]);
-    }
-#endif
-    return true;
-}
-
-/* The seqlock read of the row in `slot` for `key`: true with the weights in dst and the hit
- * count seen in *hits, false when the caller must take the lock (a writer was active, the
- * slot no longer holds the key, the hint was wrong, or the row has fewer than GR_HITS_EXACT
- * hits, so that this lookup must write its count). */
-static inline bool lookup_lockfree(const gr_table *t, gr_part *p, uint32_t slot, uint64_t key,
-                                   float *dst, uint32_t *hits)
-{
-    unsigned q = atomic_load_explicit(&p->seq, memory_order_acquire);
-    if (q & 1u) return false;
-    if (!row_read_racy(t, gr_row_ptr(t, slot), key, dst, hits)) return false;
-#ifdef __SANITIZE_THREAD__
-    return atomic_load_explicit(&p->seq, memory_order_acquire) == q;
-#else
-    atomic_thread_fence(memory_order_acquire);
-    return atomic_load_explicit(&p->seq, memory_order_relaxed) == q;
-#endif
-}
-
-/* Adds m to the hit count of `key`'s row in `slot`, if it is still there. */
-static void hits_add_locked_once(gr_table *t, gr_part *p, uint32_t slot, uint64_t key, uint32_t m)
-{
-    gr_spin_lock(&p->lock);
-    gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, slot));
-    if (hd->key == key && hd->meta.hits != GR_HITS_FREE)
-        hd->meta.hits = gr_hits_add(hd->meta.hits, m);
-    gr_spin_unlock(&p->lock);
 }
 
 /* Admission for a key with no row: lookups add a sighting to the sketch, applies only read it
@@ -804,6 +685,53 @@ static inline void prefetch_lines(const void *p, size_t bytes, const int write)
         for (; a <= last; a += 64) __builtin_prefetch(a, 1, 3);
     else
         for (; a <= last; a += 64) __builtin_prefetch(a, 0, 3);
+}
+
+void gr_lookup_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t hint,
+                      float *dst, gr_lookup_ctx *c)
+{
+    gr_spin_lock(&p->lock);
+    /* The hint stands if it names a committed slot holding this key (a free slot's header
+     * never passes: its hit count is the free marker). Keys live in one partition only, so
+     * that row is this key's row. Otherwise, search properly. */
+    uint8_t *rowp = NULL;
+    uint32_t s = hint;
+    if (s < atomic_load_explicit(&t->committed, memory_order_relaxed)) {
+        gr_row_hdr *hd = gr_row_hdr_of(gr_row_ptr(t, s));
+        if (hd->key == key && hd->meta.hits != GR_HITS_FREE) rowp = (uint8_t *)hd;
+    }
+    if (!rowp) {
+        s = gr_part_find_locked(t, p, key, h, NULL);
+        rowp = s == GR_NO_ROW ? NULL : gr_row_ptr(t, s);
+    }
+    if (rowp) {
+        copy_weights_out(t, rowp, dst);
+        gr_row_hdr *hd = gr_row_hdr_of(rowp);
+        hd->meta.hits = gr_hits_add(hd->meta.hits, gr_lookup_hits_step(t, &c->rng, hd->meta.hits));
+        p->hits++;
+    } else {
+        p->misses++;
+        bool made = false;
+        if (c->create && admit(t, key, h, true)) {
+            /* Row creation is a write: a seqlock write section around it. */
+            gr_part_write_begin(p);
+            int rc = row_create(t, p, key, h, c->now, true, &s);
+            gr_part_write_end(p);
+            if (rc == GR_OK) {
+                uint8_t *row = gr_row_ptr(t, s);
+                copy_weights_out(t, row, dst);
+                bump_hits(gr_row_hdr_of(row));
+                p->admits++;
+                made = true;
+            } else if (!c->rc) {
+                c->rc = rc;
+            }
+        } else if (c->create) {
+            p->rejects++;
+        }
+        if (!made) memset(dst, 0, t->dim * sizeof *dst);
+    }
+    gr_spin_unlock(&p->lock);
 }
 
 /* F32_WMAX: any finite float. F16_WLIMIT: the smallest f32 that rounds to an f16 inf. */
@@ -848,29 +776,28 @@ static inline bool apply_row(gr_table *t, gr_part *p, uint8_t *row, uint32_t s, 
     return true;
 }
 
-/* Stage A: prefetches a key's partition line (for writing when the op takes the lock, for
- * reading when it is a lookup, which reads the line's sequence) and index bucket, without the
- * lock; returns the index array it read (NULL if none), with its capacity and the key's home
- * bucket in it, for stage B. */
-static inline const uint64_t *prefetch_stage(const gr_part *p, uint64_t h, bool for_write,
-                                             uint32_t *home, uint32_t *cap_out)
+/* Stage A: prefetches a key's partition lock line for writing (where the op will take the
+ * lock) and its index bucket, without the lock; returns the index array it read, with its
+ * capacity and the key's home bucket in it, for stage B. An array that was retired and given
+ * back to the kernel reads as zeros, capacity 0 included: home is then 0 and the probe stops
+ * at the first entry. */
+static inline const uint64_t *prefetch_stage(gr_part *p, uint64_t h, uint32_t *home,
+                                             uint32_t *cap_out)
 {
-    if (for_write) gr_prefetch_w(p);
-    else __builtin_prefetch(p, 0, 3);
+    gr_prefetch_w(&p->lock);
     const uint64_t *e = atomic_load_explicit(&p->pf_idx, memory_order_acquire);
-    if (!e) return NULL;
     uint32_t cap = (uint32_t)ild(e - 1);
-    if (!cap) return NULL;
     *cap_out = cap; /* stage B walks this array within the size it had here */
     *home = gr_idx_home((uint32_t)h, cap);
     __builtin_prefetch(e + *home, 0, 3);
     return e;
 }
 
-/* Runs one op over a batch, keys in the caller's order, as a three-stage software pipeline:
- * stage A hashes key j + 2D and prefetches its partition's first cache line (lock and hot
- * counters, for writing) and its index bucket; stage B reads key j + D's bucket without any
- * lock (a hint, see "index memory") and prefetches the row it names; stage C takes key j's
+/* Runs one op over a batch (lookups have their own pipeline, lookup.c), keys in the caller's
+ * order, as a three-stage software pipeline: stage A hashes key j + 2D and prefetches its
+ * partition's lock line (lock and hot counters, for writing) and its index bucket; stage B
+ * reads key j + D's bucket without any lock (a hint, see "index memory") and prefetches the
+ * row it names; stage C takes key j's
  * partition lock, checks the hint (or searches properly) and does the work. Each lock is held
  * for one key, so other threads wait at most one key's work, and the caller's arrays are
  * walked in order, which the hardware prefetchers stream. (Grouping a window of keys by
@@ -890,10 +817,7 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
     const size_t pf_bytes = op == OP_APPLY || op == OP_INSERT ? t->stride
                             : op == OP_GET && c->sout     ? t->stride
                                                           : sizeof(gr_row_hdr) + t->wbytes;
-    const bool lookup = op == OP_LOOKUP || op == OP_LOOKUP_RO;
-    /* Lookups read rows (lock-free when they exist): prefetched for reading, so that a row
-     * read by several cores stays shared in all of them. */
-    const int pf_write = op != OP_GET && op != OP_DELETE && !lookup;
+    const int pf_write = op == OP_APPLY || op == OP_INSERT;
     const size_t total = n + 2 * PF_D;
     for (size_t jj = 0; jj < total; jj++) {
         if (jj < n) { /* stage A */
@@ -902,12 +826,11 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
             rh[jj & (PF_RING - 1)] = h;
             rpart[jj & (PF_RING - 1)] = p;
             ridx[jj & (PF_RING - 1)] =
-                prefetch_stage(p, h, !lookup, &rhome[jj & (PF_RING - 1)], &rcap[jj & (PF_RING - 1)]);
+                prefetch_stage(p, h, &rhome[jj & (PF_RING - 1)], &rcap[jj & (PF_RING - 1)]);
         }
         if (jj >= PF_D && jj - PF_D < n) { /* stage B, lock-free: a hint for the row */
             const size_t b = (jj - PF_D) & (PF_RING - 1);
-            const uint64_t *e = ridx[b];
-            uint32_t s = e ? idx_probe_hint(e, rcap[b], rhome[b], (uint32_t)rh[b]) : GR_NO_ROW;
+            uint32_t s = gr_idx_probe_hint(ridx[b], rcap[b], rhome[b], (uint32_t)rh[b]);
             rs[b] = s;
             if (s != GR_NO_ROW) {
                 prefetch_lines(gr_row_ptr(t, s), pf_bytes, pf_write);
@@ -924,18 +847,8 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
         gr_part *p = rpart[ri];
         uint32_t s = rs[ri], pos = 0;
         uint8_t *rowp = NULL;
-        if (lookup && s < atomic_load_explicit(&t->committed, memory_order_relaxed)) {
-            uint32_t hits;
-            if (lookup_lockfree(t, p, s, key, c->out + i * dim, &hits)) {
-                c->fast_hits++;
-                uint32_t m = lookup_hits_step(t, c, hits);
-                if (m) hits_add_locked_once(t, p, s, key, m);
-                continue;
-            }
-        }
         gr_spin_lock(&p->lock);
-        /* Ops that change rows do it inside a seqlock write section (lookups that create a
-         * row open their own around row_create). */
+        /* Ops that change rows do it inside a seqlock write section. */
         const bool writes = op == OP_APPLY || op == OP_INSERT || op == OP_DELETE;
         if (writes) gr_part_write_begin(p);
         /* The hint stands if it names a committed slot holding this key (a free slot's header
@@ -949,35 +862,7 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
             s = gr_part_find_locked(t, p, key, hj, &pos);
             rowp = s == GR_NO_ROW ? NULL : gr_row_ptr(t, s);
         }
-        if (op == OP_LOOKUP || op == OP_LOOKUP_RO) {
-            float *dst = c->out + i * dim;
-            if (rowp) {
-                copy_weights_out(t, rowp, dst);
-                gr_row_hdr *hd = gr_row_hdr_of(rowp);
-                hd->meta.hits = gr_hits_add(hd->meta.hits, lookup_hits_step(t, c, hd->meta.hits));
-                p->hits++;
-            } else {
-                p->misses++;
-                bool made = false;
-                if (op == OP_LOOKUP && admit(t, key, hj, true)) {
-                    gr_part_write_begin(p);
-                    int rc = row_create(t, p, key, hj, c->now, true, &s);
-                    gr_part_write_end(p);
-                    if (rc == GR_OK) {
-                        uint8_t *row = gr_row_ptr(t, s);
-                        copy_weights_out(t, row, dst);
-                        bump_hits(gr_row_hdr_of(row));
-                        p->admits++;
-                        made = true;
-                    } else if (!c->rc) {
-                        c->rc = rc;
-                    }
-                } else if (op == OP_LOOKUP) {
-                    p->rejects++;
-                }
-                if (!made) memset(dst, 0, dim * sizeof *dst);
-            }
-        } else if (op == OP_APPLY) {
+        if (op == OP_APPLY) {
             bool ok = true;
             if (!rowp) {
                 if (!admit(t, key, hj, false)) {
@@ -1053,15 +938,11 @@ static int run_batch(gr_table *t, op_ctx *c, size_t n, int op)
     if (n == 0) return GR_OK;
     c->now = gr_table_clock(t);
     switch (op) {
-    case OP_LOOKUP: run_ops(t, c, n, OP_LOOKUP); break;
-    case OP_LOOKUP_RO: run_ops(t, c, n, OP_LOOKUP_RO); break;
     case OP_APPLY: run_ops(t, c, n, OP_APPLY); break;
     case OP_GET: run_ops(t, c, n, OP_GET); break;
     case OP_INSERT: run_ops(t, c, n, OP_INSERT); break;
     case OP_DELETE: run_ops(t, c, n, OP_DELETE); break;
     }
-    if (c->fast_hits)
-        atomic_fetch_add_explicit(&t->lookup_hits, c->fast_hits, memory_order_relaxed);
     if (t->use_cms) gr_cms_maybe_age(&t->cms);
     return c->rc;
 }
@@ -1076,18 +957,6 @@ static int run_batch(gr_table *t, op_ctx *c, size_t n, int op)
             return gr_seterr(GR_EINVAL, fn " on table '%s': %s is NULL with n = %zu",             \
                              t->spec.name, what, n);                                              \
     } while (0)
-
-int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *out, unsigned flags)
-{
-    CHECK_T("gr_table_lookup");
-    CHECK_PTR(keys, "lookup", "keys");
-    CHECK_PTR(out, "lookup", "out");
-    if (flags & ~GR_LOOKUP_READONLY)
-        return gr_seterr(GR_EINVAL, "lookup on table '%s': unknown flags 0x%x", t->spec.name,
-                         flags & ~GR_LOOKUP_READONLY);
-    op_ctx c = {.keys = keys, .out = out};
-    return run_batch(t, &c, n, (flags & GR_LOOKUP_READONLY) ? OP_LOOKUP_RO : OP_LOOKUP);
-}
 
 static int check_finite(gr_table *t, const char *what, const uint64_t *keys, const float *v,
                         size_t n, uint32_t per)

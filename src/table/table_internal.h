@@ -85,34 +85,46 @@ static inline void gr_spin_unlock(gr_spin *l)
     atomic_store_explicit(&l->v, 0, memory_order_release);
 }
 
-/* One partition: its lock, its index, its row slots and its counters. Everything but the lock
- * and the pf_ copies is touched only under `lock`. The first cache line holds what every
- * lookup touches. */
+/* One partition: its lock, its index, its row slots and its counters. Everything but `seq`
+ * and `pf_idx` is touched only under `lock`. The first cache line holds what a lock-free
+ * lookup reads, and otherwise only what changes when `seq` changes anyway (row creation and
+ * removal write both) or hardly ever; the lock and what lookups that take it write (counts
+ * of cold rows and misses) start the second line. So lookups that lock (rows below
+ * GR_HITS_EXACT hits) do not take the first line away from the lock-free readers on other
+ * cores. Three lines in all, as before this split (the planner counts them). */
 typedef struct gr_part {
-    gr_spin lock;
     /* Write sequence (a seqlock beside the spinlock): odd while a holder of `lock` changes a
      * row's key, free marker or weights, even otherwise. Lookups read rows without the lock
      * and keep what they read only if `seq` was even and unchanged around it (see
-     * "Lock-free lookups" in table.c). Written only under `lock`. */
+     * "Lock-free lookups" in lookup.c). Written only under `lock`. */
     atomic_uint seq;
-    uint32_t cap;  /* index buckets; 0 before the first insert */
-    uint64_t *idx; /* index entries (the block's header word, its capacity, is idx[-1]) */
-    uint32_t rows; /* live rows (= index entries) */
-    uint32_t free_head; /* intrusive free list of slots, GR_NO_ROW when empty */
+    uint32_t row_cap; /* capacity share of this partition, UINT32_MAX = none */
     /* idx as published for the lock-free probe stage (release-stored after the array is
-     * filled); see "index memory" in table.c. */
-    _Atomic(uint64_t *) pf_idx;
-    uint64_t hits, misses, applies; /* hits: those found under the lock (see lookup_hits) */
+     * filled); see "index memory" in table.c. Never NULL: gr_idx_none until the first
+     * insert. */
+    _Atomic(const uint64_t *) pf_idx;
     /* Row slots: the partition owns whole chunks of the table's arena. */
     uint32_t *chunk_ids; /* chunk k covers slots [id * chunk_rows, (id + 1) * chunk_rows) */
     uint32_t nchunks, chunks_cap;
     uint32_t last_used; /* slots handed out from the last chunk */
-    uint32_t row_cap;   /* capacity share of this partition, UINT32_MAX = none */
-    uint64_t rng;       /* eviction sampling */
+    uint32_t free_head; /* intrusive free list of slots, GR_NO_ROW when empty */
+    uint64_t admits;
+    uint64_t rng; /* eviction sampling */
+    _Alignas(64) gr_spin lock;
+    uint32_t cap;  /* index buckets; 0 before the first insert */
+    uint64_t *idx; /* index entries (the block's header word, its capacity, is idx[-1]) */
+    uint32_t rows; /* live rows (= index entries) */
+    uint64_t hits, misses, applies; /* hits: those found under the lock (see lookup_hits) */
+    uint64_t rejects, evictions;
+    uint64_t expirations;
     uint64_t dirty_n[GR_TABLE_TRACKERS];
-    uint64_t admits, rejects, evictions, expirations;
     uint64_t nonfinite_rejected, nonfinite_clipped; /* see gr_nonfinite */
 } __attribute__((aligned(64))) gr_part;
+_Static_assert(sizeof(gr_part) == 192, "gr_part: three cache lines");
+
+/* The published index of a partition that has none yet: one empty bucket after its header
+ * word (the capacity), so that the probe stages need no test for a missing index. */
+extern const uint64_t gr_idx_none[2];
 
 /* A region of address space that index arrays are carved from. */
 #define GR_IREGIONS 40
@@ -174,6 +186,21 @@ struct gr_table {
     atomic_ullong hit_streams;
 };
 
+/* A lookup batch's hit-counting random stream, seeded on its first draw. */
+typedef struct gr_hit_rng {
+    uint64_t s;
+    bool seeded;
+} gr_hit_rng;
+
+/* A lookup batch's state shared by its lock-free path (lookup.c) and its locked path
+ * (gr_lookup_locked). */
+typedef struct gr_lookup_ctx {
+    gr_hit_rng rng;
+    bool create; /* create missing rows (not GR_LOOKUP_READONLY) */
+    uint32_t now;
+    int rc; /* the first error of the batch (a row that could not be created) */
+} gr_lookup_ctx;
+
 /* Seqlock writer side, called with p->lock held around any change to a row's key, free marker
  * (hits == GR_HITS_FREE) or weights. The odd value must be visible before the row changes
  * (release fence after it) and the row changes before the even value (release store). Under
@@ -209,18 +236,62 @@ static inline void gr_part_write_end(gr_part *p)
 static inline uint32_t gr_hits_step(uint32_t hits, uint64_t r)
 {
     if (hits < GR_HITS_EXACT) return 1;
-    unsigned sh = (31u - (unsigned)__builtin_clz(hits)) - GR_HITS_EXACT_BITS + 1u;
-    uint32_t m = 1u << sh;
-    return (r & (m - 1u)) == 0 ? m : 0;
+    /* sh = floor(log2(hits)) - GR_HITS_EXACT_BITS + 1, in 1..26; the low sh bits of r are
+     * all zero iff r shifted left by 64 - sh is zero (fewer instructions than the mask). */
+    const unsigned lz = (unsigned)__builtin_clz(hits);
+    const unsigned sh = 32u - GR_HITS_EXACT_BITS - lz;
+    return (r << (64u - sh)) == 0 ? 1u << sh : 0;
 }
 static inline uint32_t gr_hits_add(uint32_t hits, uint32_t m)
 {
     return hits >= GR_HITS_MAX - m ? GR_HITS_MAX : hits + m;
 }
 
+/* The hit-count step of one lookup (gr_hits_step), drawing from the batch's random stream
+ * when the count is past the exact range. The stream is seeded from the table's seed and a
+ * per-table counter of streams, so a single-threaded sequence of calls counts the same way
+ * every run. */
+static inline uint32_t gr_lookup_hits_step(gr_table *t, gr_hit_rng *r, uint32_t hits)
+{
+    if (hits < GR_HITS_EXACT) return 1;
+    if (!r->seeded) {
+        uint64_t n = atomic_fetch_add_explicit(&t->hit_streams, 1, memory_order_relaxed);
+        r->s = gr_hash_key(n, t->spec.seed ^ 0x68697473ull);
+        r->seeded = true;
+    }
+    /* splitmix64, inlined (core's gr_splitmix64 is a call per hot hit) */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return gr_hits_step(hits, z ^ (z >> 31));
+}
+
+/* A lookup's stage C with the partition lock (table.c): the row of `key` (hash h; `hint` is
+ * the probe stage's slot, or GR_NO_ROW) copied to dst as f32, its hit counted; or, for a
+ * missing key, the row created (admission permitting, unless !c->create) or zeros. Takes and
+ * releases p's lock. */
+void gr_lookup_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t hint,
+                      float *dst, gr_lookup_ctx *c);
+
 /* The table-internal hash; partitions from its high bits, index tag from its low 32 bits. */
 #define GR_TABLE_HASH_SEED 0x67727461626c6531ull
 uint64_t gr_table_hash(uint64_t key);
+
+/* gr_table_hash written out (the same values: test_table_lookup.c checks them against it),
+ * so that a loop of them vectorises: XXH3_64bits_withSeed of an 8-byte input is XXH3's
+ * 4-to-8-byte path, which reads the key's two halves swapped, XORs a constant made of the
+ * default secret and the seed (GR_TABLE_HASH_BITFLIP, for GR_TABLE_HASH_SEED) and finishes
+ * with the rrmxmx mix. */
+#define GR_TABLE_HASH_BITFLIP 0x7123997163807071ull
+static inline uint64_t gr_table_hash_inline(uint64_t key)
+{
+    uint64_t h = ((key << 32) | (key >> 32)) ^ GR_TABLE_HASH_BITFLIP;
+    h ^= ((h << 49) | (h >> 15)) ^ ((h << 24) | (h >> 40));
+    h *= 0x9FB21C651E98DF25ull;
+    h ^= (h >> 35) + 8;
+    h *= 0x9FB21C651E98DF25ull;
+    return h ^ (h >> 28);
+}
 
 /* A table's layout from its spec, as gr_table_create lays it out (estimate.c predicts memory
  * from the same numbers). */
@@ -239,6 +310,38 @@ static inline uint32_t gr_part_of(const gr_table *t, uint64_t h)
 static inline uint32_t gr_idx_home(uint32_t tag, uint32_t cap)
 {
     return (uint32_t)(((uint64_t)tag * cap) >> 32);
+}
+
+/* Index entries are read with relaxed atomics: the probe stages read them without the
+ * partition's lock (see "index memory" in table.c). */
+static inline uint64_t gr_idx_load(const uint64_t *e)
+{
+    return __atomic_load_n(e, __ATOMIC_RELAXED);
+}
+
+/* The probe stage, without the lock: the first slot whose tag matches in the index array `e`
+ * of `cap` buckets (whatever array the partition had published when stage A read it),
+ * starting at bucket i, or GR_NO_ROW. The result is a hint, checked in stage C; the walk is
+ * bounded because a stale array may hold anything. */
+static inline uint32_t gr_idx_probe_hint(const uint64_t *e, uint32_t cap, uint32_t i,
+                                         uint32_t tag)
+{
+    /* The home bucket first, in straight-line code: most keys are found there. An empty
+     * bucket whose tag bits happen to equal the tag names slot GR_NO_ROW, which is no hint. */
+    uint64_t x = gr_idx_load(&e[i]);
+    if (__builtin_expect((uint32_t)x == tag, 1))
+        return x != 0 ? (uint32_t)(x >> 32) : GR_NO_ROW;
+    for (unsigned step = 1; step < 64; step++) {
+        /* 0 is what a retired array's returned pages read as: no hint (a real entry for slot
+         * 0 with tag 0 only loses its prefetch). Every other entry of any of this partition's
+         * arrays, current or retired, names a slot of this partition, which the lock-free
+         * lookup relies on (its seqlock covers this partition's slots only). */
+        if (x == GR_IDX_EMPTY || x == 0) return GR_NO_ROW;
+        if (++i == cap) i = 0;
+        x = gr_idx_load(&e[i]);
+        if ((uint32_t)x == tag) return x != 0 ? (uint32_t)(x >> 32) : GR_NO_ROW;
+    }
+    return GR_NO_ROW;
 }
 
 static inline uint8_t *gr_row_ptr(const gr_table *t, uint32_t slot)
