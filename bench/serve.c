@@ -14,6 +14,7 @@
  *
  * docs/benchmarks.md ("Serving") records the figures and the command. */
 #include "bench/bench.h"
+#include "bench/redis.h"
 #include "cli/opts.h"
 #include "granary/client.h"
 #include "granary/http.h"
@@ -24,6 +25,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,7 +53,10 @@
     X(SB_FRESH, "freshness-seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "6",                  \
       "length of each freshness run")                                                          \
     X(SB_CMP_PACE, "compare-pacers", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
-      "also measure half saturation with the earlier blocking paced client (4 threads)")
+      "also measure half saturation with the earlier paced clients (4 blocking threads; one "     \
+      "epoll thread not raised to SCHED_FIFO)")                                               \
+    X(SB_PACER_OTHER, "pacer-other", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
+      "run the paced client as an ordinary thread, not SCHED_FIFO")
 
 enum { SERVE_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
 static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
@@ -142,6 +147,12 @@ typedef struct load {
      * (redis-server for the baseline). NAN when not measured. */
     double cpu_us, gen_cpu_us, helper_cpu_us;
     double late_p99_ms, service_p99_ms; /* the paced client's: send lateness, reply time */
+    /* Where the paced client's lateness came from (NAN when not measured): its thread's time
+     * runnable but not running (the guest scheduler gave the CPU to another thread), the
+     * machine's steal time over the run (the hypervisor ran another guest on our vCPUs), the
+     * p99 of how late its timer wakeups came, and the latest request's lateness. */
+    double runq_ms, steal_ms, wake_late_p99_ms, late_max_ms;
+    bool fifo; /* the paced client ran as SCHED_FIFO */
 } load;
 
 static double rusage_s(int who)
@@ -187,8 +198,13 @@ static int write_script(const char *path, const bodies *b)
     fprintf(f, "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
                "bodies = {\n");
     for (size_t i = 0; i < b->n; i++) fprintf(f, "[==[%s]==],\n", b->b[i]);
-    fprintf(f, "}\ni = 0\nrequest = function()\n  i = i %% #bodies + 1\n"
-               "  return wrk.format(nil, nil, nil, bodies[i])\nend\n");
+    /* Each request formatted once, on the first call (wrk has set the path by then), not on
+     * every call: wrk shares the cores with the server it measures, so what it spends per
+     * request is taken from the server (equally for both servers: they get the same script). */
+    fprintf(f, "}\ni = 0\nreqs = nil\nrequest = function()\n"
+               "  if not reqs then\n    reqs = {}\n"
+               "    for k, b in ipairs(bodies) do reqs[k] = wrk.format(nil, nil, nil, b) end\n"
+               "  end\n  i = i %% #reqs + 1\n  return reqs[i]\nend\n");
     return fclose(f);
 }
 
@@ -391,22 +407,67 @@ static int pconn_open(int ep, pconn *c, uint16_t port)
     return epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
 }
 
-static void run_paced(uint16_t port, const bodies *b, double rate, double secs, load *out)
+/* Nanoseconds this thread has waited runnable on a run queue (/proc/thread-self/schedstat,
+ * its second field), or NAN. */
+static double thread_runq_ns(void)
+{
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    unsigned long long run, wait;
+    int got = f ? fscanf(f, "%llu %llu", &run, &wait) : 0;
+    if (f) fclose(f);
+    return got == 2 ? (double)wait : NAN;
+}
+
+/* Seconds of steal time of all CPUs so far (the "cpu" line of /proc/stat), or NAN. */
+static double steal_s(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8];
+    int got = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                         &v[3], &v[4], &v[5], &v[6], &v[7]) : 0;
+    if (f) fclose(f);
+    return got == 8 ? (double)v[7] / (double)sysconf(_SC_CLK_TCK) : NAN;
+}
+
+/* The paced client asks to run as SCHED_FIFO (priority 1) while it measures: a load generator
+ * that the guest scheduler leaves waiting behind the server's threads (or anyone else's)
+ * sends late, and that lateness is the client's, not the server's (serving.md, "The latency
+ * tail at half saturation"). It only sleeps in epoll or sends, so it takes a small share of a
+ * core; the kernel's RT throttling bounds it anyway. Not permitted (no CAP_SYS_NICE): it runs
+ * as before and says so (fifo false). */
+static bool pacer_fifo_begin(void)
+{
+    struct sched_param sp = {.sched_priority = 1};
+    return pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
+}
+
+static void pacer_fifo_end(bool was)
+{
+    struct sched_param sp = {.sched_priority = 0};
+    if (was) pthread_setschedparam(pthread_self(), SCHED_OTHER, &sp);
+}
+
+static void run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo,
+                      load *out)
 {
     memset(out, 0, sizeof *out);
     out->qps = out->p50_ms = out->p99_ms = out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = NAN;
     out->late_p99_ms = out->service_p99_ms = NAN;
+    out->runq_ms = out->steal_ms = out->wake_late_p99_ms = out->late_max_ms = NAN;
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake at the due time, not up to 50 us after it */
+    out->fifo = fifo && pacer_fifo_begin();
     int ep = epoll_create1(EPOLL_CLOEXEC);
     pconn *cs = calloc(PACED_CONNS, sizeof *cs);
     size_t total = (size_t)(rate * secs), sent = 0, done = 0, cap = total + 1;
     double *lat = malloc(cap * sizeof *lat), *late = malloc(cap * sizeof *late),
-           *service = malloc(cap * sizeof *service);
+           *service = malloc(cap * sizeof *service), *wake = malloc(cap * sizeof *wake);
+    size_t nwake = 0;
     char *req = malloc(1 << 16);
     uint64_t errors = 0;
     for (int i = 0; i < PACED_CONNS; i++)
         if (pconn_open(ep, &cs[i], port)) cs[i].fd = -1;
     double t0 = now_s() + 0.05, cpu0 = rusage_s(RUSAGE_THREAD), deadline = t0 + secs + 5.0;
+    double runq0 = thread_runq_ns(), steal0 = steal_s();
     while ((sent < total || done + errors < sent) && now_s() < deadline) {
         /* Every due request that has an idle connection goes out now. */
         double now = now_s();
@@ -439,6 +500,10 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
         struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
         struct epoll_event evs[PACED_CONNS];
         int n = epoll_pwait2(ep, evs, PACED_CONNS, &ts, NULL);
+        /* A wakeup by the timer for a due request: how late the kernel (or the hypervisor)
+         * woke us. */
+        if (n == 0 && !waiting && wait > 0 && sent < total && nwake < cap)
+            wake[nwake++] = (now_s() - next) * 1e3;
         for (int e = 0; e < n; e++) {
             pconn *c = evs[e].data.ptr;
             ssize_t r = recv(c->fd, c->buf + c->have, sizeof c->buf - 1 - c->have, 0);
@@ -470,6 +535,9 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
         }
     }
     double cpu = rusage_s(RUSAGE_THREAD) - cpu0;
+    out->runq_ms = (thread_runq_ns() - runq0) / 1e6;
+    out->steal_ms = (steal_s() - steal0) * 1e3;
+    pacer_fifo_end(out->fifo);
     for (int i = 0; i < PACED_CONNS; i++)
         if (cs[i].fd >= 0) close(cs[i].fd);
     close(ep);
@@ -483,8 +551,10 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
      * when one was due) or answered slowly (the server, the network stack, or the machine
      * not running the server). */
     out->late_p99_ms = pct(late, done, 0.99);
+    out->late_max_ms = pct(late, done, 1.0);
     out->service_p99_ms = pct(service, done, 0.99);
-    free(lat), free(late), free(service), free(cs), free(req);
+    out->wake_late_p99_ms = pct(wake, nwake, 0.99);
+    free(lat), free(late), free(service), free(wake), free(cs), free(req);
 }
 
 /* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
@@ -567,50 +637,11 @@ static double run_binary(uint16_t port, const bodies *b1, unsigned conns, double
 
 /* ---- the Redis-backed baseline ---- */
 
+/* A pooled connection to redis-server: the shared reader plus a free-list link. */
 typedef struct rconn {
-    int fd;
-    char *buf;
-    size_t len, off, cap;
+    gr_redis_conn c;
     struct rconn *next;
 } rconn;
-
-static int r_fill(rconn *r)
-{
-    if (r->off) {
-        memmove(r->buf, r->buf + r->off, r->len - r->off);
-        r->len -= r->off;
-        r->off = 0;
-    }
-    if (r->len == r->cap) return -1;
-    ssize_t n = recv(r->fd, r->buf + r->len, r->cap - r->len, 0);
-    if (n <= 0) return -1;
-    r->len += (size_t)n;
-    return 0;
-}
-
-static char *r_line(rconn *r)
-{
-    for (;;) {
-        char *nl = memchr(r->buf + r->off, '\n', r->len - r->off);
-        if (nl) {
-            char *line = r->buf + r->off;
-            *nl = 0;
-            if (nl > line && nl[-1] == '\r') nl[-1] = 0;
-            r->off = (size_t)(nl + 1 - r->buf);
-            return line;
-        }
-        if (r_fill(r)) return NULL;
-    }
-}
-
-static int r_read(rconn *r, void *out, size_t n)
-{
-    while (r->len - r->off < n)
-        if (r_fill(r)) return -1;
-    memcpy(out, r->buf + r->off, n);
-    r->off += n;
-    return 0;
-}
 
 typedef struct redis_srv {
     uint16_t redis_port;
@@ -632,9 +663,9 @@ static rconn *conn_take(redis_srv *rs)
     pthread_mutex_unlock(&rs->mu);
     if (r) return r;
     r = calloc(1, sizeof *r);
-    r->fd = gr_bench_tcp_connect(rs->redis_port);
-    r->cap = 1 << 22;
-    r->buf = malloc(r->cap);
+    r->c.fd = gr_bench_tcp_connect(rs->redis_port);
+    r->c.cap = 1 << 22;
+    r->c.buf = malloc(r->c.cap);
     return r;
 }
 
@@ -698,19 +729,20 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
         len += (size_t)snprintf(cmd + len, cap - len, "$%d\r\n%s\r\n", kn, key);
     }
     rconn *r = conn_take(rs);
-    bool ok = r->fd >= 0 && send_all(r->fd, cmd, len) == 0;
-    char *l = ok ? r_line(r) : NULL;
+    bool ok = r->c.fd >= 0 && gr_redis_send(r->c.fd, cmd, len) == 0;
+    char *l = ok ? gr_redis_line(&r->c) : NULL;
     ok = l && l[0] == '*' && atol(l + 1) == nu;
     for (long i = 0; ok && i < nu; i++) {
-        l = r_line(r);
+        l = gr_redis_line(&r->c);
         if (!l || l[0] != '$') ok = false;
-        else if (atol(l + 1) == DIM * 4) ok = r_read(r, rows + (size_t)i * DIM, DIM * 4) == 0 && r_line(r);
+        else if (atol(l + 1) == DIM * 4)
+            ok = gr_redis_read(&r->c, rows + (size_t)i * DIM, DIM * 4) == 0 && gr_redis_line(&r->c);
         else if (atol(l + 1) >= 0) ok = false; /* missing keys ($-1) read zeros */
     }
     if (ok) conn_give(rs, r);
     else {
-        if (r->fd >= 0) close(r->fd);
-        free(r->buf);
+        if (r->c.fd >= 0) close(r->c.fd);
+        free(r->c.buf);
         free(r);
     }
     if (ok) {
@@ -732,66 +764,12 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
     free(cmd), free(uniq), free(inv), free(rows), free(emb), free(probs), free(dense), free(ids);
 }
 
-static pid_t start_redis(uint16_t *port_out)
-{
-    for (int attempt = 0; attempt < 5; attempt++) {
-        int lfd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t sl = sizeof a;
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) ||
-            getsockname(lfd, (struct sockaddr *)&a, &sl)) {
-            if (lfd >= 0) close(lfd);
-            return -1;
-        }
-        uint16_t port = ntohs(a.sin_port);
-        close(lfd);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%u", port);
-        pid_t parent = getpid(), pid = fork();
-        if (pid < 0) return -1;
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent) _exit(127);
-            freopen("/dev/null", "w", stdout);
-            freopen("/dev/null", "w", stderr);
-            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", (char *)NULL);
-            _exit(127);
-        }
-        for (int i = 0; i < 300; i++) {
-            int s = gr_bench_tcp_connect(port);
-            if (s >= 0) {
-                char pong[8] = {0};
-                bool up = send_all(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&
-                          !strncmp(pong, "+PONG", 5);
-                close(s);
-                if (up) {
-                    *port_out = port;
-                    return pid;
-                }
-            }
-            if (waitpid(pid, NULL, WNOHANG) == pid) break;
-            usleep(10000);
-        }
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return -1;
-}
-
-static void stop_pid(pid_t pid)
-{
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-}
-
 /* MSET of every row, 1000 keys per command. */
 static int redis_load(uint16_t port, const uint64_t *ids, size_t n, const float *rows)
 {
     int fd = gr_bench_tcp_connect(port);
     if (fd < 0) return -1;
-    rconn r = {fd, malloc(1 << 20), 0, 0, 1 << 20, NULL};
+    gr_redis_conn r = {fd, malloc(1 << 20), 0, 0, 1 << 20};
     size_t cap = 1000 * (DIM * 4 + 64) + 64;
     char *cmd = malloc(cap);
     int rc = 0;
@@ -807,7 +785,7 @@ static int redis_load(uint16_t port, const uint64_t *ids, size_t n, const float 
             len += (size_t)snprintf(cmd + len, cap - len, "\r\n");
         }
         char *l;
-        rc = send_all(fd, cmd, len) || !(l = r_line(&r)) || strcmp(l, "+OK") ? -1 : 0;
+        rc = gr_redis_send(fd, cmd, len) || !(l = gr_redis_line(&r)) || strcmp(l, "+OK") ? -1 : 0;
     }
     free(cmd);
     free(r.buf);
@@ -1009,8 +987,8 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
-         fixed_threads = sat;
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+         fixed_threads = sat, fixed_other = sat;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     if (have_wrk) {
@@ -1018,8 +996,10 @@ int gr_bench_serve(int argc, char **argv)
         run_wrk(hp, s1, conns, secs, 0, &sat);
         run_wrk(hp, s100, conns, secs, 0, &sat100);
         fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
-        run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
+        run_paced(hp, &b1, sat.qps / 2, secs, !v[SB_PACER_OTHER].b, &fixed);
         if (v[SB_CMP_PACE].b) {
+            fprintf(stderr, "bench serve: replica, the same rate from the paced client as an ordinary thread\n");
+            run_paced(hp, &b1, sat.qps / 2, secs, false, &fixed_other);
             fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
             run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
         }
@@ -1029,7 +1009,7 @@ int gr_bench_serve(int argc, char **argv)
 
     /* The Redis-backed baseline. */
     uint16_t rport = 0;
-    pid_t rpid = have_wrk ? start_redis(&rport) : -1;
+    pid_t rpid = have_wrk ? gr_redis_start(&rport) : -1;
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
         redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
                         .max_batch = 10000};
@@ -1043,14 +1023,14 @@ int gr_bench_serve(int argc, char **argv)
             run_wrk(gr_http_port(hs), s1, conns, secs, rpid, &rsat);
             fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
                     rsat.qps / 2);
-            run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, &rfixed);
+            run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, !v[SB_PACER_OTHER].b, &rfixed);
             gr_http_stop(hs);
         }
         while (rs.conns) {
             rconn *c = rs.conns;
             rs.conns = c->next;
-            close(c->fd);
-            free(c->buf);
+            close(c->c.fd);
+            free(c->c.buf);
             free(c);
         }
         for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
@@ -1060,7 +1040,7 @@ int gr_bench_serve(int argc, char **argv)
     } else if (have_wrk) {
         fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
     }
-    stop_pid(rpid);
+    gr_redis_stop(rpid);
     gr_serve_destroy(rep);
     unlink(s1);
     unlink(s100);
@@ -1076,6 +1056,15 @@ int gr_bench_serve(int argc, char **argv)
     print_load("replica, batch 1, half saturation (paced)", &fixed);
     printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms, client CPU %.1f us/request\n",
            "  of which: sent", fixed.late_p99_ms, fixed.service_p99_ms, fixed.gen_cpu_us);
+    printf("  %-44s %s; run-queue wait %.1f ms, steal %.1f ms, timer wakeups p99 %.3f ms late\n",
+           "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER", fixed.runq_ms,
+           fixed.steal_ms, fixed.wake_late_p99_ms);
+    if (v[SB_CMP_PACE].b) {
+        print_load("replica, batch 1, half saturation (ordinary)", &fixed_other);
+        printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms; run-queue wait %.1f ms, steal %.1f ms\n",
+               "  of which: sent", fixed_other.late_p99_ms, fixed_other.service_p99_ms,
+               fixed_other.runq_ms, fixed_other.steal_ms);
+    }
     if (v[SB_CMP_PACE].b) {
         print_load("replica, batch 1, half saturation (4 threads)", &fixed_threads);
         printf("  %-44s client CPU %.1f us/request\n", "", fixed_threads.gen_cpu_us);
@@ -1103,10 +1092,23 @@ int gr_bench_serve(int argc, char **argv)
         json_num("predict_service_p99_ms", fixed.service_p99_ms, true);
         json_num("redis_predict_send_late_p99_ms", rfixed.late_p99_ms, true);
         json_num("redis_predict_service_p99_ms", rfixed.service_p99_ms, true);
+        printf("\"predict_pacer_fifo\":%d,", fixed.fifo ? 1 : 0);
+        json_num("predict_pacer_runq_ms", fixed.runq_ms, true);
+        json_num("predict_steal_ms", fixed.steal_ms, true);
+        json_num("predict_pacer_wake_late_p99_ms", fixed.wake_late_p99_ms, true);
+        json_num("predict_send_late_max_ms", fixed.late_max_ms, true);
+        json_num("redis_predict_pacer_runq_ms", rfixed.runq_ms, true);
+        json_num("redis_predict_steal_ms", rfixed.steal_ms, true);
         if (v[SB_CMP_PACE].b) {
             json_num("predict_threads_p50_ms", fixed_threads.p50_ms, true);
             json_num("predict_threads_p99_ms", fixed_threads.p99_ms, true);
             json_num("predict_threads_pacer_cpu_us", fixed_threads.gen_cpu_us, true);
+            json_num("predict_other_p50_ms", fixed_other.p50_ms, true);
+            json_num("predict_other_p99_ms", fixed_other.p99_ms, true);
+            json_num("predict_other_send_late_p99_ms", fixed_other.late_p99_ms, true);
+            json_num("predict_other_service_p99_ms", fixed_other.service_p99_ms, true);
+            json_num("predict_other_pacer_runq_ms", fixed_other.runq_ms, true);
+            json_num("predict_other_steal_ms", fixed_other.steal_ms, true);
         }
         json_num("predict_sat_p50_ms", sat.p50_ms, true);
         json_num("predict_sat_p99_ms", sat.p99_ms, true);
