@@ -56,7 +56,13 @@
       "also measure half saturation with the earlier paced clients (4 blocking threads; one "     \
       "epoll thread not raised to SCHED_FIFO)")                                               \
     X(SB_PACER_OTHER, "pacer-other", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
-      "run the paced client as an ordinary thread, not SCHED_FIFO")
+      "run the paced client as an ordinary thread, not SCHED_FIFO")                            \
+    X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
+      "saturation runs of batch 1, alternating replica and Redis-backed; medians reported")    \
+    X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
+      "wrk threads at saturation")                                                             \
+    X(SB_SAT_ONLY, "saturation-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                 \
+      "measure only the batch-1 saturation rounds (no batch 100, paced, binary or freshness)")
 
 enum { SERVE_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
 static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
@@ -152,6 +158,9 @@ typedef struct load {
      * machine's steal time over the run (the hypervisor ran another guest on our vCPUs), the
      * p99 of how late its timer wakeups came, and the latest request's lateness. */
     double runq_ms, steal_ms, wake_late_p99_ms, late_max_ms;
+    /* The send lateness split: waiting for a free connection (every one had a request in
+     * flight: the server's backlog) and the rest (the client itself was late). */
+    double conn_wait_p99_ms, own_late_p99_ms;
     bool fifo; /* the paced client ran as SCHED_FIFO */
 } load;
 
@@ -208,16 +217,16 @@ static int write_script(const char *path, const bodies *b)
     return fclose(f);
 }
 
-static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, pid_t helper,
-                   load *out)
+static int run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned conns, double secs,
+                   pid_t helper, load *out)
 {
     memset(out, 0, sizeof *out);
     out->qps = out->p50_ms = out->p99_ms = NAN;
     out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = out->late_p99_ms = out->service_p99_ms = NAN;
     double self0 = rusage_s(RUSAGE_SELF), gen0 = rusage_s(RUSAGE_CHILDREN), help0 = proc_cpu_s(helper);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "wrk -t2 -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
-             conns, secs, script, port);
+    snprintf(cmd, sizeof cmd, "wrk -t%u -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
+             wthreads, conns < wthreads ? wthreads : conns, secs, script, port);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[512];
@@ -240,6 +249,30 @@ static int run_wrk(uint16_t port, const char *script, unsigned conns, double sec
         out->helper_cpu_us = (proc_cpu_s(helper) - help0) * per;
     }
     return st == 0 && !isnan(out->qps) ? 0 : -1;
+}
+
+static int cmp_load_field(const void *a, const void *b) { return cmp_double(a, b); }
+
+/* Medians, field by field, of n runs of the same measurement (requests and errors: sums). */
+static void load_median(const load *runs, unsigned n, load *out)
+{
+    double v[16];
+    *out = runs[0];
+#define MED(f)                                             \
+    do {                                                   \
+        for (unsigned i = 0; i < n; i++) v[i] = runs[i].f; \
+        qsort(v, n, sizeof *v, cmp_load_field);            \
+        out->f = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2; \
+    } while (0)
+    MED(qps);
+    MED(p50_ms);
+    MED(p99_ms);
+    MED(cpu_us);
+    MED(gen_cpu_us);
+    MED(helper_cpu_us);
+#undef MED
+    out->requests = out->errors = 0;
+    for (unsigned i = 0; i < n; i++) out->requests += runs[i].requests, out->errors += runs[i].errors;
 }
 
 /* ---- the paced client: keep-alive connections, each request due at a fixed time ---- */
@@ -447,6 +480,44 @@ static void pacer_fifo_end(bool was)
     if (was) pthread_setschedparam(pthread_self(), SCHED_OTHER, &sp);
 }
 
+/* The spans of time during which every connection of the paced client had a request in
+ * flight: a request due then waits for a reply to free one, and that wait is the server's
+ * (or the machine's) doing, not the client's, though it shows as send lateness. */
+typedef struct busy_spans {
+    double *lo, *hi;
+    size_t n, cap;
+    int nbusy;
+    double full_since;
+} busy_spans;
+
+static void spans_busy(busy_spans *b, double t)
+{
+    if (++b->nbusy == PACED_CONNS) b->full_since = t;
+}
+
+static void spans_free(busy_spans *b, double t)
+{
+    if (b->nbusy-- < PACED_CONNS) return;
+    if (b->n == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 256;
+        b->lo = realloc(b->lo, b->cap * sizeof *b->lo);
+        b->hi = realloc(b->hi, b->cap * sizeof *b->hi);
+    }
+    b->lo[b->n] = b->full_since;
+    b->hi[b->n++] = t;
+}
+
+/* Seconds of [from, to] during which every connection was busy (spans closed so far). */
+static double spans_overlap(const busy_spans *b, double from, double to)
+{
+    double sum = 0;
+    for (size_t i = b->n; i-- > 0 && b->hi[i] > from;) {
+        double lo = b->lo[i] > from ? b->lo[i] : from, hi = b->hi[i] < to ? b->hi[i] : to;
+        if (hi > lo) sum += hi - lo;
+    }
+    return sum;
+}
+
 static void run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo,
                       load *out)
 {
@@ -454,14 +525,17 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
     out->qps = out->p50_ms = out->p99_ms = out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = NAN;
     out->late_p99_ms = out->service_p99_ms = NAN;
     out->runq_ms = out->steal_ms = out->wake_late_p99_ms = out->late_max_ms = NAN;
+    out->own_late_p99_ms = out->conn_wait_p99_ms = NAN;
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake at the due time, not up to 50 us after it */
     out->fifo = fifo && pacer_fifo_begin();
     int ep = epoll_create1(EPOLL_CLOEXEC);
     pconn *cs = calloc(PACED_CONNS, sizeof *cs);
     size_t total = (size_t)(rate * secs), sent = 0, done = 0, cap = total + 1;
     double *lat = malloc(cap * sizeof *lat), *late = malloc(cap * sizeof *late),
-           *service = malloc(cap * sizeof *service), *wake = malloc(cap * sizeof *wake);
+           *service = malloc(cap * sizeof *service), *wake = malloc(cap * sizeof *wake),
+           *own = malloc(cap * sizeof *own), *connwait = malloc(cap * sizeof *connwait);
     size_t nwake = 0;
+    busy_spans spans = {0};
     char *req = malloc(1 << 16);
     uint64_t errors = 0;
     for (int i = 0; i < PACED_CONNS; i++)
@@ -490,6 +564,7 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
                 continue;
             }
             c->busy = true;
+            spans_busy(&spans, c->sent);
         }
         /* Sleep until a reply, or until the next request is due (now, if one is due and waits
          * for a connection: a reply frees one). */
@@ -514,7 +589,7 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
                 len = response_len(c, &status);
             }
             if (r <= 0 || len < 0 || !c->busy) {
-                if (c->busy) errors++;
+                if (c->busy) errors++, spans_free(&spans, now_s());
                 epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
                 close(c->fd);
                 c->fd = -1;
@@ -525,8 +600,11 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
             double t = now_s();
             c->busy = false;
             c->have = 0;
+            spans_free(&spans, t);
             if (status == 200) {
                 late[done] = (c->sent - c->due) * 1e3;
+                connwait[done] = spans_overlap(&spans, c->due, c->sent) * 1e3;
+                own[done] = late[done] - connwait[done];
                 service[done] = (t - c->sent) * 1e3;
                 lat[done++] = (t - c->due) * 1e3;
             } else {
@@ -554,7 +632,10 @@ static void run_paced(uint16_t port, const bodies *b, double rate, double secs, 
     out->late_max_ms = pct(late, done, 1.0);
     out->service_p99_ms = pct(service, done, 0.99);
     out->wake_late_p99_ms = pct(wake, nwake, 0.99);
-    free(lat), free(late), free(service), free(wake), free(cs), free(req);
+    out->own_late_p99_ms = pct(own, done, 0.99);
+    out->conn_wait_p99_ms = pct(connwait, done, 0.99);
+    free(lat), free(late), free(service), free(wake), free(own), free(connwait), free(cs), free(req);
+    free(spans.lo), free(spans.hi);
 }
 
 /* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
@@ -938,6 +1019,7 @@ int gr_bench_serve(int argc, char **argv)
     if (exit_now >= 0) return exit_now;
     double secs = v[SB_SECONDS].d, fsecs = v[SB_FRESH].d;
     unsigned conns = (unsigned)v[SB_CONNS].i, threads = (unsigned)v[SB_THREADS].i;
+    unsigned rounds = (unsigned)v[SB_ROUNDS].i, wrk_threads = (unsigned)v[SB_WRK_THREADS].i;
     signal(SIGPIPE, SIG_IGN);
 
     /* The model and its rows. */
@@ -987,83 +1069,105 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
          fixed_threads = sat, fixed_other = sat;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
-    if (have_wrk) {
-        fprintf(stderr, "bench serve: replica, wrk at saturation (%u connections, %.0f s)\n", conns, secs);
-        run_wrk(hp, s1, conns, secs, 0, &sat);
-        run_wrk(hp, s100, conns, secs, 0, &sat100);
-        fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
-        run_paced(hp, &b1, sat.qps / 2, secs, !v[SB_PACER_OTHER].b, &fixed);
-        if (v[SB_CMP_PACE].b) {
-            fprintf(stderr, "bench serve: replica, the same rate from the paced client as an ordinary thread\n");
-            run_paced(hp, &b1, sat.qps / 2, secs, false, &fixed_other);
-            fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
-            run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
-        }
-    }
-    fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
-    double bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
-
-    /* The Redis-backed baseline. */
+    /* The Redis-backed baseline, started before anything is measured so that the saturation
+     * runs of the two servers can alternate (--rounds): a slow stretch of the shared machine
+     * then falls on both, not on one. */
     uint16_t rport = 0;
     pid_t rpid = have_wrk ? gr_redis_start(&rport) : -1;
+    redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params, .max_batch = 10000};
+    pthread_mutex_init(&rs.mu, NULL);
+    gr_http_server *hs = NULL;
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
-        redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
-                        .max_batch = 10000};
         gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
-        pthread_mutex_init(&rs.mu, NULL);
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
                              .handler = redis_handle, .ctx = &rs};
-        gr_http_server *hs = NULL;
-        if (gr_http_start(&hc, &hs) == 0) {
-            fprintf(stderr, "bench serve: Redis-backed, wrk at saturation\n");
-            run_wrk(gr_http_port(hs), s1, conns, secs, rpid, &rsat);
-            fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
-                    rsat.qps / 2);
-            run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, !v[SB_PACER_OTHER].b, &rfixed);
-            gr_http_stop(hs);
-        }
-        while (rs.conns) {
-            rconn *c = rs.conns;
-            rs.conns = c->next;
-            close(c->c.fd);
-            free(c->c.buf);
-            free(c);
-        }
-        for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
-        free(rs.ws);
-        gr_model_prepared_destroy(rs.prep);
-        pthread_mutex_destroy(&rs.mu);
-    } else if (have_wrk) {
-        fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
+        if (gr_http_start(&hc, &hs)) hs = NULL;
     }
+    if (have_wrk && !hs) fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
+    if (have_wrk) {
+        load sr[16], rr[16];
+        for (unsigned k = 0; k < rounds; k++) {
+            fprintf(stderr, "bench serve: round %u/%u: replica, wrk at saturation (%u threads, %u "
+                    "connections, %.0f s)\n", k + 1, rounds, wrk_threads, conns, secs);
+            run_wrk(hp, s1, wrk_threads, conns, secs, 0, &sr[k]);
+            rr[k] = sat;
+            if (!hs) continue;
+            fprintf(stderr, "bench serve: round %u/%u: Redis-backed, wrk at saturation\n", k + 1, rounds);
+            run_wrk(gr_http_port(hs), s1, wrk_threads, conns, secs, rpid, &rr[k]);
+            fprintf(stderr, "bench serve: round %u/%u: %.0f / %.0f req/s = %.2fx; CPU per request "
+                    "%.1f + wrk %.1f us / %.1f + wrk %.1f us\n", k + 1, rounds, sr[k].qps, rr[k].qps,
+                    sr[k].qps / rr[k].qps, sr[k].cpu_us, sr[k].gen_cpu_us,
+                    rr[k].cpu_us + rr[k].helper_cpu_us, rr[k].gen_cpu_us);
+        }
+        load_median(sr, rounds, &sat);
+        if (hs) load_median(rr, rounds, &rsat);
+        if (!v[SB_SAT_ONLY].b) {
+            run_wrk(hp, s100, wrk_threads, conns, secs, 0, &sat100);
+            fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
+            run_paced(hp, &b1, sat.qps / 2, secs, !v[SB_PACER_OTHER].b, &fixed);
+            if (v[SB_CMP_PACE].b) {
+                fprintf(stderr, "bench serve: replica, the same rate from the paced client as an ordinary thread\n");
+                run_paced(hp, &b1, sat.qps / 2, secs, false, &fixed_other);
+                fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
+                run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
+            }
+            if (hs) {
+                fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
+                        rsat.qps / 2);
+                run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, !v[SB_PACER_OTHER].b, &rfixed);
+            }
+        }
+    }
+    double bin_qps = NAN;
+    if (!v[SB_SAT_ONLY].b) {
+        fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
+        bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
+    }
+    gr_http_stop(hs);
+    while (rs.conns) {
+        rconn *c = rs.conns;
+        rs.conns = c->next;
+        close(c->c.fd);
+        free(c->c.buf);
+        free(c);
+    }
+    for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
+    free(rs.ws);
+    gr_model_prepared_destroy(rs.prep);
+    pthread_mutex_destroy(&rs.mu);
     gr_redis_stop(rpid);
     gr_serve_destroy(rep);
     unlink(s1);
     unlink(s100);
 
-    fprintf(stderr, "bench serve: freshness while training (publish every 100 ms, then 1000 ms)\n");
-    double f100p50, f100p99, f1000p50, f1000p99;
-    size_t n100, n1000;
-    run_freshness(100, fsecs, &f100p50, &f100p99, &n100);
-    run_freshness(1000, fsecs * 2, &f1000p50, &f1000p99, &n1000);
+    double f100p50 = NAN, f100p99 = NAN, f1000p50 = NAN, f1000p99 = NAN;
+    size_t n100 = 0, n1000 = 0;
+    if (!v[SB_SAT_ONLY].b) {
+        fprintf(stderr, "bench serve: freshness while training (publish every 100 ms, then 1000 ms)\n");
+        run_freshness(100, fsecs, &f100p50, &f100p99, &n100);
+        run_freshness(1000, fsecs * 2, &f1000p50, &f1000p99, &n1000);
+    }
 
     printf("bench serve: predict over HTTP (DLRM dim %u, model in memory)\n", DIM);
     print_load("replica, batch 1, saturation (wrk)", &sat);
     print_load("replica, batch 1, half saturation (paced)", &fixed);
     printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms, client CPU %.1f us/request\n",
            "  of which: sent", fixed.late_p99_ms, fixed.service_p99_ms, fixed.gen_cpu_us);
+    printf("  %-44s waiting for a free connection p99 %.3f ms, the client's own p99 %.3f ms\n",
+           "  of which: late", fixed.conn_wait_p99_ms, fixed.own_late_p99_ms);
     printf("  %-44s %s; run-queue wait %.1f ms, steal %.1f ms, timer wakeups p99 %.3f ms late\n",
            "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER", fixed.runq_ms,
            fixed.steal_ms, fixed.wake_late_p99_ms);
     if (v[SB_CMP_PACE].b) {
         print_load("replica, batch 1, half saturation (ordinary)", &fixed_other);
-        printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms; run-queue wait %.1f ms, steal %.1f ms\n",
-               "  of which: sent", fixed_other.late_p99_ms, fixed_other.service_p99_ms,
-               fixed_other.runq_ms, fixed_other.steal_ms);
+        printf("  %-44s late p99 %7.3f ms (own %.3f), reply p99 %7.3f ms; run-queue wait %.1f ms, "
+               "steal %.1f ms\n", "  of which: sent", fixed_other.late_p99_ms,
+               fixed_other.own_late_p99_ms, fixed_other.service_p99_ms, fixed_other.runq_ms,
+               fixed_other.steal_ms);
     }
     if (v[SB_CMP_PACE].b) {
         print_load("replica, batch 1, half saturation (4 threads)", &fixed_threads);
@@ -1097,6 +1201,10 @@ int gr_bench_serve(int argc, char **argv)
         json_num("predict_steal_ms", fixed.steal_ms, true);
         json_num("predict_pacer_wake_late_p99_ms", fixed.wake_late_p99_ms, true);
         json_num("predict_send_late_max_ms", fixed.late_max_ms, true);
+        json_num("predict_conn_wait_p99_ms", fixed.conn_wait_p99_ms, true);
+        json_num("predict_client_late_p99_ms", fixed.own_late_p99_ms, true);
+        json_num("redis_predict_conn_wait_p99_ms", rfixed.conn_wait_p99_ms, true);
+        json_num("redis_predict_client_late_p99_ms", rfixed.own_late_p99_ms, true);
         json_num("redis_predict_pacer_runq_ms", rfixed.runq_ms, true);
         json_num("redis_predict_steal_ms", rfixed.steal_ms, true);
         if (v[SB_CMP_PACE].b) {
@@ -1108,6 +1216,7 @@ int gr_bench_serve(int argc, char **argv)
             json_num("predict_other_send_late_p99_ms", fixed_other.late_p99_ms, true);
             json_num("predict_other_service_p99_ms", fixed_other.service_p99_ms, true);
             json_num("predict_other_pacer_runq_ms", fixed_other.runq_ms, true);
+            json_num("predict_other_client_late_p99_ms", fixed_other.own_late_p99_ms, true);
             json_num("predict_other_steal_ms", fixed_other.steal_ms, true);
         }
         json_num("predict_sat_p50_ms", sat.p50_ms, true);
@@ -1132,7 +1241,8 @@ int gr_bench_serve(int argc, char **argv)
         printf("\"publish_interval_ms\":100,");
         json_num("freshness_1000_p50_ms", f1000p50, true);
         json_num("freshness_1000_p99_ms", f1000p99, true);
-        printf("\"connections\":%u,\"threads\":%u,\"seconds\":%.0f}\n", conns, threads, secs);
+        printf("\"connections\":%u,\"threads\":%u,\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
+               conns, threads, wrk_threads, rounds, secs);
     }
     bodies_free(&b1);
     bodies_free(&b100);
