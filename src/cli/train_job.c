@@ -639,6 +639,9 @@ static bool set_started(tj_job *j, cJSON *rec, void *arg)
 static int hook_started(void *ctx)
 {
     tj_job *j = ctx;
+    /* The rank's own position served the replacement's first run (it was applied before this
+     * hook); a later recovery returns it to the checkpoint's with everyone. */
+    j->pos = UINT64_MAX;
     if (j->initialises && j->stepped) {
         /* A restore reset the sync job, which takes every worker in again: the workers of
          * ranks that finished or are gone leave it again before anyone steps. */
@@ -794,8 +797,7 @@ static uint64_t hook_position(void *ctx, unsigned worker, uint64_t from_ckpt)
 {
     (void)worker;
     tj_job *j = ctx;
-    /* Once: the rank's own position counts for the replacement's first run only (a later
-     * recovery returns it to the checkpoint with everyone). */
+    /* The replacement's first run only (hook_started forgets it). */
     if (!j->joining || j->pos == UINT64_MAX) return from_ckpt;
     fprintf(stderr, "train: rank %u resumes at its own data position, batch %llu (the "
             "checkpoint's is %llu)\n", j->rank, (unsigned long long)j->pos,
