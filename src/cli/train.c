@@ -914,8 +914,15 @@ int gr_cli_train(int argc, char **argv)
                 c.tables = GR_PS_TABLES_REUSE;
                 c.position_only = true;
             }
-            /* A replacement for a lost rank continues from the job's newest checkpoint. */
-            if (tj_joining(c.tj) && c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
+            /* A replacement for a lost rank continues from the job's newest checkpoint, the
+             * job's rows kept; one that leads by now (the chief died meanwhile) sets the job up
+             * again from there as a recovery would. */
+            if (tj_joining(c.tj)) {
+                if (c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
+                c.tables = GR_PS_TABLES_REUSE;
+                c.position_only = !tj_initialises(c.tj) || c.partial;
+                c.sync_reset = tj_initialises(c.tj);
+            }
         }
     } else if (!rc && c.coord) {
         rc = tc_open(c.coord, c.recovery_timeout_ms, &job, &took_over);
@@ -971,7 +978,7 @@ int gr_cli_train(int argc, char **argv)
             snprintf(errbuf, sizeof errbuf, "the job recovers while this process waits for the "
                      "others");
         }
-        if (!(rc && job && tc_recoverable(rc))) break;
+        if (!(rc && job && (tc_recoverable(rc) || (c.tj && tj_recovering(c.tj))))) break;
         /* A shard was lost (or the job re-admits a process): heal, then go on. */
         rc = recover(&c, &ri, job, &client, &be, &r, errbuf, sizeof errbuf);
     }

@@ -938,6 +938,24 @@ int tj_recover_join(tj_job *j, uint32_t timeout_ms)
 
 bool tj_must_recover(tj_job *j) { return atomic_exchange(&j->must_recover, false); }
 
+bool tj_recovering(tj_job *j)
+{
+    cJSON *rec = NULL;
+    int64_t ver;
+    if (rec_get(j, &rec, &ver) || !rec || strcmp(rec_str(rec, "run"), j->run)) {
+        cJSON_Delete(rec);
+        return false;
+    }
+    bool restored;
+    (void)rec_gen(rec, &restored);
+    bool on = !restored;
+    const cJSON *cl;
+    cJSON_ArrayForEach(cl, cJSON_GetObjectItemCaseSensitive(rec, "claims"))
+        on = on || rec_bool(cl, "recovering") || rec_bool(cl, "joining");
+    cJSON_Delete(rec);
+    return on;
+}
+
 void tj_done(tj_job *j)
 {
     if (rec_update(j, set_true, "done"))

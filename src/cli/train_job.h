@@ -54,6 +54,10 @@ int tj_recover_join(tj_job *j, uint32_t timeout_ms);
 /* A run that returned because the job recovers (it was done with its data and waiting): run
  * again through the recovery. Reading it clears it. */
 bool tj_must_recover(tj_job *j);
+/* The job is in a recovery or a re-admission now (a process stopped for one, or a generation
+ * is not restored yet): a run that failed meanwhile (its sync job cleared under it: "no sync
+ * job") recovers with the job instead of failing. */
+bool tj_recovering(tj_job *j);
 /* After a run that ended well as the chief: the job is done (the others stop waiting). */
 void tj_done(tj_job *j);
 /* Leaves the job. NULL is a no-op. */
