@@ -249,8 +249,11 @@ static int try_claim(tj_job *j)
                                      "live processes", j->want.ranks, rec_str(rec, "run"));
         goto out;
     }
-    const cJSON *was = cJSON_GetArrayItem(claims, free_rank);
-    const cJSON *pos = cJSON_GetObjectItemCaseSensitive(was, "pos");
+    /* The lost rank's recorded position, copied: its claim is replaced (freed) below. */
+    const cJSON *was_pos = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(claims, free_rank),
+                                                            "pos");
+    bool has_pos = running && cJSON_IsNumber(was_pos);
+    double pos = has_pos ? was_pos->valuedouble : 0;
     cJSON *cl = cJSON_CreateObject();
     if (!cl) {
         rc = gr_seterr(GR_ENOMEM, "out of memory");
@@ -265,7 +268,7 @@ static int try_claim(tj_job *j)
         cJSON_AddBoolToObject(cl, "recovering", true);
         cJSON_AddBoolToObject(cl, "joining", true);
     }
-    if (running && cJSON_IsNumber(pos)) cJSON_AddNumberToObject(cl, "pos", pos->valuedouble);
+    if (has_pos) cJSON_AddNumberToObject(cl, "pos", pos);
     cJSON_ReplaceItemInArray(claims, free_rank, cl);
     rc = rec_put(j, rec, &ver);
     if (rc == GR_ESTALE) {
@@ -278,7 +281,7 @@ static int try_claim(tj_job *j)
         j->owner = strtoull(rec_str(rec, "owner"), NULL, 16);
         j->joining = running;
         j->gen = rec_gen(rec, NULL);
-        j->pos = running && cJSON_IsNumber(pos) ? (uint64_t)pos->valuedouble : UINT64_MAX;
+        j->pos = has_pos ? (uint64_t)pos : UINT64_MAX;
         rc = 1;
     }
 out:
