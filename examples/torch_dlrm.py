@@ -160,7 +160,8 @@ def main(argv=None):
            # CPU seconds of every process and thread while training (the workers' training
            # loops, and with several workers the embedded shards' whole run, evaluation's
            # pulls included): a figure the machine's load changes little
-           "cpu_seconds": sum(r["cpu_seconds"] for r in res) + own_cpu}
+           "cpu_seconds": sum(r["cpu_seconds"] for r in res) + own_cpu,
+           "worker_cpu_seconds": [r["cpu_seconds"] for r in res], "shards_cpu_seconds": own_cpu}
     out["cpu_ms_per_1024"] = 1e3 * out["cpu_seconds"] * 1024 / max(examples, 1)
     print("torch_dlrm: %d examples in %.1f s (%.0f examples/s), %d worker(s), mode %s%s"
           % (examples, train_s, out["examples_per_sec"], args.workers, args.mode,
