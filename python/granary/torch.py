@@ -61,6 +61,9 @@ class _Prepared:
         self.op = None    # a started pull
         self.rest = False  # the ids prev touches are still to be pulled (after its push)
         self.token = None  # sync modes: the step tags this batch's pull ran under
+        prev_ids = {}  # table id -> prev's unique ids of it (of every config on that table)
+        for pcfg, puniq, _, _ in (prev.parts if prev is not None else []):
+            prev_ids.setdefault(pcfg.table_id, []).append(puniq)
         for cfg in tables:
             ids, spans, at = [], [], 0
             for f in cfg.features:
@@ -85,7 +88,9 @@ class _Prepared:
             if prev is not None:
                 if self.fresh is None:
                     self.fresh = []
-                uniq, inv, k = _split_fresh(uniq, inv, prev.parts[len(self.parts)][1])
+                p = prev_ids.get(cfg.table_id, [])
+                uniq, inv, k = _split_fresh(uniq, inv, p[0] if len(p) == 1 else np.concatenate(
+                    p or [np.empty(0, dtype=np.int64)]))
                 self.fresh.append(k)
             if cfg.pooling is not None:
                 inv = torch.from_numpy(inv).long()

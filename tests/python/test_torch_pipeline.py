@@ -125,6 +125,21 @@ class PipelineTest(unittest.TestCase):
         self.assertEqual([len(t[2]) for t in b.batches("rest")], [2, 1])
         c.close()
 
+    def test_split_sees_every_config_of_a_table(self):
+        # Two configs on one table (a schema's pooled and categorical columns): an id the
+        # previous batch touched through the other config is not fresh.
+        import torch
+        from granary.torch import EmbeddingCollection, TableConfig
+        c = self.g.Client(servers=self.cluster.servers)
+        ec = EmbeddingCollection(c, [TableConfig("shared", 52, 4, ["a"], pooling="sum"),
+                                     TableConfig("shared", 52, 4, ["b"], pooling=None)])
+        p = ec.prepare({"a": torch.tensor([1, 2]), "b": torch.tensor([3])})
+        q = ec.prepare({"a": torch.tensor([3, 4]), "b": torch.tensor([1, 5])}, prev=p)
+        self.assertEqual(q.fresh, [1, 1])
+        self.assertEqual(list(q.parts[0][1]), [4, 3])
+        self.assertEqual(list(q.parts[1][1]), [5, 1])
+        c.close()
+
     def test_bad_staleness(self):
         from granary.torch import TrainPipeline
         c, ec = self.collection(50)
