@@ -20,6 +20,7 @@
 /* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
  * whatever vector width the target has. */
 typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
+#define IA_GROUP 4 /* interaction backward: vectors whose gradients are summed side by side */
 
 typedef struct layer {
     uint32_t in, out;
@@ -511,7 +512,29 @@ interact_backward(const float *restrict dzs, uint32_t top_in, const float *restr
         uint32_t k = 0;
         for (uint32_t a = 1; a < nvec; a++)
             for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
-        for (uint32_t c = 0; c < nvec; c++) {
+        uint32_t c = 0;
+        /* Four vectors' gradients at a time: four independent chains of adds over j where one
+         * chain waited on each add's latency (the loop was latency-bound); each chain keeps
+         * its order, so the same bits. */
+        for (; c + IA_GROUP <= nvec && d % IA_LANES == 0; c += IA_GROUP) {
+            const float *rows = dsym + (size_t)c * nvec;
+            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
+                ia_vec acc[IA_GROUP] = {{0}}, v;
+                if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
+                memcpy(&v, bi + t0, sizeof v);
+                for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec] * v;
+                const float *vj = ei + t0;
+                for (uint32_t j = 1; j < nvec; j++, vj += d) {
+                    memcpy(&v, vj, sizeof v);
+                    for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec + j] * v;
+                }
+                for (uint32_t q = 0; q < IA_GROUP; q++) {
+                    float *gc = c + q == 0 ? dbots + i * d : gi + (size_t)(c + q - 1) * d;
+                    memcpy(gc + t0, &acc[q], sizeof acc[q]);
+                }
+            }
+        }
+        for (; c < nvec; c++) {
             float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
             const float *row = dsym + (size_t)c * nvec;
             uint32_t t0 = 0;
