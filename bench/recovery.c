@@ -76,14 +76,16 @@ static double proc_cpu_s(pid_t pid)
     X(RB_ZK, "zk", GR_CLI_STR, NULL, 0, 0, NULL, "HOST:PORT", NULL,                             \
       "use this ZooKeeper instead of starting one")                                           \
     X(RB_DIR, "dir", GR_CLI_STR, NULL, 0, 0, NULL, "PATH", NULL,                                \
-      "where the checkpoint goes (default $TMPDIR or /tmp); removed afterwards")
+      "where the checkpoint goes (default $TMPDIR or /tmp); removed afterwards")                \
+    X(RB_WARM_MAX, "standby-warm-max", GR_CLI_SIZE, NULL, 0, 1e18, NULL, "BYTES", NULL,          \
+      "passed to the standby (0: not warm, the restore faults its memory in)")
 
 enum { RECOVERY_BENCH_OPTIONS(GR_CLI_ENUM) RB_COUNT };
 static const gr_cli_opt recovery_bench_opts[] = {RECOVERY_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec recovery_bench_spec = {
     .command = "bench recovery",
     .synopsis = "granary bench recovery [--json] [--full] [--rows N] [--session-timeout MS]\n"
-                "                       [--zk HOST:PORT] [--dir PATH]\n"
+                "                       [--zk HOST:PORT] [--dir PATH] [--standby-warm-max BYTES]\n"
                 "  2 shards + a standby under ZooKeeper; kill -9 the shard of index 1 while a\n"
                 "  worker pushes: kill -> first applied step, split into detect, claim, restore,\n"
                 "  resume; baseline: cp of the lost shard's checkpoint file",
@@ -96,6 +98,7 @@ typedef struct bench {
     pid_t zk_pid, pid[3];
     uint16_t port[3];
     uint32_t session_ms;
+    char warm_max[32]; /* --standby-warm-max for the standby, "" = its default */
     gr_coord *coord;
 } bench;
 
@@ -181,9 +184,11 @@ static int start_server(bench *b, int i)
 {
     char st[16];
     snprintf(st, sizeof st, "%u", b->session_ms);
+    bool warm = i == 2 && b->warm_max[0];
     char *argv[] = {b->exe, "server", "--coord", b->url, "--shards", "2", "--threads", "2",
                     "--session-timeout", st, "--ckpt-root", b->root, "--ckpt-dir", "ck",
-                    i == 2 ? "--standby" : NULL, NULL};
+                    i == 2 ? "--standby" : NULL, warm ? "--standby-warm-max" : NULL,
+                    warm ? b->warm_max : NULL, NULL};
     int p[2];
     if (pipe2(p, O_CLOEXEC)) return gr_seterr(GR_EIO, "pipe");
     b->pid[i] = spawn(b, argv, p[1]);
@@ -348,7 +353,8 @@ static double wait_warm(bench *b, const char *name)
         const cJSON *co = cJSON_GetObjectItemCaseSensitive(root, "coord");
         const cJSON *w = cJSON_GetObjectItemCaseSensitive(co, "warm");
         const cJSON *ck = cJSON_GetObjectItemCaseSensitive(w, "checkpoint");
-        bool off = !w, ready = cJSON_IsString(ck) && !strcmp(ck->valuestring, name);
+        bool off = !w || cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(w, "enabled"));
+        bool ready = cJSON_IsString(ck) && !strcmp(ck->valuestring, name);
         cJSON_Delete(root);
         if (off) break;
         if (ready) {
@@ -389,6 +395,8 @@ int gr_bench_recovery(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     b.session_ms = (uint32_t)v[RB_SESSION].i;
+    if (v[RB_WARM_MAX].given)
+        snprintf(b.warm_max, sizeof b.warm_max, "%llu", (unsigned long long)v[RB_WARM_MAX].u);
     const char *base = v[RB_DIR].s ? v[RB_DIR].s : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(b.root, sizeof b.root, "%s/granary-bench-recovery-%d", base, (int)getpid());
     ssize_t n = readlink("/proc/self/exe", b.exe, sizeof b.exe - 1);

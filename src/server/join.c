@@ -474,6 +474,7 @@ void srv_join_stats_json(gr_server_join *j, void *objp)
     pthread_mutex_unlock(&j->mu);
     cJSON *wo = cJSON_AddObjectToObject(o, "warm");
     if (!wo) return;
+    cJSON_AddBoolToObject(wo, "enabled", j->standby && j->ckpt_dir && !j->no_warm);
     cJSON_AddStringToObject(wo, "checkpoint", w.ckpt);
     cJSON_AddNumberToObject(wo, "tables", w.tables);
     cJSON_AddNumberToObject(wo, "rows", (double)w.rows);
