@@ -42,34 +42,30 @@ static int full_of(const char *root, gr_ckpt_manifest **m)
 
 /* rows[t]: the most rows of table t any shard of `shards` (default slot map) gets from m, as
  * the restore's reserve counts them (each file's rows times the share of its slots the shard
- * owns). */
+ * owns). Each slot brings its file's rows over the file's slot count to its shard. */
 static int shard_rows_max(const gr_ckpt_manifest *m, uint32_t shards, uint64_t *rows)
 {
-    uint32_t files = m->map.shards;
-    uint32_t *cnt = calloc((size_t)files * shards, sizeof *cnt), *in_file = calloc(files, 4);
-    if (!cnt || !in_file) {
-        free(cnt);
+    uint32_t *in_file = calloc(m->map.shards, sizeof *in_file);
+    double *acc = calloc(shards, sizeof *acc);
+    if (!in_file || !acc) {
         free(in_file);
+        free(acc);
         return gr_seterr(GR_ENOMEM, "out of memory");
     }
-    for (uint32_t s = 0; s < GR_SLOTS; s++) {
-        uint32_t f = m->map.owner[s];
-        in_file[f]++;
-        cnt[(size_t)f * shards + gr_slot_shard(s, shards)]++;
-    }
+    for (uint32_t s = 0; s < GR_SLOTS; s++) in_file[m->map.owner[s]]++;
     for (size_t t = 0; t < m->ntables; t++) {
-        double best = 0;
-        for (uint32_t i = 0; i < shards; i++) {
-            double r = 0;
-            for (uint32_t f = 0; f < files; f++)
-                if (in_file[f])
-                    r += (double)m->files[f].rows[t] * cnt[(size_t)f * shards + i] / in_file[f];
-            if (r > best) best = r;
+        memset(acc, 0, shards * sizeof *acc);
+        for (uint32_t s = 0; s < GR_SLOTS; s++) {
+            uint32_t f = m->map.owner[s];
+            acc[gr_slot_shard(s, shards)] += (double)m->files[f].rows[t] / in_file[f];
         }
-        rows[t] = (uint64_t)best;
+        double best = 0;
+        for (uint32_t i = 0; i < shards; i++)
+            if (acc[i] > best) best = acc[i];
+        rows[t] = (uint64_t)(best + 0.5);
     }
-    free(cnt);
     free(in_file);
+    free(acc);
     return GR_OK;
 }
 
