@@ -1054,6 +1054,11 @@ int srv_ckpt_resolve(gr_server *s, const char *root, char *out, size_t cap)
 void srv_ckpt_warm_set(gr_server *s, gr_table **tables, size_t n)
 {
     srv_ckpt *k = s->ckpt;
+    if (!k) { /* no checkpoint module: nothing could adopt them */
+        for (size_t i = 0; i < n; i++) gr_table_destroy(tables[i]);
+        free(tables);
+        return;
+    }
     pthread_mutex_lock(&k->mu);
     gr_table **old = k->warm;
     size_t nold = k->nwarm;
@@ -1068,6 +1073,7 @@ gr_table *srv_ckpt_warm_take(gr_server *s, const gr_table_spec *spec)
 {
     srv_ckpt *k = s->ckpt;
     gr_table *t = NULL;
+    if (!k) return NULL;
     pthread_mutex_lock(&k->mu);
     for (size_t i = 0; i < k->nwarm && !t; i++)
         if (k->warm[i] && gr_table_spec_equal(gr_table_get_spec(k->warm[i]), spec)) {
@@ -1082,6 +1088,7 @@ gr_table *srv_ckpt_warm_take(gr_server *s, const gr_table_spec *spec)
 uint32_t srv_ckpt_warm_adopted(gr_server *s)
 {
     srv_ckpt *k = s->ckpt;
+    if (!k) return 0;
     pthread_mutex_lock(&k->mu);
     uint32_t n = k->warm_adopted;
     pthread_mutex_unlock(&k->mu);
