@@ -160,6 +160,11 @@ typedef struct gr_server_join_opts {
                              restore (a takeover serves empty tables) */
     uint32_t session_timeout_ms; /* the coordinator's session timeout (the lease, see
                                     gr_server_set_lease); 0 = 4000 */
+    /* A standby with a ckpt_dir keeps tables ready for the largest shard of the newest
+     * checkpoint, their memory prefaulted (docs/coord.md, "Warm standby"): at most
+     * warm_max_bytes of it (0 = as much as that shard needs); no_warm turns it off. */
+    uint64_t warm_max_bytes;
+    bool no_warm;
 } gr_server_join_opts;
 /* Registers and starts the thread; the coordinator's callbacks (session, members, layout) are
  * the join's until gr_server_join_stop. GR_EAGAIN when not connected. */

@@ -230,6 +230,18 @@ GR_API void gr_table_hash_keys(const gr_table *t, const uint64_t *keys, size_t n
  * uneven spread), so that a restore of that many rows does not rehash as it fills. Memory is
  * counted as the index's own growth would count it. */
 GR_API int gr_table_reserve(gr_table *t, uint64_t rows);
+/* Prepares a new, empty table for a fill of about `rows` rows (a standby waiting to restore a
+ * shard, docs/coord.md "Warm standby"): commits the row arena, its bitsets and one index
+ * region for that many rows, as gr_table_reserve and the bulk insert will use them, and has
+ * the kernel hand out their pages now (MADV_POPULATE_WRITE, or a write per page), so the fill
+ * writes into memory that is already mapped and zeroed. Nothing the table shows changes:
+ * rows, `bytes` and every row are those of a table that was not prepared, and a fill larger
+ * than prepared carries on as usual. The memory is held until the table is destroyed
+ * (gr_table_prefault_bytes says how much). GR_EINVAL unless the table is empty and was not
+ * prepared or filled before; GR_ENOMEM when the kernel has not the memory (the table stays
+ * usable). */
+GR_API int gr_table_prefault(gr_table *t, uint64_t rows);
+GR_API uint64_t gr_table_prefault_bytes(const gr_table *t);
 
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
  * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present

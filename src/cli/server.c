@@ -75,6 +75,10 @@ static void on_signal(int sig)
       "with --coord: the job's checkpoint root (as granary train --ckpt-dir names\n"          \
       "it, under --ckpt-root): a taken-over index is restored from its newest\n"               \
       "checkpoint")                                                                           \
+    X(SO_WARM_MAX, "standby-warm-max", GR_CLI_SIZE, "standby_warm_max", 0, 1e18, NULL,         \
+      "BYTES", NULL, "with --standby and --ckpt-dir: the most memory the standby holds\n"        \
+      "prefaulted for a takeover (default: what the newest checkpoint's largest\n"              \
+      "shard needs; 0 = none)")                                                               \
     X(SO_SESSION, "session-timeout", GR_CLI_INT, "session_timeout_ms", 1000, 600000, NULL,     \
       "MS", "4000", "with --coord: the coordinator session timeout (a silent shard is\n"      \
       "declared lost after this)")                                                            \
@@ -250,7 +254,8 @@ int gr_cli_server(int argc, char **argv)
         char addr[300];
         snprintf(addr, sizeof addr, "%s:%u", host, gr_server_port(srv));
         gr_server_join_opts jo = {addr, v[SO_SHARDS].given ? (uint32_t)v[SO_SHARDS].i : 0,
-                                  v[SO_STANDBY].b, v[SO_JOB_CKPT].s, co.session_timeout_ms};
+                                  v[SO_STANDBY].b, v[SO_JOB_CKPT].s, co.session_timeout_ms,
+                                  v[SO_WARM_MAX].u, v[SO_WARM_MAX].given && !v[SO_WARM_MAX].u};
         if (gr_coord_open(v[SO_COORD].s, &co, &coord) ||
             gr_server_join_start(srv, coord, &jo, &join)) {
             fprintf(stderr, "granary server: --coord %s: %s\n", v[SO_COORD].s, gr_errmsg());

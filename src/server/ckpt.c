@@ -54,6 +54,11 @@ struct srv_ckpt {
     uint64_t last_step, last_rows, last_bytes;
     uint32_t last_kind;
     double last_seconds;
+    /* A standby's tables made ready for its takeover (warm.c), adopted by the next load
+     * whose checkpoint table has the same spec (under mu). */
+    gr_table **warm;
+    size_t nwarm;
+    uint32_t warm_adopted; /* tables a load adopted */
 };
 
 /* ---- paths ---- */
@@ -505,6 +510,8 @@ static int new_target(gr_server *s, bool dense, const gr_table_spec *ckspec, gr_
     const gr_table_spec *spec = e ? gr_table_get_spec(e->table) : ckspec;
     if (have_size) *have_size = e ? e->dense_size : 0;
     int rc = GR_OK;
+    *out = NULL;
+    if (!dense) *out = srv_ckpt_warm_take(s, spec);
     if (!e && !dense) {
         /* A new sparse table must not take a wire id another table uses. */
         srv_entry *byid = srv_registry_get(&s->reg, false, NULL, ckspec->id);
@@ -514,7 +521,11 @@ static int new_target(gr_server *s, bool dense, const gr_table_spec *ckspec, gr_
             srv_entry_put(byid);
         }
     }
-    if (!rc) rc = gr_table_create(spec, out);
+    if (!rc && !*out) rc = gr_table_create(spec, out);
+    if (rc) {
+        gr_table_destroy(*out);
+        *out = NULL;
+    }
     srv_entry_put(e);
     return rc;
 }
@@ -932,6 +943,7 @@ static void srv_ckpt_destroy(gr_server *s)
     srv_ckpt *k = s ? s->ckpt : NULL;
     if (!k) return;
     srv_ckpt_stop(s);
+    srv_ckpt_warm_set(s, NULL, 0);
     gr_ckpt_saver_destroy(k->saver);
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
@@ -1027,4 +1039,58 @@ int gr_server_ckpt_load(gr_server *s, const char *root, const char *name,
     gr_proto_buf_fini(&req);
     gr_proto_buf_fini(&rep);
     return rc;
+}
+
+/* ---- a standby's tables made ready ahead (warm.c prepares them) ---- */
+
+int srv_ckpt_resolve(gr_server *s, const char *root, char *out, size_t cap)
+{
+    srv_ckpt *k = s ? s->ckpt : NULL;
+    if (!k || !root || cap < PATH_MAX_LEN) return gr_seterr(GR_EINVAL, "srv_ckpt_resolve");
+    gr_proto_strv v = {root, (uint32_t)strlen(root)};
+    return resolve_root(k, &v, out);
+}
+
+void srv_ckpt_warm_set(gr_server *s, gr_table **tables, size_t n)
+{
+    srv_ckpt *k = s->ckpt;
+    if (!k) { /* no checkpoint module: nothing could adopt them */
+        for (size_t i = 0; i < n; i++) gr_table_destroy(tables[i]);
+        free(tables);
+        return;
+    }
+    pthread_mutex_lock(&k->mu);
+    gr_table **old = k->warm;
+    size_t nold = k->nwarm;
+    k->warm = tables;
+    k->nwarm = n;
+    pthread_mutex_unlock(&k->mu);
+    for (size_t i = 0; i < nold; i++) gr_table_destroy(old[i]);
+    free(old);
+}
+
+gr_table *srv_ckpt_warm_take(gr_server *s, const gr_table_spec *spec)
+{
+    srv_ckpt *k = s->ckpt;
+    gr_table *t = NULL;
+    if (!k) return NULL;
+    pthread_mutex_lock(&k->mu);
+    for (size_t i = 0; i < k->nwarm && !t; i++)
+        if (k->warm[i] && gr_table_spec_equal(gr_table_get_spec(k->warm[i]), spec)) {
+            t = k->warm[i];
+            k->warm[i] = NULL;
+            k->warm_adopted++;
+        }
+    pthread_mutex_unlock(&k->mu);
+    return t;
+}
+
+uint32_t srv_ckpt_warm_adopted(gr_server *s)
+{
+    srv_ckpt *k = s->ckpt;
+    if (!k) return 0;
+    pthread_mutex_lock(&k->mu);
+    uint32_t n = k->warm_adopted;
+    pthread_mutex_unlock(&k->mu);
+    return n;
 }

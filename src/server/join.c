@@ -8,6 +8,7 @@
  * only wake it (and fence at once on a lost session), so nothing slow runs on the
  * coordinator's event thread; a tick wakes it too, so a missed event costs at most a tick. */
 #include "server/server_int.h"
+#include "server/warm.h"
 #include "granary/coord.h"
 
 #include <cjson/cJSON.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 
 #define TICK_MS 200
+#define WARM_CHECK_MS 1000 /* a standby looks for a newer checkpoint this often */
 
 struct gr_server_join {
     gr_server *s;
@@ -37,6 +39,16 @@ struct gr_server_join {
     bool warned_shards;
     uint64_t lost_seen_ms;
     gr_server_join_stats st;
+    /* The warm standby (warm.c): its state is the thread's, its figures (warm_pub, and at
+     * the takeover warm_bytes_at_claim and warm_adopted) are under mu for STATS. */
+    srv_warm warm;
+    bool no_warm;
+    uint64_t warm_max_bytes, warm_checked_ms;
+    uint32_t layout_shards;
+    bool warm_warned;
+    srv_warm_info warm_pub;
+    uint64_t warm_bytes_at_claim;
+    uint32_t warm_adopted;
 };
 
 static uint64_t wall_ms(void)
@@ -104,6 +116,7 @@ static bool restore(gr_server_join *j)
     if (!j->ckpt_dir) return true;
     gr_server_ckpt_loaded ld;
     uint64_t t0 = wall_ms();
+    uint32_t adopted0 = srv_ckpt_warm_adopted(j->s);
     int rc = gr_server_ckpt_load(j->s, j->ckpt_dir, NULL, &ld);
     if (rc == GR_ENOENT) {
         GR_LOGW("shard %u: no checkpoint under %s to restore from (%s): serving empty tables",
@@ -114,9 +127,15 @@ static bool restore(gr_server_join *j)
                 gr_server_shard(j->s), j->ckpt_dir, gr_errmsg());
         return false;
     }
+    uint64_t restore_ms = wall_ms() - t0;
+    /* What the warm set did not give the restore is of no use now. */
+    uint32_t adopted = srv_ckpt_warm_adopted(j->s) - adopted0;
+    srv_warm_release(j->s, &j->warm);
     pthread_mutex_lock(&j->mu);
+    j->warm_adopted = adopted;
+    j->warm_pub = j->warm.info;
     j->st.rows_restored = ld.rows_loaded;
-    j->st.restore_ms = wall_ms() - t0;
+    j->st.restore_ms = restore_ms;
     snprintf(j->st.restored_from, sizeof j->st.restored_from, "%s", ld.name);
     pthread_mutex_unlock(&j->mu);
     return true;
@@ -145,6 +164,9 @@ static void claim(gr_server_join *j, gr_coord_layout *l, uint32_t i, const char 
     }
     uint64_t claimed = wall_ms();
     j->index = (int32_t)i;
+    pthread_mutex_lock(&j->mu);
+    j->warm_bytes_at_claim = j->warm.info.bytes;
+    pthread_mutex_unlock(&j->mu);
     gr_server_set_epoch(j->s, (uint32_t)epoch);
     set_record(j, GR_COORD_SHARD, (int32_t)i);
     pthread_mutex_lock(&j->mu);
@@ -250,6 +272,7 @@ static void reconcile(gr_server_join *j)
     }
     gr_coord_member self;
     gr_coord_self(j->c, &self);
+    j->layout_shards = l.n_shards;
     if (j->shards && l.n_shards != j->shards && !j->warned_shards) {
         GR_LOGW("--shards %u, but the job's layout has %u shards: following the layout",
                 j->shards, l.n_shards);
@@ -276,6 +299,33 @@ static void reconcile(gr_server_join *j)
     gr_coord_layout_fini(&l);
 }
 
+/* A standby keeps its tables ready for the newest checkpoint (warm.c). It runs between
+ * reconciliations, so a takeover that comes while a preparation runs waits for it: at most
+ * the time the preparation saves the restore. */
+static void warm_up(gr_server_join *j)
+{
+    if (j->no_warm || !j->standby || j->index >= 0 || !j->ckpt_dir || !j->layout_shards)
+        return;
+    uint64_t now = wall_ms();
+    if (now - j->warm_checked_ms < WARM_CHECK_MS) return;
+    j->warm_checked_ms = now;
+    uint32_t builds = j->warm.info.builds;
+    int rc = srv_warm_refresh(j->s, &j->warm, j->ckpt_dir, j->layout_shards, j->warm_max_bytes);
+    if (rc && !j->warm_warned)
+        GR_LOGW("standby: cannot prepare for %s/%s (the restore will do without): %s",
+                j->ckpt_dir, j->warm.info.ckpt, gr_errmsg());
+    j->warm_warned = rc != 0;
+    if (!rc && j->warm.info.builds != builds)
+        GR_LOGI("standby: ready for %s/%s: %u tables, %llu rows, %llu MB prefaulted in %llu ms",
+                j->ckpt_dir, j->warm.info.ckpt, j->warm.info.tables,
+                (unsigned long long)j->warm.info.rows,
+                (unsigned long long)(j->warm.info.bytes >> 20),
+                (unsigned long long)j->warm.info.ms);
+    pthread_mutex_lock(&j->mu);
+    j->warm_pub = j->warm.info;
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void *join_main(void *arg)
 {
     gr_server_join *j = arg;
@@ -284,6 +334,7 @@ static void *join_main(void *arg)
         j->kick = false;
         pthread_mutex_unlock(&j->mu);
         reconcile(j);
+        warm_up(j);
         pthread_mutex_lock(&j->mu);
         if (j->stop || j->kick) continue;
         struct timespec ts;
@@ -316,6 +367,8 @@ int gr_server_join_start(gr_server *s, gr_coord *c, const gr_server_join_opts *o
     j->session_ms = o->session_timeout_ms ? o->session_timeout_ms : 4000;
     j->index = -1;
     j->st.index = -1;
+    j->no_warm = o->no_warm;
+    j->warm_max_bytes = o->warm_max_bytes;
     snprintf(j->address, sizeof j->address, "%s", o->address);
     if (o->ckpt_dir && !(j->ckpt_dir = strdup(o->ckpt_dir))) {
         free(j);
@@ -364,6 +417,7 @@ void gr_server_join_stop(gr_server_join *j)
     pthread_mutex_unlock(&j->mu);
     if (j->thread_live) pthread_join(j->thread, NULL);
     j->thread_live = false;
+    srv_warm_release(j->s, &j->warm); /* the server outlives the join's stop */
     gr_coord_watch_session(j->c, NULL, NULL);
     gr_coord_watch_members(j->c, NULL, NULL);
     gr_coord_watch_layout(j->c, NULL, NULL);
@@ -413,4 +467,22 @@ void srv_join_stats_json(gr_server_join *j, void *objp)
     cJSON_AddNumberToObject(o, "restore_ms", (double)st.restore_ms);
     cJSON_AddNumberToObject(o, "rows_restored", (double)st.rows_restored);
     cJSON_AddStringToObject(o, "restored_from", st.restored_from);
+    pthread_mutex_lock(&j->mu);
+    srv_warm_info w = j->warm_pub;
+    uint64_t at_claim = j->warm_bytes_at_claim;
+    uint32_t adopted = j->warm_adopted;
+    pthread_mutex_unlock(&j->mu);
+    cJSON *wo = cJSON_AddObjectToObject(o, "warm");
+    if (!wo) return;
+    cJSON_AddBoolToObject(wo, "enabled", j->standby && j->ckpt_dir && !j->no_warm);
+    cJSON_AddStringToObject(wo, "checkpoint", w.ckpt);
+    cJSON_AddNumberToObject(wo, "tables", w.tables);
+    cJSON_AddNumberToObject(wo, "rows", (double)w.rows);
+    cJSON_AddNumberToObject(wo, "bytes", (double)w.bytes);
+    cJSON_AddBoolToObject(wo, "capped", w.capped);
+    cJSON_AddNumberToObject(wo, "prepare_ms", (double)w.ms);
+    cJSON_AddNumberToObject(wo, "prepare_cpu_ms", (double)w.cpu_ms);
+    cJSON_AddNumberToObject(wo, "builds", w.builds);
+    cJSON_AddNumberToObject(wo, "bytes_at_claim", (double)at_claim);
+    cJSON_AddNumberToObject(wo, "adopted", adopted);
 }

@@ -239,6 +239,15 @@ int srv_registry_replace(srv_registry *r, const gr_table_spec *spec, gr_table *t
  * body does not decode), otherwise when it has run, holding a reference on c meanwhile. */
 typedef struct srv_ckpt srv_ckpt;
 void srv_ckpt_take(gr_server *s, srv_conn *c, const gr_proto_header *h, uint8_t *body);
+/* A standby's warm tables (docs/coord.md, "Warm standby"; warm.c prepares them).
+ * srv_ckpt_resolve: a checkpoint root as CKPT_LOAD resolves it (out: at least 4096 bytes).
+ * srv_ckpt_warm_set: replaces the set (the server owns `tables`, a malloc'd array, from now;
+ * the old set is destroyed; NULL, 0 releases it). srv_ckpt_warm_take: removes and returns a
+ * warm table whose spec equals `spec`, or NULL; CKPT_LOAD's new tables come from it first. */
+int srv_ckpt_resolve(gr_server *s, const char *root, char *out, size_t cap);
+void srv_ckpt_warm_set(gr_server *s, gr_table **tables, size_t n);
+gr_table *srv_ckpt_warm_take(gr_server *s, const gr_table_spec *spec);
+uint32_t srv_ckpt_warm_adopted(gr_server *s);
 
 /* publish.c: SUBSCRIBE is parked (holding a reference on c) until the shard's next publication
  * or the request's wait runs out; the publisher thread answers it (module srv_publish_module). */

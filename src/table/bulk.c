@@ -157,10 +157,8 @@ out:
     return rc;
 }
 
-int gr_table_reserve(gr_table *t, uint64_t rows)
+uint64_t gr_table_reserve_each(const gr_table *t, uint64_t rows)
 {
-    if (!t) return gr_seterr(GR_EINVAL, "gr_table_reserve: table is NULL");
-    if (rows == 0) return GR_OK;
     /* The share of one partition plus three standard deviations of a Poisson count. */
     double mean = (double)rows / t->nparts;
     uint64_t each = (uint64_t)(mean + 3.0 * sqrt(mean)) + 1;
@@ -168,6 +166,14 @@ int gr_table_reserve(gr_table *t, uint64_t rows)
         uint64_t cap_each = t->spec.capacity / t->nparts + 1;
         if (each > cap_each) each = cap_each;
     }
+    return each;
+}
+
+int gr_table_reserve(gr_table *t, uint64_t rows)
+{
+    if (!t) return gr_seterr(GR_EINVAL, "gr_table_reserve: table is NULL");
+    if (rows == 0) return GR_OK;
+    uint64_t each = gr_table_reserve_each(t, rows);
     int rc = GR_OK;
     for (uint32_t pi = 0; pi < t->nparts && !rc; pi++) {
         gr_part *p = &t->parts[pi];

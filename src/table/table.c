@@ -212,6 +212,54 @@ done:
 
 #define idx_block_bytes gr_idx_block_bytes
 
+/* ---- memory opened ahead of a fill (gr_table_prefault, prefault.c) ---- */
+
+int gr_table_arena_open(gr_table *t, uint32_t slots, gr_mem_range out[3])
+{
+    pthread_mutex_lock(&t->alloc_lock);
+    int rc = GR_OK;
+    if (slots > t->max_rows) slots = t->max_rows;
+    if (slots > atomic_load_explicit(&t->committed, memory_order_relaxed))
+        rc = arena_commit(t, slots);
+    uint32_t have = atomic_load_explicit(&t->committed, memory_order_relaxed);
+    out[0] = (gr_mem_range){t->rowmem, page_up((size_t)have * t->stride)};
+    out[1] = (gr_mem_range){(uint8_t *)t->live, page_up(have / 8)};
+    out[2] = (gr_mem_range){(uint8_t *)t->dirty, page_up(have / 2)};
+    pthread_mutex_unlock(&t->alloc_lock);
+    return rc;
+}
+
+int gr_table_idx_open(gr_table *t, size_t bytes, gr_mem_range *out)
+{
+    pthread_mutex_lock(&t->alloc_lock);
+    int rc = GR_OK;
+    /* Huge-page aligned and sized, as idx_alloc's later regions are. */
+    size_t len = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    if (len < IREGION_FIRST) len = IREGION_FIRST;
+    void *m = NULL;
+    if (t->nireg) {
+        rc = gr_seterr(GR_EINVAL, "table '%s' has index memory already", t->spec.name);
+    } else if (!(m = reserve(len + HUGE_PAGE))) {
+        rc = oom_error(t, len);
+    } else {
+        uint8_t *base = (uint8_t *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+        madvise(base, len, MADV_HUGEPAGE);
+#endif
+        if (mprotect(base, len, PROT_READ | PROT_WRITE) != 0) {
+            munmap(m, len + HUGE_PAGE);
+            rc = oom_error(t, len);
+        } else {
+            gr_iregion *r = &t->ireg[t->nireg++];
+            *r = (gr_iregion){base, len, 0, len, m, len + HUGE_PAGE};
+            *out = (gr_mem_range){base, len};
+        }
+    }
+    pthread_mutex_unlock(&t->alloc_lock);
+    return rc;
+}
+
+
 /* Gives a retired block's whole pages back to the kernel; the mapping stays. Blocks under a
  * page stay as they are (and stay counted: at most a few KiB per partition). Returns the
  * bytes no longer counted. */

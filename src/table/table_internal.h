@@ -184,6 +184,7 @@ struct gr_table {
      * batch by every thread. */
     _Alignas(64) atomic_ullong lookup_hits;
     atomic_ullong hit_streams;
+    uint64_t prefaulted; /* bytes gr_table_prefault had the kernel hand out (prefault.c) */
 };
 
 /* A lookup batch's hit-counting random stream, seeded on its first draw. */
@@ -389,6 +390,21 @@ int gr_part_reserve_locked(gr_table *t, gr_part *p, uint64_t rows);
 int gr_part_new_row_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t *slot);
 void gr_part_store_row_locked(gr_table *t, gr_part *p, uint32_t s, const float *w,
                               const float *state, const gr_row_meta *meta, uint32_t now);
+
+/* Hooks for gr_table_prefault (table.c, used by prefault.c; each takes alloc_lock).
+ * gr_table_arena_open commits slots [0, slots) of the row arena as filling them would and
+ * gives the committed ranges of the rows, the live bits and the dirty bits. gr_table_idx_open
+ * opens the table's first index region, of at least `bytes` and committed whole, so that the
+ * index arrays a fill sized by gr_table_reserve allocates are all carved from it; GR_EINVAL
+ * when the table has index memory already. gr_table_reserve_each: the rows gr_table_reserve
+ * sizes each partition's index for (bulk.c). */
+typedef struct gr_mem_range {
+    uint8_t *p;
+    size_t len;
+} gr_mem_range;
+int gr_table_arena_open(gr_table *t, uint32_t slots, gr_mem_range out[3]);
+int gr_table_idx_open(gr_table *t, size_t bytes, gr_mem_range *out);
+uint64_t gr_table_reserve_each(const gr_table *t, uint64_t rows);
 
 /* Kernels (opt.c). */
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w /* dim */);

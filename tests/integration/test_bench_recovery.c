@@ -1,6 +1,7 @@
 /* Smoke test of `granary bench recovery` (seconds, small rows): it starts its ZooKeeper, shards
  * and standby, kills a shard, sees the standby restore every row of the lost shard, and prints
- * the JSON keys the docs promise, with parts that add up. No timing targets: the figures are
+ * the JSON keys the docs promise, with parts that add up, and that the standby was warm (its
+ * prepared table adopted by the restore). No timing targets: the figures are
  * in docs/benchmarks.md. Skipped without Debian's ZooKeeper. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,6 +44,11 @@ static void test_recovery_smoke(void **state)
                    key(out, "resume_ms");
     assert_true(parts > key(out, "total_ms") - 1.5 && parts < key(out, "total_ms") + 1.5);
     assert_true(key(out, "detect_ms") > 0);
+    /* The standby was warm before the kill (docs/coord.md, "Warm standby"): it held memory
+     * prepared for the lost shard's rows, and the restore adopted its table. */
+    assert_true(key(out, "standby_warm_wait_ms") >= 0);
+    assert_true(key(out, "standby_warm_bytes") > rows * 100);
+    assert_int_equal((int)key(out, "standby_warm_adopted"), 1);
 }
 
 int main(void)

@@ -1,0 +1,225 @@
+/* Unit tests for gr_table_prefault (src/table/prefault.c): a table prepared ahead and then
+ * filled as a restore fills one (gr_table_reserve, then bulk inserts from several groups) is
+ * bitwise the table an unprepared one becomes: the same partitions, index arrays, slots,
+ * rows, live and dirty bits, counted bytes. Its memory is there before the fill (resident);
+ * a fill past what was prepared carries on; only a new, empty table can be prepared. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "granary/table.h"
+#include "table/table_internal.h"
+
+#define DIM 16
+
+static gr_table *make(const gr_table_spec *s)
+{
+    gr_table *t = NULL;
+    if (gr_table_create(s, &t) != GR_OK) fail_msg("create: %s", gr_errmsg());
+    return t;
+}
+
+static void spec_of(gr_table_spec *s, gr_dtype dtype)
+{
+    gr_table_spec_default(s, "warm", DIM);
+    s->dtype = dtype;
+    s->opt.kind = GR_OPT_ADAGRAD;
+    s->partitions = 64;
+}
+
+typedef struct rows {
+    size_t n;
+    uint64_t *keys;
+    float *w, *st;
+    gr_row_meta *meta;
+} rows;
+
+static rows make_rows(size_t n, uint32_t sf, uint64_t seed)
+{
+    rows r = {n, malloc(n * 8), malloc(n * DIM * 4), malloc(n * sf * 4 + 4),
+              malloc(n * sizeof(gr_row_meta))};
+    for (size_t i = 0; i < n; i++) {
+        r.keys[i] = i * 0x9e3779b97f4a7c15ull + seed;
+        for (uint32_t d = 0; d < DIM; d++) r.w[i * DIM + d] = (float)(i % 977) * 0.25f - d;
+        for (uint32_t d = 0; d < sf; d++) r.st[i * sf + d] = (float)(i % 31) + 0.5f * d;
+        r.meta[i] = (gr_row_meta){(uint32_t)(i % 1000), (uint32_t)i};
+    }
+    return r;
+}
+
+static void free_rows(rows *r)
+{
+    free(r->keys);
+    free(r->w);
+    free(r->st);
+    free(r->meta);
+}
+
+/* A restore's fill: the index sized once, then the rows in batches by `groups` groups. */
+static void fill(gr_table *t, const rows *r, uint64_t reserve, uint32_t groups)
+{
+    assert_int_equal(gr_table_reserve(t, reserve), GR_OK);
+    const size_t B = 4096;
+    for (size_t i = 0; i < r->n; i += B) {
+        size_t n = r->n - i < B ? r->n - i : B;
+        gr_table_rows b = {r->keys + i, n, r->w + i * DIM,
+                           r->st + i * gr_table_state_floats(gr_table_get_spec(t)), r->meta + i,
+                           NULL};
+        for (uint32_t g = 0; g < groups; g++)
+            assert_int_equal(gr_table_insert_bulk(t, &b, g, groups, 0), GR_OK);
+    }
+}
+
+/* a and b hold the same bytes: every partition's index array, slots and counters, the rows
+ * of every slot handed out, the live and dirty bits, the counted memory. */
+static void assert_bitwise(gr_table *a, gr_table *b)
+{
+    assert_int_equal(a->nparts, b->nparts);
+    assert_int_equal(a->carved, b->carved);
+    assert_int_equal(atomic_load(&a->mem_used), atomic_load(&b->mem_used));
+    assert_int_equal(atomic_load(&a->nrows), atomic_load(&b->nrows));
+    for (uint32_t p = 0; p < a->nparts; p++) {
+        const gr_part *x = &a->parts[p], *y = &b->parts[p];
+        assert_int_equal(x->cap, y->cap);
+        assert_int_equal(x->rows, y->rows);
+        assert_int_equal(x->nchunks, y->nchunks);
+        assert_int_equal(x->last_used, y->last_used);
+        assert_int_equal(x->free_head, y->free_head);
+        if (x->cap) assert_memory_equal(x->idx, y->idx, (size_t)x->cap * 8);
+        if (x->nchunks) assert_memory_equal(x->chunk_ids, y->chunk_ids, x->nchunks * 4u);
+        assert_memory_equal(x->dirty_n, y->dirty_n, sizeof x->dirty_n);
+    }
+    assert_memory_equal(a->rowmem, b->rowmem, (size_t)a->carved * a->stride);
+    assert_memory_equal(a->live, b->live, a->carved / 8);
+    assert_memory_equal(a->dirty, b->dirty, a->carved / 2);
+    gr_table_stats x, y;
+    gr_table_get_stats(a, &x);
+    gr_table_get_stats(b, &y);
+    assert_int_equal(x.rows, y.rows);
+    assert_int_equal(x.bytes, y.bytes);
+}
+
+/* Pages of [p, p + len) that are resident. */
+static size_t resident_pages(const void *p, size_t len)
+{
+    long psz = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(psz - 1);
+    size_t n = (len + ((uintptr_t)p - a) + (size_t)psz - 1) / (size_t)psz;
+    unsigned char *v = malloc(n);
+    assert_int_equal(mincore((void *)a, n * (size_t)psz, v), 0);
+    size_t in = 0;
+    for (size_t i = 0; i < n; i++) in += v[i] & 1;
+    free(v);
+    return in;
+}
+
+static void test_prefaulted_fill_is_bitwise_the_same(void **state)
+{
+    (void)state;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (uint32_t groups = 1; groups <= 3; groups += 2) {
+            gr_table_spec s;
+            spec_of(&s, f16 ? GR_DTYPE_F16 : GR_DTYPE_F32);
+            gr_table *a = make(&s), *b = make(&s);
+            gr_table_set_clock(a, 5);
+            gr_table_set_clock(b, 5);
+            rows r = make_rows(60000, gr_table_state_floats(&s), 3 + groups);
+            assert_int_equal(gr_table_prefault(b, r.n), GR_OK);
+            /* Prepared for the rows: the arena and one index region, resident already. */
+            uint64_t held = gr_table_prefault_bytes(b);
+            assert_true(held >= (uint64_t)r.n * b->stride);
+            assert_int_equal(b->nireg, 1);
+            assert_int_equal(resident_pages(b->rowmem, (size_t)r.n * b->stride),
+                             ((size_t)r.n * b->stride + 4095) / 4096);
+            assert_int_equal(gr_table_prefault_bytes(a), 0);
+            fill(a, &r, r.n, groups);
+            fill(b, &r, r.n, groups);
+            assert_bitwise(a, b);
+            /* Every index array came from the prepared region. */
+            assert_int_equal(b->nireg, 1);
+            assert_int_equal(gr_table_prefault_bytes(b), held);
+            free_rows(&r);
+            gr_table_destroy(a);
+            gr_table_destroy(b);
+        }
+}
+
+static void test_fill_past_the_prepared_rows(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    gr_table *a = make(&s), *b = make(&s);
+    rows r = make_rows(50000, gr_table_state_floats(&s), 9);
+    /* Prepared for a tenth: the index outgrows its region, the rows the prepared arena. */
+    assert_int_equal(gr_table_prefault(b, 5000), GR_OK);
+    fill(a, &r, r.n, 2);
+    fill(b, &r, r.n, 2);
+    assert_bitwise(a, b);
+    /* And keeps serving: lookups, applies and inserts as on the other table. */
+    float g[DIM * 100], out_a[DIM * 100], out_b[DIM * 100];
+    for (size_t i = 0; i < DIM * 100; i++) g[i] = 0.01f * (float)(i % 7);
+    uint64_t more[100];
+    for (int i = 0; i < 100; i++) more[i] = 0xabcdef00ull + (uint64_t)i;
+    assert_int_equal(gr_table_apply(a, r.keys, 100, g), GR_OK);
+    assert_int_equal(gr_table_apply(b, r.keys, 100, g), GR_OK);
+    assert_int_equal(gr_table_lookup(a, more, 100, out_a, 0), GR_OK);
+    assert_int_equal(gr_table_lookup(b, more, 100, out_b, 0), GR_OK);
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+    assert_bitwise(a, b);
+    free_rows(&r);
+    gr_table_destroy(a);
+    gr_table_destroy(b);
+}
+
+static void test_only_new_empty_tables(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    assert_int_equal(gr_table_prefault(NULL, 10), GR_EINVAL);
+    assert_int_equal(gr_table_prefault_bytes(NULL), 0);
+    gr_table *t = make(&s);
+    assert_int_equal(gr_table_prefault(t, 0), GR_OK); /* nothing to prepare */
+    assert_int_equal(gr_table_prefault_bytes(t), 0);
+    assert_int_equal(gr_table_prefault(t, 1000), GR_OK);
+    assert_true(gr_table_prefault_bytes(t) > 0);
+    assert_int_equal(gr_table_prefault(t, 1000), GR_EINVAL); /* twice */
+    assert_non_null(strstr(gr_errmsg(), "only a new, empty table"));
+    gr_table_destroy(t);
+    /* A table that holds rows, or has an index already. */
+    t = make(&s);
+    rows r = make_rows(10, gr_table_state_floats(&s), 1);
+    assert_int_equal(gr_table_insert(t, r.keys, r.n, r.w, r.st, r.meta), GR_OK);
+    assert_int_equal(gr_table_prefault(t, 1000), GR_EINVAL);
+    gr_table_destroy(t);
+    t = make(&s);
+    assert_int_equal(gr_table_reserve(t, 1000), GR_OK);
+    assert_int_equal(gr_table_prefault(t, 1000), GR_EINVAL);
+    gr_table_destroy(t);
+    free_rows(&r);
+    /* A capacity table is prepared for its capacity at most. */
+    s.capacity = 2000;
+    t = make(&s);
+    assert_int_equal(gr_table_prefault(t, 1000000), GR_OK);
+    assert_true(gr_table_prefault_bytes(t) < 1000000ull * t->stride);
+    gr_table_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefaulted_fill_is_bitwise_the_same),
+        cmocka_unit_test(test_fill_past_the_prepared_rows),
+        cmocka_unit_test(test_only_new_empty_tables),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
