@@ -241,6 +241,11 @@ GR_API int gr_table_reserve(gr_table *t, uint64_t rows);
  * prepared or filled before; GR_ENOMEM when the kernel has not the memory (the table stays
  * usable). */
 GR_API int gr_table_prefault(gr_table *t, uint64_t rows);
+/* As gr_table_prefault, but asks stop(arg) between pieces of 32 MiB and returns at once when
+ * it says true: the table is then usable and partly prepared (a standby whose job just lost a
+ * shard must not finish a preparation before it claims it). *stopped says which. */
+GR_API int gr_table_prefault_until(gr_table *t, uint64_t rows, bool (*stop)(void *arg),
+                                   void *arg, bool *stopped);
 GR_API uint64_t gr_table_prefault_bytes(const gr_table *t);
 
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and

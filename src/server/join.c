@@ -299,9 +299,21 @@ static void reconcile(gr_server_join *j)
     gr_coord_layout_fini(&l);
 }
 
+/* Whether something woke the thread (a member or layout change, the session): a preparation
+ * in progress gives way at once, so that a takeover never waits for it. */
+static bool kicked(void *arg)
+{
+    gr_server_join *j = arg;
+    pthread_mutex_lock(&j->mu);
+    bool k = j->kick || j->stop;
+    pthread_mutex_unlock(&j->mu);
+    return k;
+}
+
 /* A standby keeps its tables ready for the newest checkpoint (warm.c). It runs between
- * reconciliations, so a takeover that comes while a preparation runs waits for it: at most
- * the time the preparation saves the restore. */
+ * reconciliations on this thread; a change that may call for a takeover (kick) cuts a
+ * preparation short within one 32 MiB piece, the takeover adopts what was prepared, and an
+ * unneeded cut is made good at the next refresh. */
 static void warm_up(gr_server_join *j)
 {
     if (j->no_warm || !j->standby || j->index >= 0 || !j->ckpt_dir || !j->layout_shards)
@@ -310,7 +322,8 @@ static void warm_up(gr_server_join *j)
     if (now - j->warm_checked_ms < WARM_CHECK_MS) return;
     j->warm_checked_ms = now;
     uint32_t builds = j->warm.info.builds;
-    int rc = srv_warm_refresh(j->s, &j->warm, j->ckpt_dir, j->layout_shards, j->warm_max_bytes);
+    int rc = srv_warm_refresh(j->s, &j->warm, j->ckpt_dir, j->layout_shards, j->warm_max_bytes,
+                              kicked, j);
     if (rc && !j->warm_warned)
         GR_LOGW("standby: cannot prepare for %s/%s (the restore will do without): %s",
                 j->ckpt_dir, j->warm.info.ckpt, gr_errmsg());

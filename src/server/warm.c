@@ -72,7 +72,7 @@ static int shard_rows_max(const gr_ckpt_manifest *m, uint32_t shards, uint64_t *
 /* Whether the prepared set still fits checkpoint m: same specs, rows within 2 %. */
 static bool still_fits(const srv_warm *w, const gr_ckpt_manifest *m, const uint64_t *rows)
 {
-    if (w->ntables != m->ntables || !w->specs) return false;
+    if (w->partial || w->ntables != m->ntables || !w->specs) return false;
     for (size_t t = 0; t < m->ntables; t++) {
         if (!gr_table_spec_equal(&w->specs[t], &m->tables[t])) return false;
         double a = (double)w->rows[t], b = (double)rows[t];
@@ -90,6 +90,7 @@ static void forget(srv_warm *w)
     w->ntables = 0;
     w->info.rows = w->info.bytes = 0;
     w->info.tables = 0;
+    w->partial = false;
 }
 
 void srv_warm_release(gr_server *s, srv_warm *w)
@@ -101,7 +102,7 @@ void srv_warm_release(gr_server *s, srv_warm *w)
 /* Builds the set for m: its tables, each prefaulted for rows[t] (scaled down so that the
  * whole set stays within max_bytes when that is set). */
 static int build(gr_server *s, srv_warm *w, const gr_ckpt_manifest *m, uint64_t *rows,
-                 uint64_t max_bytes)
+                 uint64_t max_bytes, bool (*stop)(void *), void *arg)
 {
     double need = 0;
     for (size_t t = 0; t < m->ntables; t++) {
@@ -118,11 +119,13 @@ static int build(gr_server *s, srv_warm *w, const gr_ckpt_manifest *m, uint64_t 
     }
     int rc = GR_OK;
     uint64_t bytes = 0, total = 0;
+    bool stopped = false;
     for (size_t t = 0; t < m->ntables && !rc; t++) {
         specs[t] = m->tables[t];
         rc = gr_table_create(&m->tables[t], &tables[t]);
         uint64_t r = (uint64_t)((double)rows[t] * scale);
-        if (!rc) rc = gr_table_prefault(tables[t], r);
+        /* Once stopped, the remaining tables are created unprepared: the set stays whole. */
+        if (!rc && !stopped) rc = gr_table_prefault_until(tables[t], r, stop, arg, &stopped);
         bytes += gr_table_prefault_bytes(tables[t]);
         total += r;
     }
@@ -139,11 +142,12 @@ static int build(gr_server *s, srv_warm *w, const gr_ckpt_manifest *m, uint64_t 
     w->info.bytes = bytes;
     w->info.tables = (uint32_t)m->ntables;
     w->info.capped = scale < 1.0;
+    w->partial = stopped;
     return GR_OK;
 }
 
 int srv_warm_refresh(gr_server *s, srv_warm *w, const char *root, uint32_t shards,
-                     uint64_t max_bytes)
+                     uint64_t max_bytes, bool (*stop)(void *arg), void *arg)
 {
     char dir[4096], name[GR_CKPT_NAME_MAX];
     uint64_t step;
@@ -151,7 +155,7 @@ int srv_warm_refresh(gr_server *s, srv_warm *w, const char *root, uint32_t shard
     int rc = srv_ckpt_resolve(s, root, dir, sizeof dir);
     if (!rc) rc = gr_ckpt_latest(dir, name, &step);
     if (rc) return rc == GR_ENOENT ? GR_OK : rc; /* no checkpoint yet: nothing to prepare */
-    if (!strcmp(name, w->info.ckpt) && shards == w->shards) return GR_OK;
+    if (!w->partial && !strcmp(name, w->info.ckpt) && shards == w->shards) return GR_OK;
     /* Tried once per checkpoint, failed or not: a failure is logged by the caller, and the
      * restore does without. */
     snprintf(w->info.ckpt, sizeof w->info.ckpt, "%s", name);
@@ -172,7 +176,7 @@ int srv_warm_refresh(gr_server *s, srv_warm *w, const char *root, uint32_t shard
     if (!rc && !still_fits(w, m, rows)) {
         /* The old set goes first: the new one may need its memory. */
         srv_warm_release(s, w);
-        rc = build(s, w, m, rows, max_bytes);
+        rc = build(s, w, m, rows, max_bytes, stop, arg);
         if (!rc) {
             w->rows = rows;
             rows = NULL;

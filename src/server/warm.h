@@ -24,14 +24,18 @@ typedef struct srv_warm {
     uint64_t *rows;
     size_t ntables;
     uint32_t shards; /* the job's shard count it was prepared for */
+    bool partial;    /* a preparation was cut short by stop(): rebuilt at the next refresh */
 } srv_warm;
 
 /* Prepares (or keeps) the set for the newest checkpoint under root (as CKPT_LOAD resolves
  * it) and a job of `shards` shards: rows for the largest shard, the whole set within
  * max_bytes (0: no limit). Cheap when the newest checkpoint has not changed. An error leaves
- * no set or the old one; the restore does without. */
+ * no set or the old one; the restore does without. stop(arg) (may be NULL) is asked between
+ * pieces of the preparation: when it says true (the job's layout or members changed: a
+ * takeover may be due) the preparation returns at once, keeping what it prepared so far for
+ * that takeover, and is done again at the next refresh. */
 int srv_warm_refresh(gr_server *s, srv_warm *w, const char *root, uint32_t shards,
-                     uint64_t max_bytes);
+                     uint64_t max_bytes, bool (*stop)(void *arg), void *arg);
 /* Destroys the set's tables that no restore adopted and forgets it. */
 void srv_warm_release(gr_server *s, srv_warm *w);
 

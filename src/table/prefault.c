@@ -27,6 +27,24 @@ static int populate(gr_mem_range r)
     return GR_OK;
 }
 
+/* populate() in pieces, asking stop() before each; *got counts the bytes done. */
+#define PREFAULT_PIECE ((size_t)32 << 20)
+static int populate_until(gr_mem_range r, bool (*stop)(void *), void *arg, bool *stopped,
+                          uint64_t *got)
+{
+    for (size_t off = 0; off < r.len; off += PREFAULT_PIECE) {
+        if (stop && stop(arg)) {
+            *stopped = true;
+            return GR_OK;
+        }
+        size_t len = r.len - off < PREFAULT_PIECE ? r.len - off : PREFAULT_PIECE;
+        int rc = populate((gr_mem_range){r.p + off, len});
+        if (rc) return rc;
+        *got += len;
+    }
+    return GR_OK;
+}
+
 /* The bytes of the index arrays gr_table_reserve(t, rows) allocates, as idx_alloc lays them
  * out (blocks of a page or more start on a page). */
 static size_t index_bytes(const gr_table *t, uint64_t rows)
@@ -45,6 +63,14 @@ static size_t index_bytes(const gr_table *t, uint64_t rows)
 
 int gr_table_prefault(gr_table *t, uint64_t rows)
 {
+    bool stopped;
+    return gr_table_prefault_until(t, rows, NULL, NULL, &stopped);
+}
+
+int gr_table_prefault_until(gr_table *t, uint64_t rows, bool (*stop)(void *arg), void *arg,
+                            bool *stopped)
+{
+    *stopped = false;
     if (!t) return gr_seterr(GR_EINVAL, "gr_table_prefault: table is NULL");
     if (atomic_load_explicit(&t->nrows, memory_order_relaxed) || t->prefaulted || t->nireg)
         return gr_seterr(GR_EINVAL, "table '%s': only a new, empty table can be prefaulted",
@@ -61,12 +87,9 @@ int gr_table_prefault(gr_table *t, uint64_t rows)
     size_t row_bytes = ((size_t)slots * t->stride + 4095) & ~(size_t)4095;
     if (arena[0].len > row_bytes) arena[0].len = row_bytes;
     uint64_t got = 0;
-    for (int i = 0; !rc && i < 3; i++) {
-        rc = populate(arena[i]);
-        got += rc ? 0 : arena[i].len;
-    }
-    if (!rc) rc = populate(idx);
-    if (!rc) got += idx.len;
+    for (int i = 0; !rc && !*stopped && i < 3; i++)
+        rc = populate_until(arena[i], stop, arg, stopped, &got);
+    if (!rc && !*stopped) rc = populate_until(idx, stop, arg, stopped, &got);
     t->prefaulted = got;
     if (rc == GR_ENOMEM)
         return gr_seterr(GR_ENOMEM, "table '%s': the kernel has no memory for %llu prefaulted "

@@ -214,12 +214,52 @@ static void test_only_new_empty_tables(void **state)
     gr_table_destroy(t);
 }
 
+static bool stop_after(void *arg)
+{
+    int *left = arg;
+    return (*left)-- <= 0;
+}
+
+/* A preparation asked to stop returns within one 32 MiB piece, partly prepared and usable: a
+ * fill gives the same rows as into a table never prepared. */
+static void test_preparation_stops_when_asked(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    gr_table *full = make(&s), *cut = make(&s), *plain = make(&s);
+    bool stopped = true;
+    int never = 1 << 30, one = 1;
+    assert_int_equal(gr_table_prefault_until(full, 2000000, stop_after, &never, &stopped), GR_OK);
+    assert_false(stopped);
+    assert_int_equal(gr_table_prefault_until(cut, 2000000, stop_after, &one, &stopped), GR_OK);
+    assert_true(stopped);
+    assert_true(gr_table_prefault_bytes(cut) > 0);
+    assert_true(gr_table_prefault_bytes(cut) <= ((uint64_t)32 << 20));
+    assert_true(gr_table_prefault_bytes(cut) < gr_table_prefault_bytes(full));
+    rows r = make_rows(5000, gr_table_state_floats(&s), 7);
+    assert_int_equal(gr_table_insert(cut, r.keys, r.n, r.w, r.st, r.meta), GR_OK);
+    assert_int_equal(gr_table_insert(plain, r.keys, r.n, r.w, r.st, r.meta), GR_OK);
+    uint32_t dim = s.dim;
+    float *a = malloc(r.n * dim * sizeof *a), *b = malloc(r.n * dim * sizeof *b);
+    assert_int_equal(gr_table_lookup(cut, r.keys, r.n, a, GR_LOOKUP_READONLY), GR_OK);
+    assert_int_equal(gr_table_lookup(plain, r.keys, r.n, b, GR_LOOKUP_READONLY), GR_OK);
+    assert_memory_equal(a, b, r.n * dim * sizeof *a);
+    free(a);
+    free(b);
+    free_rows(&r);
+    gr_table_destroy(full);
+    gr_table_destroy(cut);
+    gr_table_destroy(plain);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefaulted_fill_is_bitwise_the_same),
         cmocka_unit_test(test_fill_past_the_prepared_rows),
         cmocka_unit_test(test_only_new_empty_tables),
+        cmocka_unit_test(test_preparation_stops_when_asked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
