@@ -274,24 +274,41 @@ int store_event(store *s, int64_t job_id, const char *kind, const char *fmt, ...
     return rc;
 }
 
-cJSON *store_events(store *s, int64_t job_id, int limit)
+/* The newest `limit` rows of one job in a time-series table, oldest first, as an array of
+ * objects keyed by `keys` in column order: text columns as strings, numbers as numbers, NULL as
+ * null. `sql` selects the columns in that order, with `?` for the job id and the limit. */
+static cJSON *recent_rows(store *s, const char *sql, int64_t job_id, int limit,
+                          const char *const *keys, int nkeys)
 {
     cJSON *a = cJSON_CreateArray();
     sqlite3_stmt *st;
-    const char *sql = "SELECT t, kind, message FROM (SELECT id, t, kind, message FROM events "
-                      "WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id";
     if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return a;
     sqlite3_bind_int64(st, 1, job_id);
     sqlite3_bind_int(st, 2, limit);
     while (sqlite3_step(st) == SQLITE_ROW) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "t", sqlite3_column_double(st, 0));
-        cJSON_AddStringToObject(o, "kind", (const char *)sqlite3_column_text(st, 1));
-        cJSON_AddStringToObject(o, "message", (const char *)sqlite3_column_text(st, 2));
+        for (int k = 0; k < nkeys; k++) {
+            switch (sqlite3_column_type(st, k)) {
+            case SQLITE_NULL: cJSON_AddNullToObject(o, keys[k]); break;
+            case SQLITE_TEXT:
+                cJSON_AddStringToObject(o, keys[k], (const char *)sqlite3_column_text(st, k));
+                break;
+            default: cJSON_AddNumberToObject(o, keys[k], sqlite3_column_double(st, k)); break;
+            }
+        }
         cJSON_AddItemToArray(a, o);
     }
     sqlite3_finalize(st);
     return a;
+}
+
+cJSON *store_events(store *s, int64_t job_id, int limit)
+{
+    static const char *const keys[] = {"t", "kind", "message"};
+    return recent_rows(s,
+                       "SELECT t, kind, message FROM (SELECT id, t, kind, message FROM events "
+                       "WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id",
+                       job_id, limit, keys, 3);
 }
 
 int store_sample(store *s, const job *j)
@@ -315,24 +332,11 @@ int store_sample(store *s, const job *j)
 
 cJSON *store_samples(store *s, int64_t job_id, int limit)
 {
-    cJSON *a = cJSON_CreateArray();
-    sqlite3_stmt *st;
-    const char *sql = "SELECT t, examples, loss, auc, eps, rps, replicas FROM (SELECT * FROM "
-                      "samples WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id";
-    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return a;
-    sqlite3_bind_int64(st, 1, job_id);
-    sqlite3_bind_int(st, 2, limit);
     static const char *const keys[] = {"t", "examples", "loss", "auc", "eps", "rps", "replicas"};
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        cJSON *o = cJSON_CreateObject();
-        for (int k = 0; k < 7; k++) {
-            if (sqlite3_column_type(st, k) == SQLITE_NULL) cJSON_AddNullToObject(o, keys[k]);
-            else cJSON_AddNumberToObject(o, keys[k], sqlite3_column_double(st, k));
-        }
-        cJSON_AddItemToArray(a, o);
-    }
-    sqlite3_finalize(st);
-    return a;
+    return recent_rows(s,
+                       "SELECT t, examples, loss, auc, eps, rps, replicas FROM (SELECT * FROM "
+                       "samples WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id",
+                       job_id, limit, keys, 7);
 }
 
 int store_shard_sample(store *s, int64_t job_id, unsigned shard, double rows, double requests)
@@ -353,21 +357,9 @@ int store_shard_sample(store *s, int64_t job_id, unsigned shard, double rows, do
 
 cJSON *store_shard_samples(store *s, int64_t job_id, int limit)
 {
-    cJSON *a = cJSON_CreateArray();
-    sqlite3_stmt *st;
-    const char *sql = "SELECT t, shard, rows, requests FROM (SELECT * FROM shard_samples "
-                      "WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id";
-    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return a;
-    sqlite3_bind_int64(st, 1, job_id);
-    sqlite3_bind_int(st, 2, limit);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "t", sqlite3_column_double(st, 0));
-        cJSON_AddNumberToObject(o, "shard", sqlite3_column_int(st, 1));
-        cJSON_AddNumberToObject(o, "rows", sqlite3_column_double(st, 2));
-        cJSON_AddNumberToObject(o, "requests", sqlite3_column_double(st, 3));
-        cJSON_AddItemToArray(a, o);
-    }
-    sqlite3_finalize(st);
-    return a;
+    static const char *const keys[] = {"t", "shard", "rows", "requests"};
+    return recent_rows(s,
+                       "SELECT t, shard, rows, requests FROM (SELECT * FROM shard_samples "
+                       "WHERE job_id=? ORDER BY id DESC LIMIT ?) ORDER BY id",
+                       job_id, limit, keys, 4);
 }

@@ -38,22 +38,6 @@
 
 static char tmp[128];
 
-static void write_line(FILE *f, unsigned i, bool wide)
-{
-    uint64_t h = gr_hash_key(i, 77);
-    unsigned ints[13], ids[26];
-    int score = 0;
-    for (int j = 0; j < 13; j++) ints[j] = (unsigned)((h >> (j * 3)) % 50);
-    for (int s = 0; s < 26; s++) {
-        ids[s] = (unsigned)(gr_hash_key(i * 31 + (unsigned)s, 5) % (3 + (unsigned)s * 7)) * 2654435761u;
-        score += (ids[s] >> 7) & 1;
-    }
-    fprintf(f, "%d", score + (int)(ints[0] % 5) > 15 ? 1 : 0);
-    for (int j = 0; j < 13; j++) fprintf(f, wide ? "\t%012u" : "\t%04u", ints[j]);
-    for (int s = 0; s < 26; s++) fprintf(f, "\t%08x", ids[s]);
-    fputc('\n', f);
-}
-
 static void path_of(char *out, size_t cap, const char *name)
 {
     snprintf(out, cap, "%s/%s", tmp, name);
@@ -67,16 +51,16 @@ static int setup(void **state)
     char p[256];
     path_of(p, sizeof p, "multi.tsv");
     FILE *m = fopen(p, "w");
-    for (unsigned i = 0; i < 2 * STEPS * B; i++) write_line(m, i, false);
+    for (unsigned i = 0; i < 2 * STEPS * B; i++) tr_write_fixed_line(m, i, false);
     fclose(m);
     path_of(p, sizeof p, "test.tsv");
     FILE *t = fopen(p, "w");
-    for (unsigned i = 0; i < 300; i++) write_line(t, 50000 + i, false);
+    for (unsigned i = 0; i < 300; i++) tr_write_fixed_line(t, 50000 + i, false);
     fclose(t);
     /* The last 200 lines are wider: byte ranges give the last of 3 workers fewer lines. */
     path_of(p, sizeof p, "uneven.tsv");
     FILE *u = fopen(p, "w");
-    for (unsigned i = 0; i < UNEVEN_LINES; i++) write_line(u, 1000 + i, i >= UNEVEN_LINES - 200);
+    for (unsigned i = 0; i < UNEVEN_LINES; i++) tr_write_fixed_line(u, 1000 + i, i >= UNEVEN_LINES - 200);
     fclose(u);
     return 0;
 }
@@ -86,45 +70,6 @@ static int teardown(void **state)
     (void)state;
     ps_test_rmdir(tmp);
     return 0;
-}
-
-/* Every distinct feature id of a file. */
-static size_t file_ids(const char *path, uint64_t **out)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t cap = 1 << 16, n = 0;
-    uint64_t *ids = malloc(cap * sizeof *ids);
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        float label, dense[13];
-        uint64_t x[26];
-        assert_int_equal(gr_criteo_parse_line(line, strcspn(line, "\n"), &label, dense, x), 0);
-        for (int s = 0; s < 26; s++) {
-            if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
-            ids[n++] = x[s];
-        }
-    }
-    fclose(f);
-    uint64_t *uniq = malloc(n * sizeof *uniq);
-    uint32_t *inv = malloc(n * sizeof *inv);
-    long nu = gr_dedup(ids, n, uniq, inv, NULL);
-    assert_true(nu > 0);
-    free(ids);
-    free(inv);
-    *out = uniq;
-    return (size_t)nu;
-}
-
-typedef struct params {
-    float *dense, *rows;
-    size_t nd, nrows;
-} params;
-
-static void params_fini(params *p)
-{
-    free(p->dense);
-    free(p->rows);
 }
 
 typedef struct run_cfg {
@@ -150,7 +95,7 @@ static void model_opts(gr_train_opts *o)
 }
 
 /* Trains on a fresh embedded cluster; reads back every parameter when ids is not NULL. */
-static int run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
+static int run(const run_cfg *c, const uint64_t *ids, size_t nids, tr_params *out,
                gr_train_result *res)
 {
     gr_local_cluster *cl;
@@ -186,18 +131,7 @@ static int run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
     int rc = gr_train_run(&o, &be, res);
     char msg[600];
     snprintf(msg, sizeof msg, "%s", rc ? gr_errmsg() : "");
-    if (!rc && ids) {
-        gr_model *m;
-        assert_int_equal(gr_model_create(&o.model, &m), 0);
-        out->nd = gr_model_dense_size(m);
-        out->dense = malloc(out->nd * sizeof(float));
-        assert_int_equal(gr_client_dense_pull(client, gr_model_dense_name(m), out->dense, out->nd), 0);
-        gr_model_destroy(m);
-        out->nrows = nids * 4;
-        out->rows = malloc(out->nrows * sizeof(float));
-        gr_client_batch b = {GR_TRAIN_EMB_TABLE, 4, nids, ids, out->rows, NULL, 0};
-        assert_int_equal(gr_client_pull_many(client, &b, 1, GR_CLIENT_READONLY), 0);
-    }
+    if (!rc && ids) assert_int_equal(tr_params_read(client, &o.model, ids, nids, 4, out), 0);
     gr_ps_backend_finish(&be);
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
@@ -206,7 +140,7 @@ static int run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
     return rc;
 }
 
-static void assert_params_equal(const params *a, const params *b)
+static void assert_params_equal(const tr_params *a, const tr_params *b)
 {
     assert_int_equal(a->nd, b->nd);
     assert_int_equal(a->nrows, b->nrows);
@@ -223,8 +157,9 @@ static void test_sync_resume_is_exact(void **state)
     path_of(rootA, sizeof rootA, "syncA");
     path_of(rootB, sizeof rootB, "syncB");
     uint64_t *ids;
-    size_t nids = file_ids(file, &ids);
-    params pa, pb, pc;
+    size_t nids = tr_file_ids(file, &ids);
+    assert_true(nids > 0);
+    tr_params pa, pb, pc;
     gr_train_result ra, rb1, rb2, rc2;
 
     run_cfg a = {.file = file, .workers = 2, .shards = 2, .mode = GR_MODE_SYNC, .pipeline = true,
@@ -278,9 +213,9 @@ static void test_sync_resume_is_exact(void **state)
     assert_int_equal(rc2.resumed_step, STEPS / 2);
     assert_params_equal(&pa, &pc);
 
-    params_fini(&pa);
-    params_fini(&pb);
-    params_fini(&pc);
+    tr_params_fini(&pa);
+    tr_params_fini(&pb);
+    tr_params_fini(&pc);
     free(ids);
 }
 
@@ -294,8 +229,9 @@ static void test_sync_resume_with_a_worker_that_left(void **state)
     path_of(root, sizeof root, "unevenA");
     path_of(root2, sizeof root2, "unevenB");
     uint64_t *ids;
-    size_t nids = file_ids(file, &ids);
-    params pa, pb;
+    size_t nids = tr_file_ids(file, &ids);
+    assert_true(nids > 0);
+    tr_params pa, pb;
     gr_train_result ra, rb1, rb2;
     run_cfg a = {.file = file, .workers = 3, .shards = 2, .mode = GR_MODE_SYNC, .pipeline = true,
                  .ckpt_dir = root, .every = 10, .batch = 16};
@@ -322,8 +258,8 @@ static void test_sync_resume_with_a_worker_that_left(void **state)
     assert_int_equal(rb2.worker_steps[2], 0); /* nothing left for the short worker */
     assert_int_equal(rb1.examples + rb2.examples, ra.examples);
     assert_params_equal(&pa, &pb);
-    params_fini(&pa);
-    params_fini(&pb);
+    tr_params_fini(&pa);
+    tr_params_fini(&pb);
     free(ids);
 }
 
@@ -478,7 +414,7 @@ static void test_cli_kill_and_resume(void **state)
     path_of(mA, sizeof mA, "metricsA.json");
     path_of(mB, sizeof mB, "metricsB.json");
     FILE *f = fopen(file, "w");
-    for (unsigned i = 0; i < 2 * 96 * B; i++) write_line(f, 7000 + i, false);
+    for (unsigned i = 0; i < 2 * 96 * B; i++) tr_write_fixed_line(f, 7000 + i, false);
     fclose(f);
     const char *common[] = {"train", "--train", file, "--test", test, "--mode", "sync",
                             "--workers", "2", "--batch", "32", "--shards", "2", "--dim", "4",
@@ -560,8 +496,9 @@ static void test_hybrid_resume(void **state)
     path_of(rootB, sizeof rootB, "hybB");
     path_of(rootC, sizeof rootC, "hybC");
     uint64_t *ids;
-    size_t nids = file_ids(file, &ids);
-    params pa, pb;
+    size_t nids = tr_file_ids(file, &ids);
+    assert_true(nids > 0);
+    tr_params pa, pb;
     gr_train_result ra, rb1, rb2;
     run_cfg a = {.file = file, .workers = 1, .shards = 2, .mode = GR_MODE_HYBRID,
                  .pipeline = false, .ckpt_dir = rootA, .every = STEPS};
@@ -583,8 +520,8 @@ static void test_hybrid_resume(void **state)
     assert_int_equal(rb2.steps, STEPS);
     assert_params_equal(&pa, &pb);
     assert_true(ra.test_auc == rb2.test_auc);
-    params_fini(&pa);
-    params_fini(&pb);
+    tr_params_fini(&pa);
+    tr_params_fini(&pb);
 
     run_cfg c = {.file = file, .workers = 2, .shards = 2, .mode = GR_MODE_HYBRID,
                  .pipeline = true, .ckpt_dir = rootC, .every = STEPS / 2};

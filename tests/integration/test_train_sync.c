@@ -20,6 +20,7 @@
 #include "granary/cluster.h"
 #include "granary/client.h"
 #include "granary/train.h"
+#include "tests/support/train_fixture.h"
 
 #define STEPS 8
 #define B 32
@@ -27,24 +28,6 @@
 #define THREE_LINES 487
 
 static char tmpdir[64];
-
-/* One fixed-width line (label, 13 "%04d" ints, 26 "%08x" ids) for example i: a few ids per
- * slot so rows repeat, a label from a simple rule so gradients are not noise. */
-static void write_line(FILE *f, unsigned i, bool wide)
-{
-    uint64_t h = gr_hash_key(i, 77);
-    unsigned ints[13], ids[26];
-    int score = 0;
-    for (int j = 0; j < 13; j++) ints[j] = (unsigned)((h >> (j * 3)) % 50);
-    for (int s = 0; s < 26; s++) {
-        ids[s] = (unsigned)(gr_hash_key(i * 31 + (unsigned)s, 5) % (3 + (unsigned)s * 7)) * 2654435761u;
-        score += (ids[s] >> 7) & 1;
-    }
-    fprintf(f, "%d", score + (int)(ints[0] % 5) > 15 ? 1 : 0);
-    for (int j = 0; j < 13; j++) fprintf(f, wide ? "\t%012u" : "\t%04u", ints[j]);
-    for (int s = 0; s < 26; s++) fprintf(f, "\t%08x", ids[s]);
-    fputc('\n', f);
-}
 
 static int setup(void **state)
 {
@@ -55,20 +38,20 @@ static int setup(void **state)
     /* multi.tsv: worker w reads rows [w * STEPS * B, (w + 1) * STEPS * B). */
     snprintf(p, sizeof p, "%s/multi.tsv", tmpdir);
     FILE *m = fopen(p, "w");
-    for (unsigned i = 0; i < W * STEPS * B; i++) write_line(m, i, false);
+    for (unsigned i = 0; i < W * STEPS * B; i++) tr_write_fixed_line(m, i, false);
     fclose(m);
     /* single.tsv: step t is worker 0's t-th batch followed by worker 1's t-th batch. */
     snprintf(p, sizeof p, "%s/single.tsv", tmpdir);
     FILE *s = fopen(p, "w");
     for (unsigned t = 0; t < STEPS; t++)
         for (unsigned w = 0; w < W; w++)
-            for (unsigned k = 0; k < B; k++) write_line(s, w * STEPS * B + t * B + k, false);
+            for (unsigned k = 0; k < B; k++) tr_write_fixed_line(s, w * STEPS * B + t * B + k, false);
     fclose(s);
     /* three.tsv for 3 workers: the last 200 lines are wider, and ranges are cut by bytes, so
      * the last worker gets fewer lines (and steps) than the others and leaves first. */
     snprintf(p, sizeof p, "%s/three.tsv", tmpdir);
     FILE *u = fopen(p, "w");
-    for (unsigned i = 0; i < THREE_LINES; i++) write_line(u, 1000 + i, i >= THREE_LINES - 200);
+    for (unsigned i = 0; i < THREE_LINES; i++) tr_write_fixed_line(u, 1000 + i, i >= THREE_LINES - 200);
     fclose(u);
     return 0;
 }
@@ -79,47 +62,6 @@ static int teardown(void **state)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-/* Every distinct feature id of a file. */
-static size_t file_ids(const char *path, uint64_t **out)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t cap = 1 << 16, n = 0;
-    uint64_t *ids = malloc(cap * sizeof *ids);
-    char line[1024];
-    while (fgets(line, sizeof line, f)) {
-        float label, dense[13];
-        uint64_t x[26];
-        assert_int_equal(gr_criteo_parse_line(line, strcspn(line, "\n"), &label, dense, x), 0);
-        for (int s = 0; s < 26; s++) {
-            if (n == cap) ids = realloc(ids, (cap *= 2) * sizeof *ids);
-            ids[n++] = x[s];
-        }
-    }
-    fclose(f);
-    uint64_t *uniq = malloc(n * sizeof *uniq);
-    uint32_t *inv = malloc(n * sizeof *inv);
-    long nu = gr_dedup(ids, n, uniq, inv, NULL);
-    assert_true(nu > 0);
-    free(ids);
-    free(inv);
-    *out = uniq;
-    return (size_t)nu;
-}
-
-typedef struct params {
-    float *dense;
-    size_t nd;
-    float *rows;
-    size_t nrows;
-} params;
-
-static void params_fini(params *p)
-{
-    free(p->dense);
-    free(p->rows);
 }
 
 typedef struct run_cfg {
@@ -133,7 +75,7 @@ typedef struct run_cfg {
 } run_cfg;
 
 /* Trains on an embedded 2-shard cluster and reads back every parameter. */
-static void run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
+static void run(const run_cfg *c, const uint64_t *ids, size_t nids, tr_params *out,
                 gr_train_result *res)
 {
     gr_local_cluster *cl;
@@ -178,16 +120,7 @@ static void run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
     int rc = gr_train_run(&o, &be, res);
     if (rc) fprintf(stderr, "train: %s\n", gr_errmsg());
     assert_int_equal(rc, 0);
-    gr_model *m;
-    assert_int_equal(gr_model_create(&o.model, &m), 0);
-    out->nd = gr_model_dense_size(m);
-    out->dense = malloc(out->nd * sizeof(float));
-    assert_int_equal(gr_client_dense_pull(client, gr_model_dense_name(m), out->dense, out->nd), 0);
-    gr_model_destroy(m);
-    out->nrows = nids * 4;
-    out->rows = malloc(out->nrows * sizeof(float));
-    gr_client_batch b = {GR_TRAIN_EMB_TABLE, 4, nids, ids, out->rows, NULL, 0};
-    assert_int_equal(gr_client_pull_many(client, &b, 1, GR_CLIENT_READONLY), 0);
+    assert_int_equal(tr_params_read(client, &o.model, ids, nids, 4, out), 0);
     gr_ps_backend_finish(&be);
     gr_train_backend_destroy(&be);
     gr_client_destroy(client);
@@ -195,7 +128,7 @@ static void run(const run_cfg *c, const uint64_t *ids, size_t nids, params *out,
 }
 
 /* Largest |a - b| / (1 + |a|) over two parameter sets. */
-static double max_rel_diff(const params *a, const params *b)
+static double max_rel_diff(const tr_params *a, const tr_params *b)
 {
     double m = 0;
     assert_int_equal(a->nd, b->nd);
@@ -226,8 +159,9 @@ static void test_sync_equals_big_batch(void **state)
     snprintf(multi, sizeof multi, "%s/multi.tsv", tmpdir);
     snprintf(single, sizeof single, "%s/single.tsv", tmpdir);
     uint64_t *ids;
-    size_t nids = file_ids(multi, &ids);
-    params ps, p1, pa;
+    size_t nids = tr_file_ids(multi, &ids);
+    assert_true(nids > 0);
+    tr_params ps, p1, pa;
     gr_train_result rs, r1, ra;
     run_cfg sync2 = {multi, W, B, GR_MODE_SYNC, 0, true, true};
     run_cfg one = {single, 1, W * B, GR_MODE_SYNC, 0, true, false};
@@ -244,9 +178,9 @@ static void test_sync_equals_big_batch(void **state)
     fprintf(stderr, "sync W=2 vs one worker 2b: max rel diff %.3g; async: %.3g\n", d_sync, d_async);
     assert_true(d_sync <= 1e-5);
     assert_true(d_async > 1e-3);
-    params_fini(&ps);
-    params_fini(&p1);
-    params_fini(&pa);
+    tr_params_fini(&ps);
+    tr_params_fini(&p1);
+    tr_params_fini(&pa);
     free(ids);
 }
 
@@ -258,8 +192,9 @@ static void test_semisync_full_equals_sync(void **state)
     char three[128];
     snprintf(three, sizeof three, "%s/three.tsv", tmpdir);
     uint64_t *ids;
-    size_t nids = file_ids(three, &ids);
-    params a, b;
+    size_t nids = tr_file_ids(three, &ids);
+    assert_true(nids > 0);
+    tr_params a, b;
     gr_train_result ra, rb;
     run_cfg sync3 = {three, 3, B, GR_MODE_SYNC, 0, false, true};
     run_cfg semi3 = {three, 3, B, GR_MODE_SEMISYNC, 3, false, true};
@@ -290,8 +225,8 @@ static void test_semisync_full_equals_sync(void **state)
     assert_true(moved > a.nd / 2);
     free(init);
     gr_model_destroy(m);
-    params_fini(&a);
-    params_fini(&b);
+    tr_params_fini(&a);
+    tr_params_fini(&b);
     free(ids);
 }
 
