@@ -5,6 +5,7 @@
  * here, no persistence), and raw loopback TCP throughput between two processes.
  * Rows/s count every id of a batch, duplicates included (before dedup). */
 #include "bench/bench.h"
+#include "bench/redis.h"
 #include "cli/opts.h"
 #include "granary/client.h"
 
@@ -247,75 +248,17 @@ static double loopback_bytes_per_sec(uint64_t total)
 
 /* ---- Redis over RESP, pipelined ---- */
 
-typedef struct rconn {
-    int fd;
-    char *buf;
-    size_t len, off, cap;
-} rconn;
-
-static int r_fill(rconn *r)
-{
-    if (r->off > 0) {
-        memmove(r->buf, r->buf + r->off, r->len - r->off);
-        r->len -= r->off;
-        r->off = 0;
-    }
-    if (r->len == r->cap) return -1;
-    ssize_t n = recv(r->fd, r->buf + r->len, r->cap - r->len, 0);
-    if (n <= 0) return -1;
-    r->len += (size_t)n;
-    return 0;
-}
-
-/* Reads a line ending in \r\n; returns a pointer to it (NUL-terminated in place). */
-static char *r_line(rconn *r)
-{
-    for (;;) {
-        char *nl = memchr(r->buf + r->off, '\n', r->len - r->off);
-        if (nl) {
-            char *line = r->buf + r->off;
-            *nl = '\0';
-            if (nl > line && nl[-1] == '\r') nl[-1] = '\0';
-            r->off = (size_t)(nl + 1 - r->buf);
-            return line;
-        }
-        if (r_fill(r)) return NULL;
-    }
-}
-
-static int r_skip(rconn *r, size_t n)
-{
-    while (r->len - r->off < n) {
-        n -= r->len - r->off;
-        r->off = r->len;
-        if (r_fill(r)) return -1;
-    }
-    r->off += n;
-    return 0;
-}
-
 /* Reads one MGET reply of n values of vlen bytes. */
-static int r_read_mget(rconn *r, size_t n, size_t vlen)
+static int r_read_mget(gr_redis_conn *r, size_t n, size_t vlen)
 {
-    char *l = r_line(r);
+    char *l = gr_redis_line(r);
     if (!l || l[0] != '*' || (size_t)atol(l + 1) != n) return -1;
     for (size_t i = 0; i < n; i++) {
-        l = r_line(r);
+        l = gr_redis_line(r);
         if (!l || l[0] != '$') return -1;
         long sz = atol(l + 1);
         if (sz < 0) continue; /* missing key */
-        if ((size_t)sz != vlen || r_skip(r, vlen + 2)) return -1;
-    }
-    return 0;
-}
-
-static int r_send(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
+        if ((size_t)sz != vlen || gr_redis_skip(r, vlen + 2)) return -1;
     }
     return 0;
 }
@@ -358,7 +301,7 @@ static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bo
 {
     int fd = gr_bench_tcp_connect(port);
     if (fd < 0) return NAN;
-    rconn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
+    gr_redis_conn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
     cmdbuf cb = {NULL, 0, 0};
     char value[DIM * 4];
     memset(value, 0x3f, sizeof value);
@@ -385,13 +328,13 @@ static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bo
                 }
                 sent++;
             }
-            if (cb.len && r_send(fd, cb.p, cb.len)) ok = false;
+            if (cb.len && gr_redis_send(fd, cb.p, cb.len)) ok = false;
             /* Read one reply, keeping the pipeline full. */
             if (ok) {
                 size_t lo = done * REDIS_CMD_KEYS, hi = lo + REDIS_CMD_KEYS;
                 if (hi > IDS) hi = IDS;
                 if (set) {
-                    char *l = r_line(&r);
+                    char *l = gr_redis_line(&r);
                     ok = l && !strcmp(l, "+OK");
                 } else {
                     ok = r_read_mget(&r, hi - lo, sizeof value) == 0;
@@ -411,35 +354,8 @@ static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bo
 
 static int start_redis(child *c)
 {
-    for (int attempt = 0; attempt < 5; attempt++) {
-        uint16_t port;
-        int lfd = tcp_listen_any(&port);
-        if (lfd < 0) return -1;
-        close(lfd);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%u", port);
-        char *argv[] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-                        "--appendonly", "no", "--protected-mode", "no", NULL};
-        int fd;
-        c->pid = spawn_reading(argv, &fd);
-        if (c->pid < 0) return -1;
-        close(fd);
-        c->port = port;
-        for (int i = 0; i < 300; i++) {
-            int s = gr_bench_tcp_connect(port);
-            if (s >= 0) {
-                char pong[16] = {0};
-                bool up = r_send(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&
-                          !strncmp(pong, "+PONG", 5);
-                close(s);
-                if (up) return 0;
-            }
-            if (waitpid(c->pid, NULL, WNOHANG) == c->pid) break; /* exited: port taken? */
-            gr_sleep_ms(10);
-        }
-        stop_child(c);
-    }
-    return -1;
+    c->pid = gr_redis_start(&c->port);
+    return c->pid > 0 ? 0 : -1;
 }
 
 /* ---- the PS measurement ---- */

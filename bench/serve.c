@@ -12,15 +12,17 @@
  *   1000 ms, a subscribed replica, a background "trainer" pushing gradients all the time, and a
  *   probe that pushes a fresh key and times until the replica returns its new row.
  *
- * docs/benchmarks.md ("Serving") records the figures and the command. */
+ * The load generators (wrk, the paced client) are in bench/serve_load.c, the Redis helpers in
+ * bench/redis.c. docs/benchmarks.md ("Serving") records the figures and the command. */
 #include "bench/bench.h"
+#include "bench/redis.h"
+#include "bench/serve_load.h"
 #include "cli/opts.h"
 #include "granary/client.h"
 #include "granary/http.h"
 #include "granary/serve.h"
 #include "granary/server.h"
 
-#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -29,11 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,41 +49,30 @@
     X(SB_FRESH, "freshness-seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "6",                  \
       "length of each freshness run")                                                          \
     X(SB_CMP_PACE, "compare-pacers", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
-      "also measure half saturation with the earlier blocking paced client (4 threads)")
+      "also measure half saturation with the earlier paced clients (4 blocking threads; one "     \
+      "epoll thread not raised to SCHED_FIFO)")                                               \
+    X(SB_PACER_OTHER, "pacer-other", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
+      "run the paced client as an ordinary thread, not SCHED_FIFO")                            \
+    X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
+      "saturation runs of batch 1, alternating replica and Redis-backed; medians reported")    \
+    X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
+      "wrk threads at saturation")                                                             \
+    X(SB_SAT_ONLY, "saturation-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                 \
+      "measure only the batch-1 saturation rounds (no batch 100, paced, binary or freshness)")
 
 enum { SERVE_BENCH_OPTIONS(GR_CLI_ENUM) SB_COUNT };
 static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec serve_bench_spec = {
     .command = "bench serve",
-    .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T]",
+    .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T] "
+                "[--rounds N] [--wrk-threads T] [--saturation-only] [--compare-pacers] [--pacer-other]",
     .opts = serve_bench_opts,
     .n_opts = SB_COUNT,
     .config_section = NULL,
 };
 
-static double now_s(void) { return (double)gr_now_ns() / 1e9; }
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    if (!n) return NAN;
-    qsort(v, n, sizeof *v, cmp_double);
-    size_t i = (size_t)ceil(p * (double)n) - 1;
-    return v[i < n ? i : n - 1];
-}
-
 /* ---- request bodies ---- */
 
-typedef struct bodies {
-    char **b;
-    size_t *len;
-    size_t n;
-} bodies;
 
 /* REQUESTS bodies of `batch` lines each ({"lines": [...]}) from the generator; every id they
  * use goes to ids (for loading rows). */
@@ -132,361 +119,6 @@ static void bodies_free(bodies *b)
     free(b->len);
 }
 
-/* ---- wrk at saturation ---- */
-
-typedef struct load {
-    double qps, p50_ms, p99_ms;
-    uint64_t requests, errors;
-    /* CPU microseconds per answered request (load changes them far less than wall-clock
-     * rates): this process (the server under test), the load generator, and a helper process
-     * (redis-server for the baseline). NAN when not measured. */
-    double cpu_us, gen_cpu_us, helper_cpu_us;
-    double late_p99_ms, service_p99_ms; /* the paced client's: send lateness, reply time */
-} load;
-
-static double rusage_s(int who)
-{
-    struct rusage ru;
-    getrusage(who, &ru);
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-           ru.ru_stime.tv_usec / 1e6;
-}
-
-/* User + system CPU seconds of another process (from /proc), or NAN. */
-static double proc_cpu_s(pid_t pid)
-{
-    if (pid <= 0) return NAN;
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return NAN;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long long ut, st;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return NAN;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double wrk_ms(const char *s)
-{
-    double v = atof(s);
-    if (strstr(s, "us")) return v / 1000.0;
-    if (strstr(s, "ms")) return v;
-    if (strchr(s, 's')) return v * 1000.0;
-    return v;
-}
-
-/* Writes a wrk Lua script that cycles through the bodies. */
-static int write_script(const char *path, const bodies *b)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fprintf(f, "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
-               "bodies = {\n");
-    for (size_t i = 0; i < b->n; i++) fprintf(f, "[==[%s]==],\n", b->b[i]);
-    fprintf(f, "}\ni = 0\nrequest = function()\n  i = i %% #bodies + 1\n"
-               "  return wrk.format(nil, nil, nil, bodies[i])\nend\n");
-    return fclose(f);
-}
-
-static int run_wrk(uint16_t port, const char *script, unsigned conns, double secs, pid_t helper,
-                   load *out)
-{
-    memset(out, 0, sizeof *out);
-    out->qps = out->p50_ms = out->p99_ms = NAN;
-    out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = out->late_p99_ms = out->service_p99_ms = NAN;
-    double self0 = rusage_s(RUSAGE_SELF), gen0 = rusage_s(RUSAGE_CHILDREN), help0 = proc_cpu_s(helper);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "wrk -t2 -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
-             conns, secs, script, port);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[512];
-    bool dist = false;
-    while (fgets(line, sizeof line, p)) {
-        char a[64];
-        if (strstr(line, "Latency Distribution")) dist = true;
-        if (dist && sscanf(line, " 50%% %63s", a) == 1) out->p50_ms = wrk_ms(a);
-        if (dist && sscanf(line, " 99%% %63s", a) == 1) out->p99_ms = wrk_ms(a);
-        if (sscanf(line, "Requests/sec: %63s", a) == 1) out->qps = atof(a);
-        unsigned long long n;
-        if (sscanf(line, " %llu requests in", &n) == 1) out->requests = n;
-        if (sscanf(line, " Non-2xx or 3xx responses: %llu", &n) == 1) out->errors = n;
-    }
-    int st = pclose(p);
-    if (out->requests) {
-        double per = 1e6 / (double)out->requests;
-        out->cpu_us = (rusage_s(RUSAGE_SELF) - self0) * per;
-        out->gen_cpu_us = (rusage_s(RUSAGE_CHILDREN) - gen0) * per;
-        out->helper_cpu_us = (proc_cpu_s(helper) - help0) * per;
-    }
-    return st == 0 && !isnan(out->qps) ? 0 : -1;
-}
-
-/* ---- the paced client: keep-alive connections, each request due at a fixed time ---- */
-
-typedef struct paced {
-    uint16_t port;
-    const bodies *b;
-    double rate, secs, t0;
-    double *lat;
-    size_t n, cap;
-    atomic_ullong errors;
-    pthread_mutex_t mu;
-    double cpu_s; /* the client threads' CPU, under mu */
-} paced;
-
-typedef struct paced_arg {
-    paced *p;
-    unsigned id, nthreads;
-} paced_arg;
-
-static int send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Reads one HTTP response (headers, then Content-Length bytes); its status or -1. */
-static int read_response(int fd, char *buf, size_t cap)
-{
-    size_t len = 0;
-    char *end = NULL;
-    while (!end) {
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r <= 0) return -1;
-        len += (size_t)r;
-        buf[len] = 0;
-        end = strstr(buf, "\r\n\r\n");
-        if (!end && len >= cap - 1) return -1;
-    }
-    int status = atoi(buf + 9);
-    char *cl = strcasestr(buf, "Content-Length:");
-    size_t want = cl ? (size_t)atol(cl + 15) : 0, have = len - (size_t)(end + 4 - buf);
-    while (have < want) {
-        ssize_t r = recv(fd, buf, cap - 1, 0);
-        if (r <= 0) return -1;
-        have += (size_t)r;
-    }
-    return status;
-}
-
-static void *paced_main(void *arg)
-{
-    paced_arg *a = arg;
-    paced *p = a->p;
-    int fd = gr_bench_tcp_connect(p->port);
-    char *buf = malloc(1 << 16);
-    double interval = a->nthreads / p->rate;
-    size_t k = 0;
-    char head[256];
-    for (;;) {
-        double due = p->t0 + ((double)k + (double)a->id / a->nthreads) * interval;
-        if (due > p->t0 + p->secs) break;
-        double now = now_s();
-        if (due > now) usleep((useconds_t)((due - now) * 1e6));
-        const char *body = p->b->b[(k * a->nthreads + a->id) % p->b->n];
-        size_t blen = p->b->len[(k * a->nthreads + a->id) % p->b->n];
-        int hn = snprintf(head, sizeof head, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", blen);
-        int st = fd < 0 || send_all(fd, head, (size_t)hn) || send_all(fd, body, blen)
-                     ? -1 : read_response(fd, buf, 1 << 16);
-        double lat = (now_s() - due) * 1e3;
-        if (st != 200) {
-            atomic_fetch_add(&p->errors, 1);
-            if (st < 0) { /* reconnect */
-                if (fd >= 0) close(fd);
-                fd = gr_bench_tcp_connect(p->port);
-            }
-        } else {
-            pthread_mutex_lock(&p->mu);
-            if (p->n == p->cap) {
-                p->cap = p->cap ? p->cap * 2 : 4096;
-                p->lat = realloc(p->lat, p->cap * sizeof *p->lat);
-            }
-            p->lat[p->n++] = lat;
-            pthread_mutex_unlock(&p->mu);
-        }
-        k++;
-    }
-    if (fd >= 0) close(fd);
-    free(buf);
-    pthread_mutex_lock(&p->mu);
-    p->cpu_s += rusage_s(RUSAGE_THREAD);
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
-}
-
-/* The blocking paced client the bench used before (4 threads, one connection each); kept for
- * `--paced-threads`, to compare the two generators in one run (docs/benchmarks.md). */
-static void run_paced_threads(uint16_t port, const bodies *b, double rate, double secs, load *out)
-{
-    enum { THREADS = 4 };
-    paced p = {.port = port, .b = b, .rate = rate, .secs = secs};
-    pthread_mutex_init(&p.mu, NULL);
-    p.t0 = now_s() + 0.05;
-    pthread_t th[THREADS];
-    paced_arg args[THREADS];
-    for (unsigned i = 0; i < THREADS; i++) {
-        args[i] = (paced_arg){&p, i, THREADS};
-        pthread_create(&th[i], NULL, paced_main, &args[i]);
-    }
-    for (unsigned i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
-    out->requests = p.n;
-    out->errors = atomic_load(&p.errors);
-    out->qps = (double)p.n / secs;
-    out->p50_ms = pct(p.lat, p.n, 0.50);
-    out->p99_ms = pct(p.lat, p.n, 0.99);
-    out->gen_cpu_us = p.n ? p.cpu_s * 1e6 / (double)p.n : NAN;
-    free(p.lat);
-    pthread_mutex_destroy(&p.mu);
-}
-
-/* The paced client: one thread, an epoll set of keep-alive connections. Request k is due at
- * t0 + k / rate and goes out on any idle connection as soon as it is due (one write of head and
- * body); its latency runs from when it was due, so a late send, a queue of due requests
- * waiting for a free connection or a stalled server all count (no coordinated omission). One
- * thread that sleeps in epoll until the next due time costs far less CPU per request than
- * blocking threads, on cores it shares with the server it measures. */
-typedef struct pconn {
-    int fd;
-    bool busy;
-    double due;   /* of the request in flight */
-    double sent;  /* when it went out */
-    size_t have;  /* bytes of the response read */
-    char buf[8192];
-} pconn;
-
-enum { PACED_CONNS = 32 };
-
-/* Bytes of a complete response at the start of c->buf (headers and Content-Length body), 0
- * while incomplete, -1 when it cannot be one. *status gets its status. */
-static long response_len(const pconn *c, int *status)
-{
-    const char *end = memmem(c->buf, c->have, "\r\n\r\n", 4);
-    if (!end) return c->have >= sizeof c->buf - 1 ? -1 : 0;
-    *status = atoi(c->buf + 9);
-    const char *cl = memmem(c->buf, (size_t)(end - c->buf), "Content-Length:", 15);
-    if (!cl) cl = memmem(c->buf, (size_t)(end - c->buf), "content-length:", 15);
-    size_t total = (size_t)(end + 4 - c->buf) + (cl ? (size_t)atol(cl + 15) : 0);
-    if (total >= sizeof c->buf) return -1;
-    return c->have >= total ? (long)total : 0;
-}
-
-static int pconn_open(int ep, pconn *c, uint16_t port)
-{
-    c->fd = gr_bench_tcp_connect(port);
-    c->busy = false;
-    c->have = 0;
-    if (c->fd < 0) return -1;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-    return epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
-}
-
-static void run_paced(uint16_t port, const bodies *b, double rate, double secs, load *out)
-{
-    memset(out, 0, sizeof *out);
-    out->qps = out->p50_ms = out->p99_ms = out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = NAN;
-    out->late_p99_ms = out->service_p99_ms = NAN;
-    prctl(PR_SET_TIMERSLACK, 1UL); /* wake at the due time, not up to 50 us after it */
-    int ep = epoll_create1(EPOLL_CLOEXEC);
-    pconn *cs = calloc(PACED_CONNS, sizeof *cs);
-    size_t total = (size_t)(rate * secs), sent = 0, done = 0, cap = total + 1;
-    double *lat = malloc(cap * sizeof *lat), *late = malloc(cap * sizeof *late),
-           *service = malloc(cap * sizeof *service);
-    char *req = malloc(1 << 16);
-    uint64_t errors = 0;
-    for (int i = 0; i < PACED_CONNS; i++)
-        if (pconn_open(ep, &cs[i], port)) cs[i].fd = -1;
-    double t0 = now_s() + 0.05, cpu0 = rusage_s(RUSAGE_THREAD), deadline = t0 + secs + 5.0;
-    while ((sent < total || done + errors < sent) && now_s() < deadline) {
-        /* Every due request that has an idle connection goes out now. */
-        double now = now_s();
-        for (int i = 0; i < PACED_CONNS && sent < total && t0 + (double)sent / rate <= now; i++) {
-            pconn *c = &cs[i];
-            if (c->busy) continue;
-            if (c->fd < 0 && pconn_open(ep, c, port)) continue;
-            size_t k = sent % b->n, blen = b->len[k];
-            int hn = snprintf(req, 1 << 16, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                              "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", blen);
-            memcpy(req + hn, b->b[k], blen);
-            c->due = t0 + (double)sent / rate;
-            c->sent = now_s();
-            c->have = 0;
-            sent++;
-            if (send_all(c->fd, req, (size_t)hn + blen)) {
-                errors++;
-                close(c->fd);
-                c->fd = -1;
-                continue;
-            }
-            c->busy = true;
-        }
-        /* Sleep until a reply, or until the next request is due (now, if one is due and waits
-         * for a connection: a reply frees one). */
-        bool waiting = sent < total && t0 + (double)sent / rate <= now_s();
-        double next = sent < total ? t0 + (double)sent / rate : now_s() + 0.1;
-        double wait = waiting ? 0.1 : next - now_s();
-        if (wait < 0) wait = 0;
-        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
-        struct epoll_event evs[PACED_CONNS];
-        int n = epoll_pwait2(ep, evs, PACED_CONNS, &ts, NULL);
-        for (int e = 0; e < n; e++) {
-            pconn *c = evs[e].data.ptr;
-            ssize_t r = recv(c->fd, c->buf + c->have, sizeof c->buf - 1 - c->have, 0);
-            int status = 0;
-            long len = 0;
-            if (r > 0) {
-                c->have += (size_t)r;
-                len = response_len(c, &status);
-            }
-            if (r <= 0 || len < 0 || !c->busy) {
-                if (c->busy) errors++;
-                epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
-                close(c->fd);
-                c->fd = -1;
-                c->busy = false;
-                continue;
-            }
-            if (len == 0) continue;
-            double t = now_s();
-            c->busy = false;
-            c->have = 0;
-            if (status == 200) {
-                late[done] = (c->sent - c->due) * 1e3;
-                service[done] = (t - c->sent) * 1e3;
-                lat[done++] = (t - c->due) * 1e3;
-            } else {
-                errors++;
-            }
-        }
-    }
-    double cpu = rusage_s(RUSAGE_THREAD) - cpu0;
-    for (int i = 0; i < PACED_CONNS; i++)
-        if (cs[i].fd >= 0) close(cs[i].fd);
-    close(ep);
-    out->requests = done;
-    out->errors = errors + (sent < total ? total - sent : 0);
-    out->qps = (double)done / secs;
-    out->p50_ms = pct(lat, done, 0.50);
-    out->p99_ms = pct(lat, done, 0.99);
-    out->gen_cpu_us = done ? cpu * 1e6 / (double)done : NAN;
-    /* Where the tail comes from: requests sent late (the client, or the machine, did not run
-     * when one was due) or answered slowly (the server, the network stack, or the machine
-     * not running the server). */
-    out->late_p99_ms = pct(late, done, 0.99);
-    out->service_p99_ms = pct(service, done, 0.99);
-    free(lat), free(late), free(service), free(cs), free(req);
-}
-
 /* ---- the binary protocol: closed-loop PREDICT of one example per request ---- */
 
 typedef struct binload {
@@ -504,15 +136,15 @@ static void *bin_main(void *arg)
     gr_proto_buf out;
     gr_proto_buf_init(&out);
     uint8_t *reply = malloc(1 << 16);
-    double end = now_s() + b->secs;
-    for (uint64_t k = 0; fd >= 0 && now_s() < end; k++) {
+    double end = sl_now_s() + b->secs;
+    for (uint64_t k = 0; fd >= 0 && sl_now_s() < end; k++) {
         size_t i = k % REQUESTS;
         gr_proto_predict q = {.n = 1, .ndense = GR_CRITEO_DENSE, .nsparse = GR_CRITEO_SPARSE,
                               .dense = b->dense + i * GR_CRITEO_DENSE,
                               .ids = b->ids + i * GR_CRITEO_SPARSE};
         out.len = 0;
         if (gr_proto_begin(&out, GR_PROTO_REQUEST, GR_OP_PREDICT, 0, 0, k) ||
-            gr_proto_put_predict(&out, &q) || gr_proto_end(&out, 0) || send_all(fd, (char *)out.data, out.len))
+            gr_proto_put_predict(&out, &q) || gr_proto_end(&out, 0) || sl_send_all(fd, (char *)out.data, out.len))
             break;
         size_t got = 0, need = GR_PROTO_HEADER_SIZE;
         gr_proto_header h = {0};
@@ -557,60 +189,21 @@ static double run_binary(uint16_t port, const bodies *b1, unsigned conns, double
     binload b = {.port = port, .secs = secs, .dense = dense, .ids = ids};
     pthread_t th[64];
     if (conns > 64) conns = 64;
-    double t0 = now_s();
+    double t0 = sl_now_s();
     for (unsigned i = 0; i < conns; i++) pthread_create(&th[i], NULL, bin_main, &b);
     for (unsigned i = 0; i < conns; i++) pthread_join(th[i], NULL);
-    double dt = now_s() - t0;
+    double dt = sl_now_s() - t0;
     free(dense), free(ids);
     return atomic_load(&b.errors) ? NAN : (double)atomic_load(&b.done) / dt;
 }
 
 /* ---- the Redis-backed baseline ---- */
 
+/* A pooled connection to redis-server: the shared reader plus a free-list link. */
 typedef struct rconn {
-    int fd;
-    char *buf;
-    size_t len, off, cap;
+    gr_redis_conn c;
     struct rconn *next;
 } rconn;
-
-static int r_fill(rconn *r)
-{
-    if (r->off) {
-        memmove(r->buf, r->buf + r->off, r->len - r->off);
-        r->len -= r->off;
-        r->off = 0;
-    }
-    if (r->len == r->cap) return -1;
-    ssize_t n = recv(r->fd, r->buf + r->len, r->cap - r->len, 0);
-    if (n <= 0) return -1;
-    r->len += (size_t)n;
-    return 0;
-}
-
-static char *r_line(rconn *r)
-{
-    for (;;) {
-        char *nl = memchr(r->buf + r->off, '\n', r->len - r->off);
-        if (nl) {
-            char *line = r->buf + r->off;
-            *nl = 0;
-            if (nl > line && nl[-1] == '\r') nl[-1] = 0;
-            r->off = (size_t)(nl + 1 - r->buf);
-            return line;
-        }
-        if (r_fill(r)) return NULL;
-    }
-}
-
-static int r_read(rconn *r, void *out, size_t n)
-{
-    while (r->len - r->off < n)
-        if (r_fill(r)) return -1;
-    memcpy(out, r->buf + r->off, n);
-    r->off += n;
-    return 0;
-}
 
 typedef struct redis_srv {
     uint16_t redis_port;
@@ -632,9 +225,9 @@ static rconn *conn_take(redis_srv *rs)
     pthread_mutex_unlock(&rs->mu);
     if (r) return r;
     r = calloc(1, sizeof *r);
-    r->fd = gr_bench_tcp_connect(rs->redis_port);
-    r->cap = 1 << 22;
-    r->buf = malloc(r->cap);
+    r->c.fd = gr_bench_tcp_connect(rs->redis_port);
+    r->c.cap = 1 << 22;
+    r->c.buf = malloc(r->c.cap);
     return r;
 }
 
@@ -698,19 +291,20 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
         len += (size_t)snprintf(cmd + len, cap - len, "$%d\r\n%s\r\n", kn, key);
     }
     rconn *r = conn_take(rs);
-    bool ok = r->fd >= 0 && send_all(r->fd, cmd, len) == 0;
-    char *l = ok ? r_line(r) : NULL;
+    bool ok = r->c.fd >= 0 && gr_redis_send(r->c.fd, cmd, len) == 0;
+    char *l = ok ? gr_redis_line(&r->c) : NULL;
     ok = l && l[0] == '*' && atol(l + 1) == nu;
     for (long i = 0; ok && i < nu; i++) {
-        l = r_line(r);
+        l = gr_redis_line(&r->c);
         if (!l || l[0] != '$') ok = false;
-        else if (atol(l + 1) == DIM * 4) ok = r_read(r, rows + (size_t)i * DIM, DIM * 4) == 0 && r_line(r);
+        else if (atol(l + 1) == DIM * 4)
+            ok = gr_redis_read(&r->c, rows + (size_t)i * DIM, DIM * 4) == 0 && gr_redis_line(&r->c);
         else if (atol(l + 1) >= 0) ok = false; /* missing keys ($-1) read zeros */
     }
     if (ok) conn_give(rs, r);
     else {
-        if (r->fd >= 0) close(r->fd);
-        free(r->buf);
+        if (r->c.fd >= 0) close(r->c.fd);
+        free(r->c.buf);
         free(r);
     }
     if (ok) {
@@ -732,66 +326,12 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
     free(cmd), free(uniq), free(inv), free(rows), free(emb), free(probs), free(dense), free(ids);
 }
 
-static pid_t start_redis(uint16_t *port_out)
-{
-    for (int attempt = 0; attempt < 5; attempt++) {
-        int lfd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t sl = sizeof a;
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) ||
-            getsockname(lfd, (struct sockaddr *)&a, &sl)) {
-            if (lfd >= 0) close(lfd);
-            return -1;
-        }
-        uint16_t port = ntohs(a.sin_port);
-        close(lfd);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%u", port);
-        pid_t parent = getpid(), pid = fork();
-        if (pid < 0) return -1;
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent) _exit(127);
-            freopen("/dev/null", "w", stdout);
-            freopen("/dev/null", "w", stderr);
-            execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", (char *)NULL);
-            _exit(127);
-        }
-        for (int i = 0; i < 300; i++) {
-            int s = gr_bench_tcp_connect(port);
-            if (s >= 0) {
-                char pong[8] = {0};
-                bool up = send_all(s, "*1\r\n$4\r\nPING\r\n", 14) == 0 && recv(s, pong, 7, 0) > 0 &&
-                          !strncmp(pong, "+PONG", 5);
-                close(s);
-                if (up) {
-                    *port_out = port;
-                    return pid;
-                }
-            }
-            if (waitpid(pid, NULL, WNOHANG) == pid) break;
-            usleep(10000);
-        }
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    return -1;
-}
-
-static void stop_pid(pid_t pid)
-{
-    if (pid <= 0) return;
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
-}
-
 /* MSET of every row, 1000 keys per command. */
 static int redis_load(uint16_t port, const uint64_t *ids, size_t n, const float *rows)
 {
     int fd = gr_bench_tcp_connect(port);
     if (fd < 0) return -1;
-    rconn r = {fd, malloc(1 << 20), 0, 0, 1 << 20, NULL};
+    gr_redis_conn r = {fd, malloc(1 << 20), 0, 0, 1 << 20};
     size_t cap = 1000 * (DIM * 4 + 64) + 64;
     char *cmd = malloc(cap);
     int rc = 0;
@@ -807,7 +347,7 @@ static int redis_load(uint16_t port, const uint64_t *ids, size_t n, const float 
             len += (size_t)snprintf(cmd + len, cap - len, "\r\n");
         }
         char *l;
-        rc = send_all(fd, cmd, len) || !(l = r_line(&r)) || strcmp(l, "+OK") ? -1 : 0;
+        rc = gr_redis_send(fd, cmd, len) || !(l = gr_redis_line(&r)) || strcmp(l, "+OK") ? -1 : 0;
     }
     free(cmd);
     free(r.buf);
@@ -894,9 +434,9 @@ static int run_freshness(uint32_t interval_ms, double secs, double *p50, double 
     double *lat = malloc(100000 * sizeof *lat);
     size_t n = 0;
     uint64_t next_key = 1ull << 40;
-    double t_end = now_s() + secs, next_probe = now_s();
-    while (!rc && now_s() < t_end + 3.0 * interval_ms / 1000.0) {
-        double now = now_s();
+    double t_end = sl_now_s() + secs, next_probe = sl_now_s();
+    while (!rc && sl_now_s() < t_end + 3.0 * interval_ms / 1000.0) {
+        double now = sl_now_s();
         if (now < t_end && now >= next_probe) {
             for (int i = 0; i < PENDING; i++)
                 if (!pend[i].live) {
@@ -904,7 +444,7 @@ static int run_freshness(uint32_t interval_ms, double secs, double *p50, double 
                     for (int k = 0; k < DIM; k++) g[k] = -1.0f - (float)(next_key % 1000);
                     uint64_t key = next_key++;
                     if (gr_client_push(probe, GR_TRAIN_EMB_TABLE, DIM, &key, 1, g)) break;
-                    pend[i] = (probe_t){key, -g[0], now_s(), true};
+                    pend[i] = (probe_t){key, -g[0], sl_now_s(), true};
                     break;
                 }
             next_probe = now + 0.02;
@@ -915,7 +455,7 @@ static int run_freshness(uint32_t interval_ms, double secs, double *p50, double 
             bool found;
             gr_serve_lookup(rep, GR_TRAIN_EMB_TABLE, &pend[i].key, 1, row, &found);
             if (found && row[0] == pend[i].want) {
-                if (n < 100000) lat[n++] = (now_s() - pend[i].t) * 1e3;
+                if (n < 100000) lat[n++] = (sl_now_s() - pend[i].t) * 1e3;
                 pend[i].live = false;
             }
         }
@@ -924,8 +464,8 @@ static int run_freshness(uint32_t interval_ms, double secs, double *p50, double 
     atomic_store(&f.stop, true);
     if (started) pthread_join(th, NULL);
     if (n) {
-        *p50 = pct(lat, n, 0.5);
-        *p99 = pct(lat, n, 0.99);
+        *p50 = sl_pct(lat, n, 0.5);
+        *p99 = sl_pct(lat, n, 0.99);
     }
     *nout = n;
     free(lat);
@@ -960,6 +500,7 @@ int gr_bench_serve(int argc, char **argv)
     if (exit_now >= 0) return exit_now;
     double secs = v[SB_SECONDS].d, fsecs = v[SB_FRESH].d;
     unsigned conns = (unsigned)v[SB_CONNS].i, threads = (unsigned)v[SB_THREADS].i;
+    unsigned rounds = (unsigned)v[SB_ROUNDS].i, wrk_threads = (unsigned)v[SB_WRK_THREADS].i;
     signal(SIGPIPE, SIG_IGN);
 
     /* The model and its rows. */
@@ -1007,75 +548,108 @@ int gr_bench_serve(int argc, char **argv)
     int f1 = mkstemp(s1), f100 = mkstemp(s100);
     if (f1 >= 0) close(f1);
     if (f100 >= 0) close(f100);
-    bool have_wrk = write_script(s1, &b1) == 0 && write_script(s100, &b100) == 0 &&
+    bool have_wrk = sl_write_script(s1, &b1) == 0 && sl_write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
-         fixed_threads = sat;
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+         fixed_threads = sat, fixed_other = sat;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
-    if (have_wrk) {
-        fprintf(stderr, "bench serve: replica, wrk at saturation (%u connections, %.0f s)\n", conns, secs);
-        run_wrk(hp, s1, conns, secs, 0, &sat);
-        run_wrk(hp, s100, conns, secs, 0, &sat100);
-        fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
-        run_paced(hp, &b1, sat.qps / 2, secs, &fixed);
-        if (v[SB_CMP_PACE].b) {
-            fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
-            run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
-        }
-    }
-    fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
-    double bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
-
-    /* The Redis-backed baseline. */
+    /* The Redis-backed baseline, started before anything is measured so that the saturation
+     * runs of the two servers can alternate (--rounds): a slow stretch of the shared machine
+     * then falls on both, not on one. */
     uint16_t rport = 0;
-    pid_t rpid = have_wrk ? start_redis(&rport) : -1;
+    pid_t rpid = have_wrk ? gr_redis_start(&rport) : -1;
+    redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params, .max_batch = 10000};
+    pthread_mutex_init(&rs.mu, NULL);
+    gr_http_server *hs = NULL;
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
-        redis_srv rs = {.redis_port = rport, .m = (gr_model *)m, .params = params,
-                        .max_batch = 10000};
         gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
-        pthread_mutex_init(&rs.mu, NULL);
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
                              .handler = redis_handle, .ctx = &rs};
-        gr_http_server *hs = NULL;
-        if (gr_http_start(&hc, &hs) == 0) {
-            fprintf(stderr, "bench serve: Redis-backed, wrk at saturation\n");
-            run_wrk(gr_http_port(hs), s1, conns, secs, rpid, &rsat);
-            fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
-                    rsat.qps / 2);
-            run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, &rfixed);
-            gr_http_stop(hs);
-        }
-        while (rs.conns) {
-            rconn *c = rs.conns;
-            rs.conns = c->next;
-            close(c->fd);
-            free(c->buf);
-            free(c);
-        }
-        for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
-        free(rs.ws);
-        gr_model_prepared_destroy(rs.prep);
-        pthread_mutex_destroy(&rs.mu);
-    } else if (have_wrk) {
-        fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
+        if (gr_http_start(&hc, &hs)) hs = NULL;
     }
-    stop_pid(rpid);
+    if (have_wrk && !hs) fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
+    if (have_wrk) {
+        load sr[16], rr[16];
+        for (unsigned k = 0; k < rounds; k++) {
+            fprintf(stderr, "bench serve: round %u/%u: replica, wrk at saturation (%u threads, %u "
+                    "connections, %.0f s)\n", k + 1, rounds, wrk_threads, conns, secs);
+            sl_run_wrk(hp, s1, wrk_threads, conns, secs, 0, &sr[k]);
+            rr[k] = sat;
+            if (!hs) continue;
+            fprintf(stderr, "bench serve: round %u/%u: Redis-backed, wrk at saturation\n", k + 1, rounds);
+            sl_run_wrk(gr_http_port(hs), s1, wrk_threads, conns, secs, rpid, &rr[k]);
+            fprintf(stderr, "bench serve: round %u/%u: %.0f / %.0f req/s = %.2fx; CPU per request "
+                    "%.1f + wrk %.1f us / %.1f + wrk %.1f us\n", k + 1, rounds, sr[k].qps, rr[k].qps,
+                    sr[k].qps / rr[k].qps, sr[k].cpu_us, sr[k].gen_cpu_us,
+                    rr[k].cpu_us + rr[k].helper_cpu_us, rr[k].gen_cpu_us);
+        }
+        sl_load_median(sr, rounds, &sat);
+        if (hs) sl_load_median(rr, rounds, &rsat);
+        if (!v[SB_SAT_ONLY].b) {
+            sl_run_wrk(hp, s100, wrk_threads, conns, secs, 0, &sat100);
+            fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
+            sl_run_paced(hp, &b1, sat.qps / 2, secs, !v[SB_PACER_OTHER].b, &fixed);
+            if (v[SB_CMP_PACE].b) {
+                fprintf(stderr, "bench serve: replica, the same rate from the paced client as an ordinary thread\n");
+                sl_run_paced(hp, &b1, sat.qps / 2, secs, false, &fixed_other);
+                fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
+                sl_run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
+            }
+            if (hs) {
+                fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
+                        rsat.qps / 2);
+                sl_run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, !v[SB_PACER_OTHER].b, &rfixed);
+            }
+        }
+    }
+    double bin_qps = NAN;
+    if (!v[SB_SAT_ONLY].b) {
+        fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
+        bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
+    }
+    gr_http_stop(hs);
+    while (rs.conns) {
+        rconn *c = rs.conns;
+        rs.conns = c->next;
+        close(c->c.fd);
+        free(c->c.buf);
+        free(c);
+    }
+    for (size_t i = 0; i < rs.nws; i++) gr_model_ws_destroy(rs.ws[i]);
+    free(rs.ws);
+    gr_model_prepared_destroy(rs.prep);
+    pthread_mutex_destroy(&rs.mu);
+    gr_redis_stop(rpid);
     gr_serve_destroy(rep);
     unlink(s1);
     unlink(s100);
 
-    fprintf(stderr, "bench serve: freshness while training (publish every 100 ms, then 1000 ms)\n");
-    double f100p50, f100p99, f1000p50, f1000p99;
-    size_t n100, n1000;
-    run_freshness(100, fsecs, &f100p50, &f100p99, &n100);
-    run_freshness(1000, fsecs * 2, &f1000p50, &f1000p99, &n1000);
+    double f100p50 = NAN, f100p99 = NAN, f1000p50 = NAN, f1000p99 = NAN;
+    size_t n100 = 0, n1000 = 0;
+    if (!v[SB_SAT_ONLY].b) {
+        fprintf(stderr, "bench serve: freshness while training (publish every 100 ms, then 1000 ms)\n");
+        run_freshness(100, fsecs, &f100p50, &f100p99, &n100);
+        run_freshness(1000, fsecs * 2, &f1000p50, &f1000p99, &n1000);
+    }
 
     printf("bench serve: predict over HTTP (DLRM dim %u, model in memory)\n", DIM);
     print_load("replica, batch 1, saturation (wrk)", &sat);
     print_load("replica, batch 1, half saturation (paced)", &fixed);
     printf("  %-44s late p99 %7.3f ms, reply p99 %7.3f ms, client CPU %.1f us/request\n",
            "  of which: sent", fixed.late_p99_ms, fixed.service_p99_ms, fixed.gen_cpu_us);
+    printf("  %-44s waiting for a free connection p99 %.3f ms, the client's own p99 %.3f ms\n",
+           "  of which: late", fixed.conn_wait_p99_ms, fixed.own_late_p99_ms);
+    printf("  %-44s %s; run-queue wait %.1f ms, steal %.1f ms, timer wakeups p99 %.3f ms late\n",
+           "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER", fixed.runq_ms,
+           fixed.steal_ms, fixed.wake_late_p99_ms);
+    if (v[SB_CMP_PACE].b) {
+        print_load("replica, batch 1, half saturation (ordinary)", &fixed_other);
+        printf("  %-44s late p99 %7.3f ms (own %.3f), reply p99 %7.3f ms; run-queue wait %.1f ms, "
+               "steal %.1f ms\n", "  of which: sent", fixed_other.late_p99_ms,
+               fixed_other.own_late_p99_ms, fixed_other.service_p99_ms, fixed_other.runq_ms,
+               fixed_other.steal_ms);
+    }
     if (v[SB_CMP_PACE].b) {
         print_load("replica, batch 1, half saturation (4 threads)", &fixed_threads);
         printf("  %-44s client CPU %.1f us/request\n", "", fixed_threads.gen_cpu_us);
@@ -1103,10 +677,28 @@ int gr_bench_serve(int argc, char **argv)
         json_num("predict_service_p99_ms", fixed.service_p99_ms, true);
         json_num("redis_predict_send_late_p99_ms", rfixed.late_p99_ms, true);
         json_num("redis_predict_service_p99_ms", rfixed.service_p99_ms, true);
+        printf("\"predict_pacer_fifo\":%d,", fixed.fifo ? 1 : 0);
+        json_num("predict_pacer_runq_ms", fixed.runq_ms, true);
+        json_num("predict_steal_ms", fixed.steal_ms, true);
+        json_num("predict_pacer_wake_late_p99_ms", fixed.wake_late_p99_ms, true);
+        json_num("predict_send_late_max_ms", fixed.late_max_ms, true);
+        json_num("predict_conn_wait_p99_ms", fixed.conn_wait_p99_ms, true);
+        json_num("predict_client_late_p99_ms", fixed.own_late_p99_ms, true);
+        json_num("redis_predict_conn_wait_p99_ms", rfixed.conn_wait_p99_ms, true);
+        json_num("redis_predict_client_late_p99_ms", rfixed.own_late_p99_ms, true);
+        json_num("redis_predict_pacer_runq_ms", rfixed.runq_ms, true);
+        json_num("redis_predict_steal_ms", rfixed.steal_ms, true);
         if (v[SB_CMP_PACE].b) {
             json_num("predict_threads_p50_ms", fixed_threads.p50_ms, true);
             json_num("predict_threads_p99_ms", fixed_threads.p99_ms, true);
             json_num("predict_threads_pacer_cpu_us", fixed_threads.gen_cpu_us, true);
+            json_num("predict_other_p50_ms", fixed_other.p50_ms, true);
+            json_num("predict_other_p99_ms", fixed_other.p99_ms, true);
+            json_num("predict_other_send_late_p99_ms", fixed_other.late_p99_ms, true);
+            json_num("predict_other_service_p99_ms", fixed_other.service_p99_ms, true);
+            json_num("predict_other_pacer_runq_ms", fixed_other.runq_ms, true);
+            json_num("predict_other_client_late_p99_ms", fixed_other.own_late_p99_ms, true);
+            json_num("predict_other_steal_ms", fixed_other.steal_ms, true);
         }
         json_num("predict_sat_p50_ms", sat.p50_ms, true);
         json_num("predict_sat_p99_ms", sat.p99_ms, true);
@@ -1130,7 +722,8 @@ int gr_bench_serve(int argc, char **argv)
         printf("\"publish_interval_ms\":100,");
         json_num("freshness_1000_p50_ms", f1000p50, true);
         json_num("freshness_1000_p99_ms", f1000p99, true);
-        printf("\"connections\":%u,\"threads\":%u,\"seconds\":%.0f}\n", conns, threads, secs);
+        printf("\"connections\":%u,\"threads\":%u,\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
+               conns, threads, wrk_threads, rounds, secs);
     }
     bodies_free(&b1);
     bodies_free(&b100);

@@ -131,6 +131,87 @@ def auc(labels, scores):
     return float((ranks[y == 1].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
+def train_loop(model, ytr, dtr, ctr, batch, lr_emb, lr_dense, epochs):
+    """The timed loop: Adagrad on the (sparse) embeddings, Adam on the dense layers. model may
+    be a DDP wrapper (then its gradients, the embeddings' sparse ones included, are averaged
+    over the workers by DDP before the optimizers step). Returns (examples, seconds, CPU
+    seconds of this process, all its threads)."""
+    inner = getattr(model, "module", model)
+    opt_emb = torch.optim.Adagrad(list(inner.emb.parameters()), lr=lr_emb)
+    opt_dense = torch.optim.Adam(list(inner.bottom.parameters()) + list(inner.top.parameters()),
+                                 lr=lr_dense)
+    lossf = nn.BCEWithLogitsLoss()
+    n = len(ytr)
+    t0, c0 = time.time(), time.process_time()
+    seen = 0
+    for _ in range(epochs):
+        for i in range(0, n, batch):
+            y, d, c = ytr[i:i + batch], dtr[i:i + batch], ctr[i:i + batch]
+            opt_emb.zero_grad()
+            opt_dense.zero_grad()
+            loss = lossf(model(d, c), y)
+            loss.backward()
+            opt_emb.step()
+            opt_dense.step()
+            seen += len(y)
+    return seen, time.time() - t0, time.process_time() - c0
+
+
+def ddp_worker(rank, a, port, vocab_sizes, ytr, dtr, ctr, result_path):
+    """One of --workers processes: the whole model replicated (embedding tables included),
+    DDP over gloo averaging every gradient (the embeddings' sparse ones as sparse tensors),
+    this worker's contiguous share of the training rows. Dense Adam's lr is scaled by
+    sqrt(workers) for the larger global batch, as the PyTorch + granary side does."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    set_threads(a.threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=a.workers)
+    torch.manual_seed(1)
+    bottom = [int(x) for x in a.bottom.split(",") if x]
+    top = [int(x) for x in a.top.split(",") if x]
+    model = DLRM(vocab_sizes, a.dim, bottom, top)
+    ddp = DistributedDataParallel(model)
+    n = len(ytr)
+    lo, hi = n * rank // a.workers, n * (rank + 1) // a.workers
+    dist.barrier()
+    seen, secs, cpu = train_loop(ddp, ytr[lo:hi], dtr[lo:hi], ctr[lo:hi], a.batch, a.lr_emb,
+                                 a.lr_dense * a.workers ** 0.5, a.epochs)
+    dist.barrier()
+    with open(result_path % rank, "w") as f:
+        json.dump({"examples": seen, "seconds": secs, "cpu_seconds": cpu}, f)
+    if rank == 0:
+        torch.save(model.state_dict(), result_path % rank + ".pt")
+    dist.destroy_process_group()
+
+
+def train_ddp(a, vocab_sizes, ytr, dtr, ctr):
+    """Runs --workers DDP processes; returns (the trained model, examples, seconds of the
+    slowest, CPU seconds of all)."""
+    import os
+    import shutil
+    import socket
+    import tempfile
+    import torch.multiprocessing as mp
+    tmp = tempfile.mkdtemp(prefix="torch_dlrm_ddp")
+    result_path = os.path.join(tmp, "worker-%d.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        mp.start_processes(ddp_worker, args=(a, port, vocab_sizes, ytr, dtr, ctr, result_path),
+                           nprocs=a.workers, join=True, start_method="spawn")
+        res = [json.load(open(result_path % r)) for r in range(a.workers)]
+        bottom = [int(x) for x in a.bottom.split(",") if x]
+        top = [int(x) for x in a.top.split(",") if x]
+        model = DLRM(vocab_sizes, a.dim, bottom, top)
+        model.load_state_dict(torch.load(result_path % 0 + ".pt"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return (model, sum(r["examples"] for r in res), max(r["seconds"] for r in res),
+            sum(r["cpu_seconds"] for r in res))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True)
@@ -143,6 +224,9 @@ def main():
     ap.add_argument("--lr-dense", type=float, default=0.001)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes (DDP over gloo, every table replicated, sparse gradients "
+                         "all-reduced); batch per worker")
     a = ap.parse_args()
     set_threads(a.threads)
     torch.manual_seed(1)
@@ -151,26 +235,12 @@ def main():
     yte, dte, cte = load(a.test, vocabs, False)
     bottom = [int(x) for x in a.bottom.split(",") if x]
     top = [int(x) for x in a.top.split(",") if x]
-    model = DLRM([len(v) for v in vocabs], a.dim, bottom, top)
-    emb_params = list(model.emb.parameters())
-    dense_params = list(model.bottom.parameters()) + list(model.top.parameters())
-    opt_emb = torch.optim.Adagrad(emb_params, lr=a.lr_emb)
-    opt_dense = torch.optim.Adam(dense_params, lr=a.lr_dense)
-    lossf = nn.BCEWithLogitsLoss()
-    n = len(ytr)
-    t0 = time.time()
-    seen = 0
-    for _ in range(a.epochs):
-        for i in range(0, n, a.batch):
-            y, d, c = ytr[i:i + a.batch], dtr[i:i + a.batch], ctr[i:i + a.batch]
-            opt_emb.zero_grad()
-            opt_dense.zero_grad()
-            loss = lossf(model(d, c), y)
-            loss.backward()
-            opt_emb.step()
-            opt_dense.step()
-            seen += len(y)
-    secs = time.time() - t0
+    if a.workers > 1:
+        model, seen, secs, cpu = train_ddp(a, [len(v) for v in vocabs], ytr, dtr, ctr)
+    else:
+        model = DLRM([len(v) for v in vocabs], a.dim, bottom, top)
+        seen, secs, cpu = train_loop(model, ytr, dtr, ctr, a.batch, a.lr_emb, a.lr_dense,
+                                     a.epochs)
     with torch.no_grad():
         p = torch.sigmoid(torch.cat([model(dte[i:i + 8192], cte[i:i + 8192])
                                      for i in range(0, len(yte), 8192)])).numpy().astype(np.float64)
@@ -178,7 +248,9 @@ def main():
     pc = np.clip(p, 1e-7, 1 - 1e-7)
     ll = float(-np.mean(yv * np.log(pc) + (1 - yv) * np.log(1 - pc)))
     print(json.dumps({"examples_per_sec": seen / secs, "auc": auc(yv, p), "logloss": ll,
-                      "examples": seen, "seconds": secs, "threads": a.threads}))
+                      "examples": seen, "seconds": secs, "threads": a.threads,
+                      "workers": a.workers, "cpu_seconds": cpu,
+                      "cpu_ms_per_1024": 1e3 * cpu * 1024 / max(seen, 1)}))
 
 
 if __name__ == "__main__":

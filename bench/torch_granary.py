@@ -3,10 +3,13 @@
 
 DLRM dim 16 (bottom 64,32, top 128,64), batch 1024, on the same generated Criteo files:
   torch          plain PyTorch: nn.Embedding(sparse=True) + Adagrad, dense Adam
-                 (bench/torch_dlrm.py, the training benchmark's baseline)
+                 (bench/torch_dlrm.py, the training benchmark's baseline), run in one process
+                 and in --torch-workers DDP processes (tables replicated, sparse gradients
+                 all-reduced over gloo); the faster is the baseline
   torch_granary  PyTorch with an EmbeddingCollection on a 2-shard embedded granary cluster:
                  rows pulled and deduplicated in C, Adagrad on the shards, dense Adam in
-                 PyTorch, the next batch prefetched (examples/torch_dlrm.py)
+                 PyTorch under DDP in --workers processes (default 2), the next batch
+                 prefetched without missing the worker's own updates (examples/torch_dlrm.py)
   granary        `granary train` on a 2-shard embedded cluster (C DLRM, OpenBLAS)
 Each prints its training examples/s (training loop only; plain PyTorch's TSV parsing and
 vocabulary building are not timed, granary's parsing is part of its pipeline) and test AUC.
@@ -47,8 +50,13 @@ def main(argv=None):
     # 1 by default: on 2 cores both PyTorch runs were faster with 1 thread than with 2 (plain
     # PyTorch 2.4-2.8x, PyTorch + granary 1.7x; docs/benchmarks.md, session 4).
     ap.add_argument("--threads", type=int, default=1, help="torch threads (both PyTorch runs)")
-    ap.add_argument("--workers", type=int, default=1,
-                    help="PyTorch + granary worker processes (DDP)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="PyTorch + granary worker processes (DDP; default 2: docs/python.md)")
+    # Plain PyTorch's other configuration: N processes under DDP, every table replicated, the
+    # sparse gradients all-reduced over gloo. The faster of it and the one-process run is the
+    # baseline (a baseline may only get stronger). 0 or 1: only the one-process run.
+    ap.add_argument("--torch-workers", type=int, default=2,
+                    help="plain PyTorch DDP processes also tried (0: skip)")
     ap.add_argument("--granary-workers", type=int, default=2, help="granary train --workers")
     ap.add_argument("--build", default=os.environ.get("GR_BUILD_DIR", os.path.join(REPO, "build")))
     ap.add_argument("--json", action="store_true")
@@ -63,11 +71,17 @@ def main(argv=None):
                         "--test-rows", str(a.test_rows)], check=True, stdout=subprocess.DEVNULL)
     train, test = os.path.join(data, "train.tsv"), os.path.join(data, "test.tsv")
     try:
+        plain = [PY, os.path.join(HERE, "torch_dlrm.py"), "--train", train, "--test", test,
+                 "--threads", str(a.threads), "--dim", "16", "--bottom", "64,32", "--top",
+                 "128,64", "--lr-emb", "0.05", "--lr-dense", "0.001", "--batch", "1024"]
         print("bench torch: plain PyTorch (bench/torch_dlrm.py) ...", file=sys.stderr)
-        t = run_json([PY, os.path.join(HERE, "torch_dlrm.py"), "--train", train, "--test", test,
-                      "--threads", str(a.threads), "--dim", "16", "--bottom", "64,32", "--top",
-                      "128,64", "--lr-emb", "0.05", "--lr-dense", "0.001", "--batch", "1024"],
-                     env)
+        t1 = run_json(plain, env)
+        tddp = None
+        if a.torch_workers > 1:
+            print("bench torch: plain PyTorch, %d DDP processes ..." % a.torch_workers,
+                  file=sys.stderr)
+            tddp = run_json(plain + ["--workers", str(a.torch_workers)], env)
+        t = t1 if tddp is None or t1["examples_per_sec"] >= tddp["examples_per_sec"] else tddp
         print("bench torch: PyTorch + granary (examples/torch_dlrm.py) ...", file=sys.stderr)
         tg = run_json([PY, os.path.join(REPO, "examples", "torch_dlrm.py"), "--train", train,
                        "--test", test, "--shards", "2", "--threads", str(a.threads),
@@ -91,16 +105,37 @@ def main(argv=None):
         "granary_vs_torch": gm["examples_per_sec"] / t["examples_per_sec"],
         "rows": a.rows if not a.data else None, "threads": a.threads,
         "torch_granary_workers": a.workers, "granary_workers": a.granary_workers,
+        # the baseline's configuration, and both plain PyTorch runs
+        "torch_workers": t.get("workers", 1),
+        "torch_1p_examples_per_sec": t1["examples_per_sec"], "torch_1p_auc": t1["auc"],
+        "torch_granary_vs_torch_1p": tg["examples_per_sec"] / t1["examples_per_sec"],
+        "torch_ddp_workers": a.torch_workers if tddp else 0,
+        "torch_ddp_examples_per_sec": tddp["examples_per_sec"] if tddp else None,
+        "torch_ddp_auc": tddp["auc"] if tddp else None,
+        "torch_granary_vs_torch_ddp": tg["examples_per_sec"] / tddp["examples_per_sec"]
+        if tddp else None,
+        "torch_granary_lr_rule": tg.get("lr_rule"),
+        "torch_granary_emb_staleness": tg.get("emb_staleness"),
+        # CPU milliseconds per 1024 training examples, every process and thread of each run
+        # (the load changes them far less than examples/s)
+        "torch_1p_cpu_ms_per_1024": t1.get("cpu_ms_per_1024"),
+        "torch_ddp_cpu_ms_per_1024": tddp.get("cpu_ms_per_1024") if tddp else None,
+        "torch_granary_cpu_ms_per_1024": tg.get("cpu_ms_per_1024"),
     }
     print("%-52s %12s %8s" % ("DLRM dim 16, batch 1024", "examples/s", "AUC"))
     print("%-52s %12.0f %8.4f" % ("PyTorch, nn.Embedding sparse + Adagrad (%d threads)"
-                                  % a.threads, t["examples_per_sec"], t["auc"]))
+                                  % a.threads, t1["examples_per_sec"], t1["auc"]))
+    if tddp:
+        print("%-52s %12.0f %8.4f" % ("PyTorch, the same, %d DDP processes" % a.torch_workers,
+                                      tddp["examples_per_sec"], tddp["auc"]))
     print("%-52s %12.0f %8.4f" % ("PyTorch + granary, 2 shards (%d worker(s))" % a.workers,
                                   tg["examples_per_sec"], tg["auc"]))
     print("%-52s %12.0f %8.4f" % ("granary train, 2 shards, %d workers" % a.granary_workers,
                                   gm["examples_per_sec"], gm["auc"]))
-    print("PyTorch + granary / PyTorch: %.2fx examples/s (target >= 2), AUC %+.4f (target "
-          "within 0.002)" % (res["torch_granary_vs_torch"], res["torch_granary_auc_minus_torch"]))
+    print("PyTorch + granary / PyTorch (its faster run, %d process(es)): %.2fx examples/s "
+          "(target >= 2), AUC %+.4f (target within 0.002)"
+          % (res["torch_workers"], res["torch_granary_vs_torch"],
+             res["torch_granary_auc_minus_torch"]))
     if a.json:
         print(json.dumps(res))
     return res

@@ -2,6 +2,7 @@
 """Where a training step's CPU time goes, both sides of `granary bench torch` (docs/benchmarks.md).
 
     python3 bench/torch_stages.py --train DIR/train.tsv [--steps 60] [--threads 1] [--rounds 3]
+    python3 bench/torch_stages.py --allreduce STEPS   # the two DDP runs' gloo all-reduces
 
 Runs the same DLRM (dim 16, bottom 64,32, top 128,64, batch 1024) step by step, without the
 pipeline, and times every stage of every step with the thread's CPU clock (time.thread_time,
@@ -152,14 +153,79 @@ def granary_round(st, path, steps):
     cluster.stop()
 
 
+def allreduce_worker(rank, port, calls, threads, out_path):
+    """One of two gloo processes: per step, the dense DLRM gradient all-reduced as DDP sends it
+    (one flat float32 tensor of every dense parameter), and the 26 sparse embedding gradients
+    plain PyTorch's DDP run all-reduces (a sparse (vocab, 16) tensor of 1024 rows each)."""
+    import torch.distributed as dist
+    dlrm.set_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=2)
+    n_dense = sum(p.numel() for p in dlrm.DenseDLRM().parameters())
+    flat = torch.zeros(n_dense)
+    g = torch.Generator().manual_seed(rank)
+    sparse = [torch.sparse_coo_tensor(torch.randint(0, 20000, (1, B), generator=g),
+                                      torch.randn(B, 16, generator=g), (20000, 16))
+              for _ in range(26)]
+    res = {"dense_floats": n_dense, "dense": [], "sparse": []}
+    for _ in range(calls):
+        t, c = time.perf_counter(), time.process_time()
+        dist.all_reduce(flat)
+        res["dense"].append((time.perf_counter() - t, time.process_time() - c))
+        t, c = time.perf_counter(), time.process_time()
+        for sp in sparse:
+            dist.all_reduce(sp)
+        res["sparse"].append((time.perf_counter() - t, time.process_time() - c))
+    dist.barrier()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def allreduce_cost(calls, threads):
+    """Median wall and process CPU ms per step of the two all-reduces (rank 0)."""
+    import socket
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix="torch_allreduce", suffix=".json")
+    mp.start_processes(allreduce_worker, args=(port, calls, threads, out), nprocs=2, join=True,
+                       start_method="spawn")
+    res = json.load(open(out))
+    os.unlink(out)
+    med = {k: (1e3 * statistics.median(w for w, _ in res[k]),
+               1e3 * statistics.median(c for _, c in res[k])) for k in ("dense", "sparse")}
+    print("gloo all-reduce between 2 processes, median ms per step over %d steps (wall, "
+          "process CPU, every thread):" % calls)
+    print("  dense gradient (%d floats, PyTorch + granary's DDP): %.3f, %.3f"
+          % (res["dense_floats"], *med["dense"]))
+    print("  26 sparse gradients of 1024 rows x 16 (plain PyTorch's DDP): %.3f, %.3f"
+          % med["sparse"])
+    return {"allreduce_dense_ms": med["dense"], "allreduce_sparse_ms": med["sparse"],
+            "dense_floats": res["dense_floats"]}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="per-stage CPU time of both PyTorch sides")
-    ap.add_argument("--train", required=True)
+    ap.add_argument("--train")
+    ap.add_argument("--allreduce", type=int, default=0, metavar="STEPS",
+                    help="instead: time the gloo all-reduces of the two DDP runs of `granary "
+                         "bench torch` over STEPS steps")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.allreduce:
+        res = allreduce_cost(a.allreduce, a.threads)
+        if a.json:
+            print(json.dumps(res))
+        return res
+    if not a.train:
+        ap.error("--train is required (unless --allreduce)")
     dlrm.set_threads(a.threads)  # torch's and OpenBLAS's (bench/torch_dlrm.py does the same)
     vocabs = [dict() for _ in range(26)]
     y, d, c = torch_dlrm.load(a.train, vocabs, True)

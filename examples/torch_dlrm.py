@@ -48,9 +48,15 @@ def parse_args(argv=None):
     p.add_argument("--bottom", default="64,32")
     p.add_argument("--top", default="128,64")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--dense-lr", type=float, default=None,
-                   help="Adam's lr (default 0.001 * sqrt(workers): DDP averages the workers' "
-                        "gradients, a larger batch per step, as granary train scales it)")
+    p.add_argument("--dense-lr", type=float, default=1e-3,
+                   help="Adam's one-worker lr (default 0.001); with W workers the training "
+                        "loop scales it by --lr-rule for the W-times larger global batch")
+    p.add_argument("--lr-rule", default="sqrt", choices=["sqrt", "linear", "none"],
+                   help="dense lr with W workers: lr * sqrt(W) (default, as granary train), "
+                        "lr * W, or lr")
+    p.add_argument("--emb-staleness", type=int, default=0, choices=[0, 1],
+                   help="own row updates a prefetched pull may miss (0: none, the rows the "
+                        "current batch touches are pulled after its push; 1: one step)")
     p.add_argument("--max-steps", type=int, default=0, help="per worker (0: the whole file)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--no-pipeline", action="store_true", help="no prefetch of the next batch")
@@ -91,13 +97,15 @@ def run_worker(rank, args, servers, port, offsets, result_path):
     model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
                            n_sparse=batches.n_sparse)
     trained = DistributedDataParallel(model) if ddp else model
-    lr = args.dense_lr if args.dense_lr is not None else 1e-3 * args.workers ** 0.5
-    opt = torch.optim.Adam(trained.parameters(), lr=lr)
-    losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline)
+    opt = torch.optim.Adam(trained.parameters(), lr=args.dense_lr)
+    cpu0 = time.process_time()
+    losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline,
+                                        lr_rule=args.lr_rule, emb_staleness=args.emb_staleness)
     if ddp:
         import torch.distributed as dist
         dist.barrier()  # every worker has pushed: evaluation sees the final rows
-    res = {"examples": examples, "seconds": secs, "last_loss": losses[-1] if losses else None}
+    res = {"examples": examples, "seconds": secs, "last_loss": losses[-1] if losses else None,
+           "cpu_seconds": time.process_time() - cpu0}
     if rank == 0 and args.test:
         auc, logloss, n = dlrm.evaluate(ec, model, dlrm.Batches(args.test, args.batch,
                                                                 schema=args.schema))
@@ -123,6 +131,7 @@ def main(argv=None):
     result_path = os.path.join(tmp, "worker-%d.json")
     offsets = split_file(args.train, args.workers)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     try:
         if args.workers == 1:
             run_worker(0, args, servers, 0, offsets, result_path)
@@ -137,13 +146,23 @@ def main(argv=None):
         if cluster:
             cluster.stop()
     wall = time.perf_counter() - t0
+    # This process's CPU: with several workers, the embedded shards' (the workers' own is in
+    # their results); with one worker it is the worker, counted there.
+    own_cpu = time.process_time() - cpu0 if args.workers > 1 and cluster else 0.0
     res = [json.load(open(result_path % r)) for r in range(args.workers)]
     examples = sum(r["examples"] for r in res)
     train_s = max(r["seconds"] for r in res)
     out = {"examples": examples, "train_seconds": train_s,
            "examples_per_sec": examples / train_s if train_s > 0 else 0.0,
            "auc": res[0].get("auc"), "logloss": res[0].get("logloss"),
-           "workers": args.workers, "mode": args.mode, "wall_seconds": wall}
+           "workers": args.workers, "mode": args.mode, "wall_seconds": wall,
+           "lr_rule": args.lr_rule, "emb_staleness": args.emb_staleness,
+           # CPU seconds of every process and thread while training (the workers' training
+           # loops, and with several workers the embedded shards' whole run, evaluation's
+           # pulls included): a figure the machine's load changes little
+           "cpu_seconds": sum(r["cpu_seconds"] for r in res) + own_cpu,
+           "worker_cpu_seconds": [r["cpu_seconds"] for r in res], "shards_cpu_seconds": own_cpu}
+    out["cpu_ms_per_1024"] = 1e3 * out["cpu_seconds"] * 1024 / max(examples, 1)
     print("torch_dlrm: %d examples in %.1f s (%.0f examples/s), %d worker(s), mode %s%s"
           % (examples, train_s, out["examples_per_sec"], args.workers, args.mode,
              ", test AUC %.4f logloss %.4f" % (out["auc"], out["logloss"])

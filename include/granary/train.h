@@ -643,6 +643,10 @@ typedef struct gr_train_job {
     uint64_t (*last_ckpt_step)(void *ctx);
     /* A checkpoint this process committed. NULL: none. */
     void (*saved)(void *ctx, const char *name, uint64_t step);
+    /* At a resume with static data: the batches worker `worker` of this process has done,
+     * given the checkpoint's count for it (`from_ckpt`); a process that takes over a lost
+     * rank returns that rank's own position, which the job recorded. NULL: from_ckpt. */
+    uint64_t (*position)(void *ctx, unsigned worker, uint64_t from_ckpt);
 } gr_train_job;
 
 typedef struct gr_train_opts {
@@ -793,6 +797,9 @@ typedef struct gr_train_result {
     uint64_t bad_lines;
     double wait_seconds;      /* time workers spent waiting for step tokens, summed */
     uint64_t worker_steps[GR_TRAIN_MAX_REPORTED_WORKERS]; /* batches pushed per worker */
+    /* Each worker's data position at the end (batches of its range done, the resumed ones
+     * included): a run that trained its whole range ends at the range's batch count. */
+    uint64_t worker_position[GR_TRAIN_MAX_REPORTED_WORKERS];
     /* Checkpoints. */
     uint64_t resumed_step;    /* the step the run resumed from (0: a fresh start) */
     char resumed_from[64];    /* that checkpoint's name ("" when none) */

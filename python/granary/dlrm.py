@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import granary
-from granary.torch import EmbeddingCollection, TableConfig, TrainPipeline
+from granary.torch import EmbeddingCollection, TableConfig, TrainPipeline, scale_dense_lr
 
 NUM_DENSE, NUM_CAT = 13, 26
 FEATURES = ["C%d" % (i + 1) for i in range(NUM_CAT)]
@@ -235,9 +235,15 @@ def logloss_from_logits(logits, labels):
     return float((F.softplus(z) - y * z).mean())
 
 
-def train(ec, model, optimizer, batches, pipeline=True, on_step=None):
+def train(ec, model, optimizer, batches, pipeline=True, on_step=None, lr_rule="sqrt",
+          emb_staleness=0):
     """Trains over batches; returns (per-step losses, examples, seconds). model may be a DDP
-    wrapper of DenseDLRM. on_step(step, loss) is called after each step."""
+    wrapper of DenseDLRM. on_step(step, loss) is called after each step. optimizer's rate is
+    the one-worker rate: with W DDP workers it is scaled for the W-times larger global batch by
+    lr_rule (granary.torch.scale_dense_lr: "sqrt" by default, "linear", "none").
+    emb_staleness: the pipeline's bound on the worker's own row updates a pull may miss
+    (TrainPipeline: 0 by default)."""
+    scale_dense_lr(optimizer, rule=lr_rule)
     losses = []
     examples = [0]
     t0 = time.perf_counter()
@@ -258,7 +264,7 @@ def train(ec, model, optimizer, batches, pipeline=True, on_step=None):
             on_step(len(losses), losses[-1])
 
     if pipeline:
-        TrainPipeline(ec, batches).run(step)
+        TrainPipeline(ec, batches, emb_staleness=emb_staleness).run(step)
     else:
         for features, extra in batches:
             step(ec(features), extra)

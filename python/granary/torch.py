@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import granary
 
-__all__ = ["TableConfig", "EmbeddingCollection", "TrainPipeline"]
+__all__ = ["TableConfig", "EmbeddingCollection", "TrainPipeline", "scale_dense_lr"]
 
 
 class TableConfig:
@@ -47,14 +47,23 @@ class TableConfig:
 class _Prepared:
     """One batch's ids, deduplicated per table, and the buffers its rows are pulled into."""
 
-    def __init__(self, tables, features, stacked=False):
+    def __init__(self, tables, features, stacked=False, prev=None):
         # per table: (cfg, uniq int64[nu], inverse, [(feature, lo, hi, offsets)]); inverse is
         # an int32 numpy array for tables without pooling (the C gather and segment sum use
         # it; stacked: in (ids per feature, features) order) and an int64 tensor for bags.
+        # prev: the batch trained just before this one. Then each table's unique ids are put
+        # in two runs, first those prev does not touch (fresh[t] of them), then those it does:
+        # a pipeline may pull the first run while prev computes, the second only after prev's
+        # push has landed (the staleness bound 0 of `granary train`'s hybrid mode).
         self.parts = []
         self.rows = []    # per table: float32 numpy (nu, dim)
+        self.fresh = None  # per table: how many leading unique ids prev does not touch
         self.op = None    # a started pull
+        self.rest = False  # the ids prev touches are still to be pulled (after its push)
         self.token = None  # sync modes: the step tags this batch's pull ran under
+        prev_ids = {}  # table id -> prev's unique ids of it (of every config on that table)
+        for pcfg, puniq, _, _ in (prev.parts if prev is not None else []):
+            prev_ids.setdefault(pcfg.table_id, []).append(puniq)
         for cfg in tables:
             ids, spans, at = [], [], 0
             for f in cfg.features:
@@ -75,6 +84,14 @@ class _Prepared:
             uniq = np.empty(n, dtype=np.int64)
             inv = np.empty(n, dtype=np.int32)
             nu = granary.dedup(allids.numpy(), uniq, inv)
+            uniq = uniq[:nu]
+            if prev is not None:
+                if self.fresh is None:
+                    self.fresh = []
+                p = prev_ids.get(cfg.table_id, [])
+                uniq, inv, k = _split_fresh(uniq, inv, p[0] if len(p) == 1 else np.concatenate(
+                    p or [np.empty(0, dtype=np.int64)]))
+                self.fresh.append(k)
             if cfg.pooling is not None:
                 inv = torch.from_numpy(inv).long()
             elif stacked and len(spans) > 1:
@@ -84,12 +101,39 @@ class _Prepared:
                                      "of ids (%s)" % (cfg.name, ", ".join(
                                          "%s %d" % (f, hi - lo) for f, lo, hi, _ in spans)))
                 inv = np.ascontiguousarray(inv.reshape(len(spans), per).T)
-            self.parts.append((cfg, uniq[:nu], inv, spans))
+            self.parts.append((cfg, uniq, inv, spans))
             self.rows.append(np.empty((nu, cfg.dim), dtype=np.float32))
 
-    def batches(self):
-        return [(cfg.table_id, cfg.dim, uniq, rows)
-                for (cfg, uniq, _, _), rows in zip(self.parts, self.rows)]
+    def batches(self, part=None):
+        """The pull's (table, dim, keys, rows) per table: all unique ids (part None), only those
+        the previous batch does not touch ("fresh") or only those it does ("rest")."""
+        out = []
+        for t, ((cfg, uniq, _, _), rows) in enumerate(zip(self.parts, self.rows)):
+            lo, hi = 0, len(uniq)
+            if part == "fresh":
+                hi = self.fresh[t]
+            elif part == "rest":
+                lo = self.fresh[t]
+            if hi > lo:
+                out.append((cfg.table_id, cfg.dim, uniq[lo:hi], rows[lo:hi]))
+        return out
+
+
+def _split_fresh(uniq, inv, prev_uniq):
+    """Reorders uniq so that the ids not in prev_uniq come first; returns (uniq, inverse
+    remapped to the new order, how many come first). The membership test is one dedup in C
+    over both batches' unique ids (first-seen order: an id of uniq is in prev_uniq exactly when
+    its index is below len(prev_uniq))."""
+    n1, nu = len(prev_uniq), len(uniq)
+    both = np.concatenate((prev_uniq, uniq))
+    u = np.empty(n1 + nu, dtype=np.int64)
+    where = np.empty(n1 + nu, dtype=np.int32)
+    granary.dedup(both, u, where)
+    seen = where[n1:] < n1
+    order = np.concatenate((np.flatnonzero(~seen), np.flatnonzero(seen)))
+    pos = np.empty(nu, dtype=np.int32)
+    pos[order] = np.arange(nu, dtype=np.int32)
+    return uniq[order], pos[inv], nu - int(seen.sum())
 
 
 class _Gather(torch.autograd.Function):
@@ -168,9 +212,11 @@ class EmbeddingCollection(torch.nn.Module):
                                   staleness=staleness, reset=reset)
 
     # The step machinery -------------------------------------------------------------------------
-    def prepare(self, features):
-        """Deduplicates a batch's ids (the CPU part of forward), for a pipeline to run ahead."""
-        return _Prepared(self.tables, features, self.stacked)
+    def prepare(self, features, prev=None):
+        """Deduplicates a batch's ids (the CPU part of forward), for a pipeline to run ahead.
+        prev: the prepared batch trained just before this one; start_pull then pulls only the
+        rows prev does not touch, and forward the rest once prev's push has landed."""
+        return _Prepared(self.tables, features, self.stacked, prev)
 
     def wait_pushes(self):
         """Waits for the async pushes already started (the next pull then sees them)."""
@@ -184,8 +230,18 @@ class EmbeddingCollection(torch.nn.Module):
         if self.mode != "async":
             raise RuntimeError("start_pull: only in async mode (sync modes pull under a token)")
         if prep.op is None:
-            self.wait_pushes()  # so the prefetched rows miss at most the current batch's push
-            prep.op = self.client.pull_many_start(prep.batches())
+            # The pushes started so far have landed before any row is read: a prefetched row
+            # misses at most the current batch's push, and none at all when the batch was
+            # prepared against the current one (then only the rows it does not touch go now).
+            self.wait_pushes()
+            if prep.fresh is not None:
+                prep.rest = True
+                fresh = prep.batches("fresh")
+                if not fresh:
+                    return
+                prep.op = self.client.pull_many_start(fresh)
+            else:
+                prep.op = self.client.pull_many_start(prep.batches())
 
     def _acquire(self):
         n = self.client.shards
@@ -195,9 +251,17 @@ class EmbeddingCollection(torch.nn.Module):
         return tags
 
     def _pull(self, prep, train):
-        if prep.op is not None:
-            prep.op.wait()
-            prep.op = None
+        if prep.op is not None or prep.rest:
+            if prep.op is not None:
+                prep.op.wait()
+                prep.op = None
+            if prep.rest:
+                # The rows the previous batch touched: read after its push has landed.
+                prep.rest = False
+                self.wait_pushes()
+                rest = prep.batches("rest")
+                if rest:
+                    self.client.pull_many(rest)
             return
         if not train:
             # Evaluation: the rows as they are, nothing created, no step token.
@@ -264,30 +328,45 @@ class EmbeddingCollection(torch.nn.Module):
 class TrainPipeline:
     """Runs train_step over batches while the next batch is read and deduplicated on a
     background thread and, in async mode, its rows are pulled (started right after the current
-    batch's rows arrived, so they overlap its compute). As with the C trainer's pipeline, a row
-    prefetched that way may miss the current batch's update of it (one step stale).
+    batch's rows arrived, so they overlap its compute).
+
+    emb_staleness: how many of this worker's own pushes a row it reads may miss (the C
+    trainer's --emb-staleness of hybrid mode). 0 (default): the prefetch pulls only the rows
+    the current batch does not touch; the others are pulled after the current batch's push has
+    landed, so no row misses this worker's own updates (other workers' pushes land on arrival,
+    as in async). 1: the whole next batch is prefetched, and a row the current batch touches
+    comes without that batch's update (one step stale), as before; with several workers that
+    cost AUC (docs/python.md).
 
     batches: an iterator of (features, extra) where features is the dict forward takes; extra
     is handed to train_step(result_of_forward, extra) with the forward's output.
     """
 
-    def __init__(self, collection, batches, prefetch_rows=True):
+    def __init__(self, collection, batches, prefetch_rows=True, emb_staleness=0):
+        if emb_staleness not in (0, 1):
+            raise ValueError("emb_staleness %r: want 0 (no own update missed) or 1 (one step "
+                             "stale)" % (emb_staleness,))
         self.ec = collection
         self.it = iter(batches)
         self.prefetch_rows = prefetch_rows and collection.mode == "async"
+        self.emb_staleness = emb_staleness
         self._next = None
         self._thread = None
         self._error = None
 
-    def _load(self):
+    def _load(self, prev):
         try:
             item = next(self.it, None)
-            self._next = None if item is None else (self.ec.prepare(item[0]), item[1])
+            self._next = None if item is None else (self.ec.prepare(item[0], prev), item[1])
         except BaseException as e:  # handed to the caller's thread
             self._error = e
 
-    def _start_load(self):
-        self._thread = threading.Thread(target=self._load, daemon=True)
+    def _start_load(self, cur=None):
+        # Split the next batch's ids against the current one's only where it pays: rows are
+        # prefetched and must not miss the current batch's push.
+        prev = cur[0] if cur is not None and self.prefetch_rows and self.emb_staleness == 0 \
+            else None
+        self._thread = threading.Thread(target=self._load, args=(prev,), daemon=True)
         self._thread.start()
 
     def _take(self):
@@ -301,7 +380,7 @@ class TrainPipeline:
         self._start_load()
         cur = self._take()
         if cur is not None:
-            self._start_load()
+            self._start_load(cur)
         steps = 0
         while cur is not None:
             prep, extra = cur
@@ -313,5 +392,32 @@ class TrainPipeline:
             steps += 1
             cur = nxt
             if cur is not None:
-                self._start_load()
+                self._start_load(cur)
         return steps
+
+
+LR_RULES = {"sqrt": lambda w: w ** 0.5, "linear": float, "none": lambda w: 1.0}
+
+
+def scale_dense_lr(optimizer, workers=None, rule="sqrt"):
+    """Sets the learning rate of every parameter group of a dense optimizer for W workers that
+    average their gradients (DDP): W times fewer steps, each over a W times larger batch. The
+    rate the group was built with is the one-worker rate; it becomes rate * sqrt(W) ("sqrt",
+    Adam's usual rule and what `granary train` gives its dense parameters in sync and hybrid
+    modes), rate * W ("linear", SGD's) or stays ("none"). workers: default torch.distributed's
+    world size (1 when no process group is up). The one-worker rate is kept in the group
+    ("granary_base_lr"), so calling this again does not compound. Returns the factor. The
+    embedding rows need nothing: each row's optimizer step on the shards depends on its own
+    gradients, and a row gets as many updates whatever W."""
+    if rule not in LR_RULES:
+        raise ValueError("lr rule %r: want one of %s" % (rule, ", ".join(sorted(LR_RULES))))
+    if workers is None:
+        import torch.distributed as dist
+        workers = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if int(workers) < 1:
+        raise ValueError("workers %r: want at least 1" % (workers,))
+    factor = LR_RULES[rule](int(workers))
+    for g in optimizer.param_groups:
+        base = g.setdefault("granary_base_lr", g["lr"])
+        g["lr"] = base * factor
+    return factor

@@ -83,7 +83,6 @@ static int run(const gr_cli_value *v)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
     gr_controller *c = NULL;
     if (gr_controller_start(&cfg, &c)) {
         fprintf(stderr, "granary controller: %s\n", gr_errmsg());

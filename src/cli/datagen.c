@@ -6,7 +6,6 @@
 #include "granary/train.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -21,7 +20,6 @@ static int stream_rows(uint64_t seed, double drift, uint64_t rate, uint64_t max_
         fprintf(stderr, "granary datagen: %s\n", gr_errmsg());
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
     static char buf[1 << 16];
     size_t len = 0;
     double t0 = gr_now_s();

@@ -2,6 +2,7 @@
  * and is listed once in the table below. */
 #include "cli/cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,6 +42,10 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) return cmd_version(argc, argv);
+    /* Every command talks over sockets or pipes (shards, replicas, metrics scrapes, a
+     * supervisor's log pipe): a peer that hangs up must give EPIPE to the write, never kill
+     * the process (a trainer killed so loses its final checkpoint). */
+    signal(SIGPIPE, SIG_IGN);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "granary: unknown command '%s' (see granary --help)\n", argv[1]);

@@ -124,7 +124,6 @@ int gr_cli_serve(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (cfg.http) {
         const char *c = strrchr(cfg.http, ':');
         printf("http on %.*s:%u\n", (int)(c - cfg.http), cfg.http, gr_serve_http_port(s));

@@ -243,7 +243,6 @@ int gr_cli_server(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (v[SO_COORD].s) {
         gr_coord_options co;
         gr_coord_options_default(&co);

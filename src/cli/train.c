@@ -303,6 +303,9 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
     cJSON *ws = cJSON_AddArrayToObject(j, "worker_steps");
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
         cJSON_AddItemToArray(ws, cJSON_CreateNumber((double)r->worker_steps[i]));
+    cJSON *wp = cJSON_AddArrayToObject(j, "worker_position");
+    for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
+        cJSON_AddItemToArray(wp, cJSON_CreateNumber((double)r->worker_position[i]));
     if (ri->have_sync) {
         /* The shards' view: steps applied, pushes admitted into them (summed over shards),
          * steps short of K because workers had left, stale pushes dropped. */
@@ -813,9 +816,10 @@ static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
                    gr_train_backend *be, gr_train_result *r, char *errbuf, size_t cap)
 {
     double t0 = gr_now_s();
-    uint64_t epoch = gr_client_epoch(*client);
+    uint64_t epoch = *client ? gr_client_epoch(*client) : tc_epoch(job);
     fprintf(stderr, "train: %s; waiting for the job to heal (recovery %s)\n", errbuf,
             c->partial ? "partial" : "rollback");
+    if (c->tj) tj_recover_mark(c->tj); /* the chief waits for every process to stop */
     gr_train_backend_destroy(be);
     gr_client_destroy(*client);
     *client = NULL;
@@ -826,11 +830,15 @@ static int recover(train_cmd *c, run_info *ri, tc_job *job, gr_client **client,
         rc = gr_seterr(GR_EIO, "the run failed %u times in a row with every shard serving "
                        "(last: %s)", c->same_epoch_retries, errbuf);
     if (!rc && tc_epoch(job) != epoch) c->same_epoch_retries = 0;
+    /* One of several processes: the leader sets the job up again (restore, sync job reset);
+     * the others wait for it and join, reading only their data position. */
+    if (!rc && c->tj) rc = tj_recover_join(c->tj, c->recovery_timeout_ms);
     if (!rc) {
+        bool sets_up = !c->tj || tj_initialises(c->tj);
         c->servers = tc_servers(job);
-        c->sync_reset = true; /* the survivors still hold the failed run's job */
+        c->sync_reset = sets_up; /* the survivors still hold the failed run's job */
         c->tables = GR_PS_TABLES_REUSE; /* ... and its rows: this job's own, to continue */
-        c->position_only = c->partial;
+        c->position_only = c->partial || !sets_up;
         if (c->o.ckpt_dir) c->o.resume = c->o.ckpt_dir;
         rc = make_backend(c, ri, NULL, client, be);
     }
@@ -893,7 +901,7 @@ int gr_cli_train(int argc, char **argv)
     c.o.metrics = metrics;
     if (!rc && c.coord && c.job_workers > 1) {
         tj_want want = {c.job_workers, c.o.workers, gr_train_mode_name(c.o.mode),
-                        c.recovery_timeout_ms, c.auth_file};
+                        c.recovery_timeout_ms, c.auth_file, !c.partial};
         rc = tj_open(c.coord, &want, &c.tj);
         if (!rc) {
             job = tj_tc(c.tj);
@@ -905,6 +913,15 @@ int gr_cli_train(int argc, char **argv)
                  * any checkpoint: this process reads only its position there. */
                 c.tables = GR_PS_TABLES_REUSE;
                 c.position_only = true;
+            }
+            /* A replacement for a lost rank continues from the job's newest checkpoint, the
+             * job's rows kept; one that leads by now (the chief died meanwhile) sets the job up
+             * again from there as a recovery would. */
+            if (tj_joining(c.tj)) {
+                if (c.o.ckpt_dir && !c.o.resume) c.o.resume = c.o.ckpt_dir;
+                c.tables = GR_PS_TABLES_REUSE;
+                c.position_only = !tj_initialises(c.tj) || c.partial;
+                c.sync_reset = tj_initialises(c.tj);
             }
         }
     } else if (!rc && c.coord) {
@@ -919,8 +936,13 @@ int gr_cli_train(int argc, char **argv)
     }
     if (!rc) rc = make_backend(&c, &ri, &cluster, &client, &be);
     if (!rc && job) tc_attach(job, client);
-    if (!rc && c.tj) c.o.job = tj_train_hooks(c.tj);
-    if (rc) {
+    if (c.tj && (!rc || tc_recoverable(rc))) c.o.job = tj_train_hooks(c.tj);
+    /* A shard lost between the barrier and the first request (the others may have trained a
+     * while already): recover as from a failed run. */
+    char errbuf[600] = "";
+    bool lost_at_start = rc && job && tc_recoverable(rc);
+    if (lost_at_start) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
+    if (rc && !lost_at_start) {
         if (c.tj) tj_close(c.tj);
         else tc_close(job);
         fprintf(stderr, "granary train: %s\n", gr_errmsg());
@@ -934,7 +956,7 @@ int gr_cli_train(int argc, char **argv)
         gr_cli_parsed_fini(&p);
         return 1;
     }
-    print_start(&c, &ri, cluster != NULL);
+    if (!lost_at_start) print_start(&c, &ri, cluster != NULL);
     if (cluster && c.publish_ms)
         fprintf(stderr, "train: publishing every %u ms to replicas: granary serve --from %s\n",
                 c.publish_ms, c.servers);
@@ -946,15 +968,20 @@ int gr_cli_train(int argc, char **argv)
         c.o.progress_ctx = (void *)c.metrics;
     }
     gr_train_result r;
-    rc = gr_train_run(&c.o, &be, &r);
-    char errbuf[600] = "";
-    if (rc) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
-    while (rc && job && !c.tj && tc_recoverable(rc)) /* a shard was lost: heal, then go on */
+    memset(&r, 0, sizeof r);
+    if (!lost_at_start) rc = gr_train_run(&c.o, &be, &r);
+    if (rc && !lost_at_start) snprintf(errbuf, sizeof errbuf, "%s", gr_errmsg());
+    for (;;) {
+        /* Done with its data and waiting for the others, but the job recovers: run again. */
+        if (!rc && c.tj && tj_must_recover(c.tj)) {
+            rc = GR_ESTALE;
+            snprintf(errbuf, sizeof errbuf, "the job recovers while this process waits for the "
+                     "others");
+        }
+        if (!(rc && job && (tc_recoverable(rc) || (c.tj && tj_recovering(c.tj))))) break;
+        /* A shard was lost (or the job re-admits a process): heal, then go on. */
         rc = recover(&c, &ri, job, &client, &be, &r, errbuf, sizeof errbuf);
-    if (rc && c.tj && tc_recoverable(rc))
-        fprintf(stderr, "train: a job of several worker processes does not recover from a lost "
-                        "shard by itself: start its processes again with --resume %s\n",
-                c.o.ckpt_dir ? c.o.ckpt_dir : "DIR");
+    }
     ri.chief = c.tj && tj_is_chief(c.tj);
     if (client && c.o.mode != GR_MODE_ASYNC) {
         if (!rc) read_sync_stats(client, &ri);

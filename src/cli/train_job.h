@@ -19,6 +19,7 @@ typedef struct tj_want {
     const char *mode;    /* the sync mode's name */
     uint32_t timeout_ms; /* for the shards, a rank and the others at the barrier */
     const char *auth_file; /* the shards' secret, for the leaves sent for a lost process */
+    bool rollback;       /* --recovery rollback: every process returns to the checkpoint */
 } tj_want;
 
 /* Joins (tc_open_member), claims the lowest free rank of the current run (starting a new run
@@ -38,6 +39,25 @@ tc_job *tj_tc(tj_job *j);
 const gr_train_job *tj_train_hooks(tj_job *j);
 /* Whether this process leads the job now. */
 bool tj_is_chief(tj_job *j);
+/* This process took over the lost rank of a running run (it resumes from the job's newest
+ * checkpoint, at the rank's own position where the job recorded one). */
+bool tj_joining(const tj_job *j);
+/* Recovery from a lost shard (or a re-admission) inside the job; docs/coord.md, "Recovery in a
+ * job of several processes". tj_recover_mark: this process stopped its run and recovers (its
+ * claim says so, so the chief can wait for every process before it restores).
+ * tj_recover_join, once the layout healed: the leader starts a recovery generation in the job
+ * value, waits for the others to stop and then sets the job up again (tj_initialises becomes
+ * true: it restores, resets the sync job, re-sends leaves, and its `started` hook marks the
+ * generation restored); any other process waits for that before it joins again. */
+void tj_recover_mark(tj_job *j);
+int tj_recover_join(tj_job *j, uint32_t timeout_ms);
+/* A run that returned because the job recovers (it was done with its data and waiting): run
+ * again through the recovery. Reading it clears it. */
+bool tj_must_recover(tj_job *j);
+/* The job is in a recovery or a re-admission now (a process stopped for one, or a generation
+ * is not restored yet): a run that failed meanwhile (its sync job cleared under it: "no sync
+ * job") recovers with the job instead of failing. */
+bool tj_recovering(tj_job *j);
 /* After a run that ended well as the chief: the job is done (the others stop waiting). */
 void tj_done(tj_job *j);
 /* Leaves the job. NULL is a no-op. */

@@ -1,9 +1,21 @@
-/* The HTTP server: libmicrohttpd with its own thread pool; each request's body is gathered
- * whole (up to max_body) and handed to one handler that fills a gr_http_response. */
+/* The HTTP server: libmicrohttpd, one daemon (one thread with its own epoll loop) per handler
+ * thread, fed round-robin by an acceptor thread of ours; each request's body is gathered whole
+ * (up to max_body) and handed to one handler that fills a gr_http_response.
+ *
+ * Why not libmicrohttpd's own thread pool: its workers race to accept() from one listening
+ * socket, and a worker that wins takes up to ten connections in a row, so a client opening its
+ * connections at once (wrk, a load balancer's pool) often lands all of them on one worker: 16
+ * connections on 4 workers went all to one worker in 2 runs of 3 (docs/serving.md), and the
+ * server then used one core whatever its thread count. Round-robin gives each thread its share
+ * of the connections. */
 #include "granary/http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <microhttpd.h>
+#include <poll.h>
+#include <pthread.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -11,11 +23,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "http/http_int.h"
 
 struct gr_http_server {
-    struct MHD_Daemon *daemon;
+    struct MHD_Daemon **daemons; /* cfg.threads of them, each one thread */
+    unsigned ndaemons;
+    int lfd;           /* the listening socket */
+    int wake[2];       /* a pipe: a byte written stops the acceptor */
+    pthread_t acceptor;
+    bool acceptor_running;
+    unsigned next;     /* the daemon that gets the next connection (the acceptor's own) */
     gr_http_config cfg;
     uint16_t port;
 };
@@ -134,6 +153,66 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     }
 }
 
+/* Accepts each connection and hands it to the next daemon in turn (MHD_add_connection, which
+ * wakes that daemon's thread and closes the socket itself when it refuses it). */
+static void *acceptor_main(void *arg)
+{
+    gr_http_server *s = arg;
+    struct pollfd pf[2] = {{.fd = s->lfd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
+    for (;;) {
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (pf[1].revents) break;
+        struct sockaddr_storage a;
+        socklen_t al = sizeof a;
+        int fd = accept4(s->lfd, (struct sockaddr *)&a, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            /* Out of descriptors: the pending connection stays readable; do not spin on it. */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(10000);
+            continue;
+        }
+        MHD_add_connection(s->daemons[s->next++ % s->ndaemons], fd, (struct sockaddr *)&a, al);
+    }
+    return NULL;
+}
+
+/* The listening socket, bound and listening, non-blocking; -1 with errno. */
+static int listen_on(const struct sockaddr_storage *addr, socklen_t len)
+{
+    int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    int one = 1;
+    /* As libmicrohttpd sets them on the sockets it makes: a restarted server can bind at once,
+     * and a v6 address is v6 only. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (addr->ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, (const struct sockaddr *)addr, len) || listen(fd, SOMAXCONN)) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static void server_free(gr_http_server *s)
+{
+    if (s->acceptor_running) {
+        ssize_t w = write(s->wake[1], "x", 1);
+        (void)w;
+        pthread_join(s->acceptor, NULL);
+    }
+    if (s->lfd >= 0) close(s->lfd);
+    for (unsigned i = 0; i < s->ndaemons; i++)
+        if (s->daemons[i]) MHD_stop_daemon(s->daemons[i]);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    free(s->daemons);
+    free(s);
+}
+
 int gr_http_start(const gr_http_config *cfg, gr_http_server **out)
 {
     *out = NULL;
@@ -145,35 +224,59 @@ int gr_http_start(const gr_http_config *cfg, gr_http_server **out)
     if (rc) return rc;
     gr_http_server *s = calloc(1, sizeof *s);
     if (!s) return gr_seterr(GR_ENOMEM, "http: out of memory");
+    s->lfd = s->wake[0] = s->wake[1] = -1;
     s->cfg = *cfg;
     if (!s->cfg.threads) s->cfg.threads = 1;
     if (!s->cfg.max_body) s->cfg.max_body = 1u << 20;
     if (!s->cfg.timeout_s) s->cfg.timeout_s = 30;
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD;
-    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE,
-        s->cfg.threads, MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.timeout_s,
-        MHD_OPTION_END);
-    if (!s->daemon) {
-        free(s);
+    s->lfd = listen_on(&addr, addr_len);
+    if (s->lfd < 0) {
+        server_free(s);
         return gr_seterr(GR_EIO, "http: cannot listen on %s (in use, or not an address of "
                                  "this machine)", cfg->listen);
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = info ? info->port : 0;
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    if (!getsockname(s->lfd, (struct sockaddr *)&bound, &bl))
+        s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                   : ((struct sockaddr_in *)&bound)->sin_port);
+    s->daemons = calloc(s->cfg.threads, sizeof *s->daemons);
+    if (!s->daemons || pipe2(s->wake, O_CLOEXEC)) {
+        server_free(s);
+        return gr_seterr(GR_ENOMEM, "http: out of memory or descriptors");
+    }
+    /* Each daemon: one thread, its own epoll set, no listening socket (the acceptor feeds it;
+     * MHD_USE_ITC lets another thread's MHD_add_connection wake it). */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
+                     MHD_USE_NO_LISTEN_SOCKET;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    for (unsigned i = 0; i < s->cfg.threads; i++) {
+        s->daemons[i] = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+            MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.timeout_s, MHD_OPTION_END);
+        s->ndaemons = i + 1;
+        if (!s->daemons[i]) {
+            server_free(s);
+            return gr_seterr(GR_EIO, "http: cannot start the server thread %u of %u for %s", i + 1,
+                             cfg->threads ? cfg->threads : 1, cfg->listen);
+        }
+    }
+    if (pthread_create(&s->acceptor, NULL, acceptor_main, s)) {
+        server_free(s);
+        return gr_seterr(GR_EIO, "http: cannot start the accepting thread for %s", cfg->listen);
+    }
+    s->acceptor_running = true;
     *out = s;
     return 0;
 }
 
 uint16_t gr_http_port(const gr_http_server *s) { return s ? s->port : 0; }
 
+/* Stops accepting first, then each daemon (which waits for its handlers in flight). */
 void gr_http_stop(gr_http_server *s)
 {
     if (!s) return;
-    MHD_stop_daemon(s->daemon);
-    free(s);
+    server_free(s);
 }
 
 const char *gr_http_header(const gr_http_request *req, const char *name)

@@ -414,6 +414,8 @@ int tr_ck_apply(trainer *tr, const cJSON *j)
         /* Static data: worker i continues its own range. Shared data with the same worker
          * count: the step counts carry over (for max_steps); with another count they cannot. */
         if (i < o->workers && (!tr->data.shared || cJSON_GetArraySize(ws) == (int)o->workers)) {
+            if (!tr->data.shared && o->job && o->job->position)
+                v = o->job->position(o->job->ctx, i, v);
             tr->workers[i].base = v;
             if (!tr->data.shared) tr->workers[i].skip = v;
         }

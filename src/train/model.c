@@ -4,6 +4,7 @@
  * default). Dense parameters are one flat float array so they can live on a parameter server
  * as one dense tensor; embedding rows come in and their gradients go out per sparse slot. */
 #include "granary/train.h"
+#include "train/gemm.h"
 #include "train/model_prep.h"
 
 #include <cblas.h>
@@ -15,10 +16,11 @@
 
 #define MAX_SPARSE 4096                      /* vectors per example a model takes, at most */
 #define MAX_LAYERS (GR_MODEL_MAX_LAYERS + 1) /* hidden layers + the output layer */
-#define IA_LANES 8 /* interaction: dots (forward) or elements (backward) summed side by side */
+#define IA_LANES 16 /* interaction: dots (forward) or elements (backward) summed side by side */
 /* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
  * whatever vector width the target has. */
 typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
+#define IA_GROUP 4 /* interaction backward: vectors whose gradients are summed side by side */
 
 typedef struct layer {
     uint32_t in, out;
@@ -47,6 +49,8 @@ struct gr_model_ws {
     float *dbot;       /* gradient of the bottom output, n x dim */
     float *vt;         /* one example's vectors transposed: dim x vpad (interaction) */
     float *dsym;       /* one example's dot gradients as a full nvec x nvec matrix */
+    float *wt;         /* training step: each layer's W transposed (in x out), dense_size */
+    float *panel;      /* training step: gemm.c's scratch (64-byte aligned) */
     const gr_model_prepared *prep; /* set by gr_model_predict_prepared for one example */
 };
 
@@ -273,7 +277,9 @@ static void ws_free_buffers(gr_model_ws *ws)
     free(ws->dbot);
     free(ws->vt);
     free(ws->dsym);
-    ws->z = ws->dz = ws->da = ws->db = ws->dbot = ws->vt = ws->dsym = NULL;
+    free(ws->wt);
+    free(ws->panel);
+    ws->z = ws->dz = ws->da = ws->db = ws->dbot = ws->vt = ws->dsym = ws->wt = ws->panel = NULL;
     ws->cap = 0;
 }
 
@@ -309,6 +315,11 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
     /* calloc: the lanes past nvec stay zero (read, never stored) */
     ok &= (ws->vt = calloc((vpad ? vpad : 1) * m->c.dim, sizeof(float))) != NULL;
     ok &= (ws->dsym = malloc(((size_t)m->nvec * m->nvec + 1) * sizeof(float))) != NULL;
+    /* The products' right operands have at most max(top_in, max_width, nd) columns. */
+    size_t cols = m->top_in > m->max_width ? m->top_in : m->max_width;
+    if (cols < m->nd) cols = m->nd;
+    ok &= (ws->wt = malloc((m->dense_size ? m->dense_size : 1) * sizeof(float))) != NULL;
+    ok &= (ws->panel = aligned_alloc(64, tr_gemm_scratch_floats(cols) * sizeof(float))) != NULL;
     if (!ok) {
         ws_free_buffers(ws);
         return gr_seterr(GR_ENOMEM, "cannot allocate a workspace for %zu examples", n);
@@ -327,7 +338,7 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
     !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 /* Not under the sanitizers: the copy is picked by an ifunc resolver that runs while the
  * program is being relocated, before their runtimes are up (it crashed under TSan). */
-#define GR_HOT_LOOPS __attribute__((target_clones("default", "avx2")))
+#define GR_HOT_LOOPS __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
 #else
 #define GR_HOT_LOOPS
 #endif
@@ -357,9 +368,13 @@ GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy,
 /* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
  * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
 static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
-                          const float *p, size_t n, const float *x, float *y)
+                          const float *p, size_t n, const float *x, float *y, bool train)
 {
-    if (ws->prep && q) {
+    if (train) {
+        /* The training step's own kernel (gemm.c) on W^T, transposed once per step. */
+        tr_gemm_nn(n, l->out, l->in, x, l->in, ws->wt + l->w, l->out, p + l->b, y, l->out,
+                   ws->panel);
+    } else if (ws->prep && q) {
         tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
     } else {
         for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
@@ -371,16 +386,30 @@ static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const l
 
 /* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
  * is not NULL, dX = dY W masked by the ReLU of the layer below (x > 0) when mask_x. */
-static void layer_backward(const layer *l, const float *p, size_t n, const float *x,
-                           const float *dy, float *g, float *dx, bool mask_x)
+static void layer_backward(const gr_model_ws *ws, const layer *l, const float *p, size_t n,
+                           const float *x, const float *dy, float *g, float *dx, bool mask_x)
 {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)l->out, (int)l->in, (int)n, 1.0f,
-                dy, (int)l->out, x, (int)l->in, 0.0f, g + l->w, (int)l->in);
+    tr_gemm_tn(l->out, l->in, n, dy, l->out, x, l->in, g + l->w, l->in, ws->panel);
     bias_grad(g + l->b, dy, n, l->out);
     if (!dx) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)l->in, (int)l->out, 1.0f,
-                dy, (int)l->out, p + l->w, (int)l->in, 0.0f, dx, (int)l->in);
+    tr_gemm_nn(n, l->in, l->out, dy, l->out, p + l->w, l->in, NULL, dx, l->in, ws->panel);
     if (mask_x) relu_mask(dx, x, n * l->in);
+}
+
+/* Each layer's W (out x in) transposed into wt at the same offset: the training step's forward
+ * products take W^T as their right operand, row-major. */
+static void transpose_weights(const gr_model *m, const float *p, float *wt)
+{
+    for (int part = 0; part < 2; part++) {
+        const layer *ls = part ? m->top : m->bot;
+        const uint32_t nl = part ? m->ntop : m->nbot;
+        for (uint32_t i = 0; i < nl; i++) {
+            const layer *l = &ls[i];
+            for (uint32_t o = 0; o < l->out; o++)
+                for (uint32_t k = 0; k < l->in; k++)
+                    wt[l->w + (size_t)k * l->out + o] = p[l->w + (size_t)o * l->in + k];
+        }
+    }
 }
 
 /* Numerically stable log loss from a logit: softplus(z) - y z. */
@@ -483,7 +512,29 @@ interact_backward(const float *restrict dzs, uint32_t top_in, const float *restr
         uint32_t k = 0;
         for (uint32_t a = 1; a < nvec; a++)
             for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
-        for (uint32_t c = 0; c < nvec; c++) {
+        uint32_t c = 0;
+        /* Four vectors' gradients at a time: four independent chains of adds over j where one
+         * chain waited on each add's latency (the loop was latency-bound); each chain keeps
+         * its order, so the same bits. */
+        for (; c + IA_GROUP <= nvec && d % IA_LANES == 0; c += IA_GROUP) {
+            const float *rows = dsym + (size_t)c * nvec;
+            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
+                ia_vec acc[IA_GROUP] = {{0}}, v;
+                if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
+                memcpy(&v, bi + t0, sizeof v);
+                for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec] * v;
+                const float *vj = ei + t0;
+                for (uint32_t j = 1; j < nvec; j++, vj += d) {
+                    memcpy(&v, vj, sizeof v);
+                    for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec + j] * v;
+                }
+                for (uint32_t q = 0; q < IA_GROUP; q++) {
+                    float *gc = c + q == 0 ? dbots + i * d : gi + (size_t)(c + q - 1) * d;
+                    memcpy(gc + t0, &acc[q], sizeof acc[q]);
+                }
+            }
+        }
+        for (; c < nvec; c++) {
             float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
             const float *row = dsym + (size_t)c * nvec;
             uint32_t t0 = 0;
@@ -535,20 +586,20 @@ GR_HOT_LOOPS static void interact_backward_any(const float *dzs, uint32_t top_in
 
 /* Forward to the logits (ws->top_out[ntop-1], n x 1). */
 static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
-                         const float *dense, const float *emb)
+                         const float *dense, const float *emb, bool train)
 {
     const float *x = dense;
     const gr_model_prepared *pr = ws->prep;
     for (uint32_t l = 0; l < m->nbot; l++) {
         layer_forward(ws, pr ? pr->bot_q[l] : 0, pr ? pr->bot_u[l] : 0, &m->bot[l], p, n, x,
-                      ws->bot_out[l]);
+                      ws->bot_out[l], train);
         x = ws->bot_out[l];
     }
     interact_forward_any(ws->z, m->top_in, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
         layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
-                      ws->top_out[l]);
+                      ws->top_out[l], train);
         x = ws->top_out[l];
     }
 }
@@ -562,7 +613,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     for (int l = (int)m->ntop - 1; l >= 0; l--) {
         const float *x = l ? ws->top_out[l - 1] : ws->z;
         float *target = l ? dx : ws->dz;
-        layer_backward(&m->top[l], p, n, x, dy, g, target, l > 0);
+        layer_backward(ws, &m->top[l], p, n, x, dy, g, target, l > 0);
         if (l) {
             float *t = dy;
             dy = dx;
@@ -580,7 +631,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     relu_mask(dy, bot, n * d);
     for (int l = (int)m->nbot - 1; l >= 0; l--) {
         const float *x = l ? ws->bot_out[l - 1] : dense;
-        layer_backward(&m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
+        layer_backward(ws, &m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
         float *t = dy;
         dy = dx;
         dx = t;
@@ -617,7 +668,8 @@ int gr_model_train_step(const gr_model *m, gr_model_ws *ws, const float *params,
         *loss = sum / (double)n;
         return GR_OK;
     }
-    dlrm_forward(m, ws, params, n, dense, emb);
+    transpose_weights(m, params, ws->wt);
+    dlrm_forward(m, ws, params, n, dense, emb, true);
     const float *z = ws->top_out[m->ntop - 1];
     for (size_t i = 0; i < n; i++) {
         float pr = sigmoidf(z[i]);
@@ -649,7 +701,7 @@ int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *p
         /* The prepared path is for one example (the n that makes sgemm pack a panel per call
          * for one row of work) and only with the parameters it was made from. */
         ws->prep = prep && n == 1 && prep->params == params ? prep : NULL;
-        dlrm_forward(m, ws, params, n, dense, emb);
+        dlrm_forward(m, ws, params, n, dense, emb, false);
         ws->prep = NULL;
         memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);
     }

@@ -452,7 +452,10 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     res->bad_lines = tr.bad_lines;
     res->wait_seconds = tr.wait_s;
     for (unsigned i = 0; i < o->workers && i < GR_TRAIN_MAX_REPORTED_WORKERS; i++)
+    {
         res->worker_steps[i] = tr.workers[i].steps;
+        res->worker_position[i] = tr.workers[i].base + tr.workers[i].steps;
+    }
     res->read_seconds = tr.t.read;
     res->pull_seconds = tr.t.pull;
     res->compute_seconds = tr.t.compute;

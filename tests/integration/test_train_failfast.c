@@ -8,6 +8,7 @@
  *    the process at once;
  *  - progress lines keep coming with --ckpt-dir and show % done, the epoch and an ETA;
  *  - every run ends saying where the model is, or that it was not saved;
+ *  - output to a closed pipe does not kill it (EPIPE, not SIGPIPE): the model is still saved;
  *  - the embedded shards' info lines stay out of train's output unless GRANARY_LOG asks;
  *  - --auth-file errors are one clean line; `granary stats` against an HTTP port says "not a
  *    granary server". */
@@ -486,6 +487,50 @@ static void test_messages(void **state)
         fail_msg("wanted 'not a granary server' from train, got %d: %s", rc, out);
 }
 
+/* Output to a reader that went away (a supervisor's log pipe closed, `| head`): the writes fail
+ * with EPIPE, and the run still trains, saves its model and its metrics, and exits 0 (before,
+ * SIGPIPE killed it with status 141 at its first progress line, model unsaved). */
+static void test_closed_output_pipe_keeps_the_model(void **state)
+{
+    (void)state;
+    char ck[300], metrics[300];
+    snprintf(ck, sizeof ck, "%s/pipe", g_tmp);
+    snprintf(metrics, sizeof metrics, "%s/pipe-metrics.json", g_tmp);
+    const char *args[] = {ps_test_granary_bin(), "train", "--train", g_fx.train, SMALL,
+                          "--progress", "0.01", "--max-steps", "20", "--ckpt-dir", ck,
+                          "--metrics-out", metrics, NULL};
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    close(fds[0]); /* nobody will ever read */
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        signal(SIGPIPE, SIG_DFL); /* what a shell gives it: an ignored signal would be inherited */
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        unsetenv("GRANARY_LOG");
+        execv(args[0], (char *const *)args);
+        _exit(127);
+    }
+    close(fds[1]);
+    int st = finish(pid, 60000);
+    assert_true(st >= 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("wanted exit 0 with a closed output pipe, got %s %d",
+                 WIFEXITED(st) ? "exit" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    char *js = slurp(metrics);
+    assert_non_null(strstr(js, "\"steps\""));
+    free(js);
+    char step[400];
+    snprintf(step, sizeof step, "%s/step-000000000020", ck); /* the final checkpoint */
+    struct stat sb;
+    assert_int_equal(stat(step, &sb), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_sigint_stops_sync_and_resumes),
         cmocka_unit_test(test_sigterm_stops_async_on_servers),
         cmocka_unit_test(test_second_signal_aborts),
+        cmocka_unit_test(test_closed_output_pipe_keeps_the_model),
     };
     return cmocka_run_group_tests_name("train_failfast", tests, setup, teardown);
 }

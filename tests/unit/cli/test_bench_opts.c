@@ -73,7 +73,9 @@ static void test_torch(void **state)
     (void)state;
     expect_help_lists("torch", (const char *const[]){"--json", "--rows N", "--test-rows M",
                                                      "--data DIR", "--threads T", "--workers W",
-                                                     "--granary-workers W", NULL});
+                                                     "--torch-workers W", "--granary-workers W",
+                                                     NULL});
+    expect_refused("bench torch --torch-workers 65", "--torch-workers must be in 0..64, got 65");
     expect_refused("bench torch --rows 10x", "granary bench torch: --rows wants a whole number");
     expect_refused("bench torch --threads 0", "--threads must be in 1..256, got 0");
     expect_refused("bench torch --workers 65", "--workers must be in 1..64, got 65");

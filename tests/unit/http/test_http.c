@@ -1,11 +1,17 @@
 /* The shared HTTP part: server and client round trips, limits, errors, concurrency. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -153,6 +159,65 @@ static void test_concurrent_clients(void **state)
     gr_http_stop(s);
 }
 
+/* Every handler waits (up to 3 s) until `want` handlers are inside at once: they can all be
+ * only if their connections are on different server threads. */
+typedef struct meeting {
+    atomic_int inside;
+    int want;
+} meeting;
+
+static void meet(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    (void)req;
+    meeting *m = ctx;
+    atomic_fetch_add(&m->inside, 1);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    bool met = false;
+    do {
+        met = atomic_load(&m->inside) >= m->want;
+        if (!met) usleep(1000);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (!met && (t.tv_sec - t0.tv_sec) < 3);
+    gr_http_printf(resp, 200, "text/plain", "%s", met ? "met" : "alone");
+}
+
+/* Connections a client opens all at once (a pool, wrk) are spread over the handler threads:
+ * libmicrohttpd's own thread pool often gave every one of them to one thread. */
+static void test_connections_opened_at_once_spread_over_threads(void **state)
+{
+    (void)state;
+    enum { THREADS = 4 };
+    meeting m = {.want = THREADS};
+    gr_http_config cfg = {.listen = "127.0.0.1:0", .threads = THREADS, .handler = meet, .ctx = &m};
+    gr_http_server *s = NULL;
+    assert_int_equal(gr_http_start(&cfg, &s), 0);
+    int fd[THREADS];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(gr_http_port(s)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < THREADS; i++) {
+        fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fd[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    const char *req = "GET /meet HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(send(fd[i], req, strlen(req), 0), (ssize_t)strlen(req));
+    for (int i = 0; i < THREADS; i++) {
+        char buf[1024] = "";
+        size_t n = 0;
+        while (n < sizeof buf - 1 && !strstr(buf, "met") && !strstr(buf, "alone")) {
+            ssize_t r = recv(fd[i], buf + n, sizeof buf - 1 - n, 0);
+            if (r <= 0) break;
+            n += (size_t)r;
+            buf[n] = '\0';
+        }
+        buf[n] = '\0';
+        if (!strstr(buf, "\r\n\r\nmet")) fail_msg("connection %d: %s", i, buf);
+        close(fd[i]);
+    }
+    gr_http_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -161,6 +226,7 @@ int main(void)
         cmocka_unit_test(test_body_over_limit_is_413_and_server_goes_on),
         cmocka_unit_test(test_bad_addresses),
         cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_connections_opened_at_once_spread_over_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -104,6 +104,49 @@ static void expect_bad(const char *line, const char *msg_part)
     if (!strstr(gr_errmsg(), msg_part)) fail_msg("'%s' lacks '%s'", gr_errmsg(), msg_part);
 }
 
+/* The one-pass parser and the full one (which takes over for whatever the first is unsure
+ * of) give the same values at the edges: signs, counts around the log1p table's end (4096),
+ * 18 digits (the most accepted), 8 hex digits; and the same errors past them. */
+static void test_parse_edges(void **state)
+{
+    (void)state;
+    const char *dense_in[13] = {"+7",   "-3", "4095", "4096", "4097", "999999999999999999",
+                                "0",    "",   "+0",   "-0",   "12",   "65535",
+                                "1000000"};
+    const double dense_want[13] = {7, -1, 4095, 4096, 4097, 999999999999999999.0, 0, -1, 0, -1,
+                                   12, 65535, 1000000};
+    char line[1024];
+    size_t at = (size_t)snprintf(line, sizeof line, "1");
+    for (int f = 0; f < 13; f++) at += (size_t)snprintf(line + at, sizeof line - at, "\t%s", dense_in[f]);
+    for (int f = 0; f < 26; f++)
+        at += (size_t)snprintf(line + at, sizeof line - at, f % 2 ? "\tffffffff" : "\t%x", f);
+    float label, dense[13];
+    uint64_t ids[26];
+    assert_int_equal(gr_criteo_parse_line(line, strlen(line), &label, dense, ids), GR_OK);
+    for (int f = 0; f < 13; f++) {
+        float want = dense_want[f] < 0 ? 0.0f : (float)log1p(dense_want[f]);
+        assert_memory_equal(&dense[f], &want, sizeof want);
+    }
+    for (unsigned f = 0; f < 26; f++)
+        assert_true(ids[f] == gr_criteo_feature_id(f, f % 2 ? 0xffffffffu : f));
+    /* One field past each limit: the error names it. */
+    char bad[1100];
+    snprintf(bad, sizeof bad, "1\t1234567890123456789%s", strchr(line + 2, '\t'));
+    expect_bad(bad, "field 2 (I1): not an integer");
+    snprintf(bad, sizeof bad, "1\t+%s", strchr(line + 2, '\t'));
+    expect_bad(bad, "field 2 (I1): not an integer");
+    strcpy(bad, line);
+    char *last = strrchr(bad, '\t');
+    strcpy(last, "\t123456789");
+    expect_bad(bad, "field 40 (C26): more than 8 hex digits");
+    strcpy(last, "\tfg");
+    expect_bad(bad, "field 40 (C26): not hex");
+    strcpy(last, "\t1\t2");
+    expect_bad(bad, "has 41 fields, expected 40");
+    *last = 0;
+    expect_bad(bad, "has 39 fields, expected 40");
+}
+
 static void test_parse_bad(void **state)
 {
     (void)state;
@@ -318,6 +361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_line),
         cmocka_unit_test(test_parse_bad),
+        cmocka_unit_test(test_parse_edges),
         cmocka_unit_test(test_reader_skip_and_strict),
         cmocka_unit_test(test_reader_crlf_no_final_newline),
         cmocka_unit_test(test_reader_empty),

@@ -1,0 +1,120 @@
+/* Tests of bench serve's paced client (bench/serve_load.c): every request is answered and
+ * counted against a live HTTP server, refusals are errors, and the send lateness is split
+ * correctly: requests that fall due while every connection waits on a slow server are charged
+ * to waiting for a free connection (the server's backlog), not to the client. Timing targets
+ * live in the bench; these assert only what the accounting must give on any machine. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench/serve_load.h"
+#include "granary/http.h"
+
+typedef struct srv_mode {
+    int status;       /* what every request gets */
+    unsigned hold_ms; /* how long each is held before the answer */
+    atomic_uint seen;
+} srv_mode;
+
+static void handle(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    srv_mode *m = ctx;
+    atomic_fetch_add(&m->seen, 1);
+    if (m->hold_ms) usleep(m->hold_ms * 1000u);
+    if (strcmp(req->path, "/v1/predict")) gr_http_error(resp, 404, "no such path");
+    else if (m->status != 200) gr_http_error(resp, m->status, "refused");
+    else gr_http_printf(resp, 200, "application/json", "{\"predictions\":[0.5]}");
+}
+
+static bodies one_body(void)
+{
+    static char text[] = "{\"lines\":[\"1\"]}";
+    static char *b[1] = {text};
+    static size_t len[1] = {sizeof text - 1};
+    return (bodies){b, len, 1};
+}
+
+static gr_http_server *start(srv_mode *m, unsigned threads)
+{
+    gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .handler = handle, .ctx = m};
+    gr_http_server *s = NULL;
+    assert_int_equal(gr_http_start(&hc, &s), 0);
+    return s;
+}
+
+static void test_every_request_answered(void **state)
+{
+    (void)state;
+    srv_mode m = {.status = 200};
+    gr_http_server *s = start(&m, 2);
+    bodies b = one_body();
+    load out;
+    sl_run_paced(gr_http_port(s), &b, 400, 0.5, true, &out); /* 200 requests */
+    gr_http_stop(s);
+    assert_int_equal(out.requests, 200);
+    assert_int_equal(out.errors, 0);
+    assert_int_equal(atomic_load(&m.seen), 200);
+    assert_true(out.p50_ms >= 0 && out.p99_ms >= out.p50_ms);
+    /* The split: latency from the due time is send lateness plus reply time, and the send
+     * lateness is the connection wait plus the client's own. */
+    assert_true(out.late_p99_ms >= 0 && out.service_p99_ms >= 0);
+    assert_true(out.conn_wait_p99_ms >= 0 && out.own_late_p99_ms >= 0);
+    assert_true(out.own_late_p99_ms <= out.late_p99_ms + 1e-9);
+    assert_false(isnan(out.runq_ms));
+    /* Running as root (CI and the bench machine), the client gets SCHED_FIFO. */
+    if (geteuid() == 0) assert_true(out.fifo);
+}
+
+static void test_refusals_are_errors(void **state)
+{
+    (void)state;
+    srv_mode m = {.status = 503};
+    gr_http_server *s = start(&m, 2);
+    bodies b = one_body();
+    load out;
+    sl_run_paced(gr_http_port(s), &b, 200, 0.25, false, &out); /* 50 requests */
+    gr_http_stop(s);
+    assert_int_equal(out.requests, 0);
+    assert_int_equal(out.errors, 50);
+    assert_false(out.fifo);
+}
+
+/* A server that holds every request 50 ms: 40 requests fall due within 50 ms, at most 32 can
+ * be in flight (the client's connections), and none returns before 50 ms after the first went
+ * out, so the 33rd (due at 40 ms) waits at least 10 ms for a free connection. That wait must be
+ * charged to the connections (the server's backlog), not to the client. (A slower machine, or
+ * the server's threads taking the connections unevenly, only makes the waits longer.) */
+static void test_backlog_is_charged_to_connections(void **state)
+{
+    (void)state;
+    srv_mode m = {.status = 200, .hold_ms = 50};
+    gr_http_server *s = start(&m, 32);
+    bodies b = one_body();
+    load out;
+    sl_run_paced(gr_http_port(s), &b, 800, 0.05, true, &out);
+    gr_http_stop(s);
+    assert_int_equal(out.requests, 40);
+    assert_int_equal(out.errors, 0);
+    /* With 40 samples the p99 is the largest. */
+    assert_true(out.conn_wait_p99_ms >= 5);
+    assert_true(out.late_p99_ms >= out.conn_wait_p99_ms);
+    assert_true(out.service_p99_ms >= 50);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_request_answered),
+        cmocka_unit_test(test_refusals_are_errors),
+        cmocka_unit_test(test_backlog_is_charged_to_connections),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
