@@ -86,6 +86,8 @@ GR_API uint64_t gr_checksum(const void *data, size_t len);
  * shards. */
 #define GR_SLOTS 16384u
 GR_API uint32_t gr_slot_of(uint64_t key);
+/* gr_slot_of of n keys into slots (n entries): the same values, without a call per key. */
+GR_API void gr_slots_of(const uint64_t *keys, size_t n, uint32_t *slots);
 
 /* ---- Formats shared by the wire, the checkpoint files and every part (src/core/formats.c).
  * Each is defined here once; the names other headers use for them are aliases. ---- */

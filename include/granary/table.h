@@ -186,6 +186,12 @@ GR_API int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const flo
  * of the step. Every other error is as gr_table_apply's. */
 GR_API int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n,
                                   const float *grads, size_t *refused);
+/* gr_table_apply for a caller that has already checked every gradient of the batch is finite
+ * (the server checks a whole request before applying any of it): the same, without reading the
+ * gradients a second time. A non-finite gradient passed anyway is not detected as such; its
+ * row's result is not finite and follows spec.nonfinite, so the table still stays finite. */
+GR_API int gr_table_apply_checked(gr_table *t, const uint64_t *keys, size_t n,
+                                  const float *grads);
 
 /* Removes keys; *deleted (may be NULL) gets how many were present. */
 GR_API int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted);

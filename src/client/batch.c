@@ -13,9 +13,9 @@ static void count_ns(atomic_uint_fast64_t *ctr, uint64_t since)
 }
 
 /* A PULL or PUSH_PULL reply, read from the socket as it arrives (on the reader thread): its
- * headers must be exactly those of the request, and its rows go, a scratch buffer at a time,
- * to every occurrence of their keys. The body never lands in memory whole, so the kernel's
- * copy and the scatter meet in cache. */
+ * headers must be exactly those of the request, and its rows go, as many as the scratch
+ * buffer holds at a time, to every occurrence of their keys. The body never lands in memory
+ * whole, so the kernel's copy and the scatter meet in cache. */
 static int rows_stream(cl_req *r, const gr_proto_header *h, cl_body *body)
 {
     gr_client_op *op = r->ctx;
@@ -26,28 +26,33 @@ static int rows_stream(cl_req *r, const gr_proto_header *h, cl_body *body)
     if (h->body_len != want_len)
         return gr_seterr(GR_EPROTO, "reply body of %u bytes does not match the request (%zu "
                          "bytes)", h->body_len, want_len);
-    uint8_t want[16], got[16];
+    uint8_t want[16];
     gr_proto_batch_head_bytes(pr->npieces, want);
-    int rc = cl_body_read(body, got, 8);
-    if (!rc && memcmp(want, got, 8))
+    int rc = cl_body_fill(body, 8);
+    if (!rc && memcmp(want, cl_body_take(body, 8), 8))
         rc = gr_seterr(GR_EPROTO, "reply does not hold the %u tables of the request", pr->npieces);
     for (uint32_t k = 0; !rc && k < pr->npieces; k++) {
         const cl_piece *pc = &pr->pieces[k];
         const cl_tbl *t = &p->tb[pc->bi];
         gr_proto_section_head_bytes(t->table, t->dim, pc->count, want);
-        rc = cl_body_read(body, got, 16);
-        if (!rc && memcmp(want, got, 16))
+        rc = cl_body_fill(body, 16);
+        if (!rc && memcmp(want, cl_body_take(body, 16), 16))
             rc = gr_seterr(GR_EPROTO, "reply section %u does not match the request", k);
         size_t rowb = (size_t)t->dim * sizeof(float);
-        uint32_t per = (uint32_t)(body->scratch_cap / rowb);
-        for (uint32_t j0 = 0; !rc && j0 < pc->count; j0 += per) {
-            uint32_t m = pc->count - j0 < per ? pc->count - j0 : per;
-            rc = cl_body_read(body, body->scratch, (size_t)m * rowb);
-            if (!rc) cl_plan_scatter_rows(p, r->tag, k, j0, m, (const float *)(void *)body->scratch);
+        for (uint32_t j0 = 0; !rc && j0 < pc->count;) {
+            rc = cl_body_fill(body, rowb);
+            if (rc) break;
+            size_t m = cl_body_avail(body) / rowb;
+            if (m > pc->count - j0) m = pc->count - j0;
+            /* Section bodies are multiples of 4 bytes, so the rows are float-aligned. */
+            const float *rows = (const float *)(const void *)cl_body_take(body, m * rowb);
+            cl_plan_scatter_rows(p, r->tag, k, j0, (uint32_t)m, rows);
+            j0 += (uint32_t)m;
         }
         if (!rc && ((size_t)pc->count * t->dim) % 2) { /* padding to 8 bytes, zero */
             uint32_t pad = 1;
-            rc = cl_body_read(body, &pad, 4);
+            rc = cl_body_fill(body, 4);
+            if (!rc) memcpy(&pad, cl_body_take(body, 4), 4);
             if (!rc && pad) rc = gr_seterr(GR_EPROTO, "reply section %u has nonzero padding", k);
         }
     }

@@ -382,20 +382,31 @@ static cl_req *take_pending(cl_conn *k, uint64_t id, bool stream_only)
     return r;
 }
 
-int cl_body_read(cl_body *b, void *buf, size_t n)
+int cl_body_fill(cl_body *b, size_t n)
 {
     if (b->failed) return gr_seterr(GR_ECONN, "the reply stream already failed");
-    if (n > b->left) {
+    size_t avail = b->end - b->pos;
+    if (avail >= n) return GR_OK;
+    if (n - avail > b->left || n > b->scratch_cap) {
         b->failed = true;
-        return gr_seterr(GR_EPROTO, "read of %zu bytes past the reply body (%zu left)", n, b->left);
+        return gr_seterr(GR_EPROTO, "read of %zu bytes past the reply body (%zu left)", n,
+                         avail + b->left);
+    }
+    /* What is left of the buffer is less than n bytes: move it to the front, then receive as
+     * much as the buffer holds in as few calls as the socket allows. */
+    if (b->pos) {
+        memmove(b->scratch, b->scratch + b->pos, avail);
+        b->pos = 0;
+        b->end = avail;
     }
     uint64_t t0 = gr_thread_cpu_ns();
-    size_t got = 0;
     int rc = GR_OK;
-    while (got < n) {
-        ssize_t r = recv(b->fd, (char *)buf + got, n - got, MSG_DONTWAIT);
+    while (b->end < n) {
+        size_t room = b->scratch_cap - b->end;
+        ssize_t r = recv(b->fd, b->scratch + b->end, room < b->left ? room : b->left, MSG_DONTWAIT);
         if (r > 0) {
-            got += (size_t)r;
+            b->end += (size_t)r;
+            b->left -= (size_t)r;
             continue;
         }
         if (r == 0) {
@@ -416,7 +427,6 @@ int cl_body_read(cl_body *b, void *buf, size_t n)
         poll(&pf, 1, (int)((b->deadline_ns - now) / 1000000u) + 1);
     }
     b->read_ns += gr_thread_cpu_ns() - t0;
-    b->left -= got;
     if (rc) b->failed = true;
     return rc;
 }
@@ -480,10 +490,12 @@ static void *reader_main(void *arg)
                 snprintf(why, sizeof why, "out of memory for the reply scratch buffer");
                 break;
             }
-            cl_body b = {fd, h.body_len, req->deadline_ns, k->sbuf, CL_SCRATCH_BYTES, 0, false};
+            cl_body b = {fd, h.body_len, req->deadline_ns, k->sbuf, CL_SCRATCH_BYTES, 0, 0, 0,
+                         false};
             rc = req->on_stream(req, &h, &b);
-            if (!rc && b.left)
-                rc = gr_seterr(GR_EPROTO, "reply handler left %zu bytes of the body", b.left);
+            if (!rc && (b.left || cl_body_avail(&b)))
+                rc = gr_seterr(GR_EPROTO, "reply handler left %zu bytes of the body",
+                               b.left + cl_body_avail(&b));
             atomic_fetch_add_explicit(&cl->recv_ns, b.read_ns, memory_order_relaxed);
             atomic_fetch_add(&cl->bytes_received,
                              GR_PROTO_HEADER_SIZE + (uint64_t)(h.body_len - b.left));

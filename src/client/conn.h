@@ -28,19 +28,33 @@ typedef void (*cl_done_fn)(cl_req *r, int rc, const char *msg);
 
 /* A successful reply's body still in the socket, for a handler that consumes it as it arrives
  * (a pull scatters rows from a cache-sized scratch buffer instead of first landing the whole
- * body in memory). */
+ * body in memory). The body is received into the scratch buffer as much at a time as it holds
+ * (never past the body's end), and the handler takes its pieces from there: the small
+ * headers cost no system call of their own. */
 typedef struct cl_body {
     int fd;
-    size_t left;          /* body bytes not read yet */
+    size_t left;          /* body bytes not received from the socket yet */
     uint64_t deadline_ns; /* the request's deadline: a body that stalls past it fails */
     uint8_t *scratch;     /* the connection's scratch buffer, 8-byte aligned */
     size_t scratch_cap;
-    uint64_t read_ns;     /* CPU time spent in reads */
-    bool failed;          /* a read failed: the stream is broken */
+    size_t pos, end;      /* scratch[pos, end): received and not taken yet */
+    uint64_t read_ns;     /* CPU time spent in receives */
+    bool failed;          /* a receive failed: the stream is broken */
 } cl_body;
-/* Reads exactly n (<= left) bytes of the body. GR_ECONN when the connection fails,
- * GR_ETIMEDOUT past the deadline, GR_EPROTO past the body's end; then the body is failed. */
-int cl_body_read(cl_body *b, void *buf, size_t n);
+/* Makes at least n (<= scratch_cap) bytes available (cl_body_avail), receiving as many more
+ * as fit. GR_ECONN when the connection fails, GR_ETIMEDOUT past the deadline, GR_EPROTO past
+ * the body's end; then the body is failed. */
+int cl_body_fill(cl_body *b, size_t n);
+/* Bytes received and not taken yet. */
+static inline size_t cl_body_avail(const cl_body *b) { return b->end - b->pos; }
+/* The next n (<= cl_body_avail) bytes, taken: valid until the next cl_body_fill. The pointer
+ * is 4-byte aligned when every piece taken so far was a multiple of 4 bytes. */
+static inline const uint8_t *cl_body_take(cl_body *b, size_t n)
+{
+    const uint8_t *p = b->scratch + b->pos;
+    b->pos += n;
+    return p;
+}
 /* Consumes a successful reply (status >= 0, opcode checked) from the socket: it must read the
  * whole body or fail; any failure drops the connection (the stream is mid-frame). */
 typedef int (*cl_stream_fn)(cl_req *r, const gr_proto_header *h, cl_body *body);

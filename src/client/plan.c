@@ -20,11 +20,6 @@ __attribute__((constructor)) static void detect_avx512(void)
 }
 #endif
 
-static inline uint32_t shard_of_key(uint32_t nshards, uint64_t key)
-{
-    return nshards == 1 ? 0 : gr_slot_shard(gr_slot_of(key), nshards);
-}
-
 static int check_tables(const gr_client_batch *b, size_t nb, bool rows, bool grads)
 {
     if (nb == 0 || !b) return gr_seterr(GR_EINVAL, "a batch needs at least one table");
@@ -191,10 +186,11 @@ int cl_plan_tables(cl_plan *p, uint32_t nshards, const gr_client_batch *b, size_
         } else {
             t->nuniq = dedup_table(t, b[bi].keys, &m);
         }
-        /* Counting sort of the unique keys by shard. */
+        /* Counting sort of the unique keys by shard (their slots first, in one call). */
         memset(count, 0, ((size_t)nshards + 1) * sizeof *count);
+        if (nshards > 1) gr_slots_of(t->uniq, t->nuniq, shard_of);
         for (uint32_t u = 0; u < t->nuniq; u++) {
-            uint32_t s = shard_of_key(nshards, t->uniq[u]);
+            uint32_t s = nshards > 1 ? gr_slot_shard(shard_of[u], nshards) : 0;
             shard_of[u] = s;
             count[s + 1]++;
         }

@@ -19,12 +19,6 @@ uint64_t gr_hash_key(uint64_t key, uint64_t seed)
 
 uint64_t gr_checksum(const void *data, size_t len) { return XXH3_64bits(data, len); }
 
-uint32_t gr_slot_of(uint64_t key)
-{
-    /* Seed chosen once; never change it. */
-    return (uint32_t)(gr_hash_key(key, 0x736c6f74u) & (GR_SLOTS - 1));
-}
-
 uint64_t gr_random_id(void)
 {
     uint64_t v = 0;

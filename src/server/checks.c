@@ -9,14 +9,18 @@
 int srv_check_routing(const gr_server *s, const gr_proto_section *sec)
 {
     if (s->cfg.shards == 1 || !sec->keys) return GR_OK;
-    for (uint32_t k = 0; k < sec->n; k++) {
-        uint32_t slot = gr_slot_of(sec->keys[k]);
-        if (!s->owns[slot])
-            return gr_seterr(GR_ESTALE,
-                             "key %llu (slot %u) belongs to shard %u, not shard %u: the client's "
-                             "slot map is wrong or stale",
-                             (unsigned long long)sec->keys[k], slot,
-                             gr_proto_default_shard(slot, s->cfg.shards), s->cfg.shard);
+    uint32_t slots[512]; /* hashed a chunk at a time: gr_slots_of makes no call per key */
+    for (uint32_t k0 = 0; k0 < sec->n; k0 += 512) {
+        uint32_t m = sec->n - k0 < 512 ? sec->n - k0 : 512, bad = 0;
+        gr_slots_of(sec->keys + k0, m, slots);
+        for (uint32_t j = 0; j < m; j++) bad |= !s->owns[slots[j]];
+        for (uint32_t j = 0; bad && j < m; j++)
+            if (!s->owns[slots[j]])
+                return gr_seterr(GR_ESTALE,
+                                 "key %llu (slot %u) belongs to shard %u, not shard %u: the "
+                                 "client's slot map is wrong or stale",
+                                 (unsigned long long)sec->keys[k0 + j], slots[j],
+                                 gr_proto_default_shard(slots[j], s->cfg.shards), s->cfg.shard);
     }
     return GR_OK;
 }

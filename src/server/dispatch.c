@@ -145,12 +145,14 @@ static int reply_rows(req *r, resolved *x, unsigned lookup_flags)
     return rc;
 }
 
+/* resolve_batch has checked every gradient (validate_sections), so the table does not read
+ * them again for its own check (0.3 ms per shard per bench ps push batch). */
 static int apply_all(resolved *x)
 {
     for (uint32_t i = 0; i < x->b.ntables; i++) {
         const gr_proto_section *sec = &x->b.sections[i];
         if (!sec->n) continue;
-        int rc = gr_table_apply(x->ents[i]->table, sec->keys, sec->n, sec->values);
+        int rc = gr_table_apply_checked(x->ents[i]->table, sec->keys, sec->n, sec->values);
         if (rc) return rc;
     }
     return GR_OK;

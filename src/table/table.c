@@ -1046,14 +1046,15 @@ static int check_f16_range(gr_table *t, const uint64_t *keys, const float *w, si
     return GR_OK;
 }
 
-int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n, const float *grads,
-                           size_t *refused)
+/* grads_checked: the caller has checked the gradients (gr_table_apply_checked). */
+static int apply_batch(gr_table *t, const uint64_t *keys, size_t n, const float *grads,
+                       size_t *refused, bool grads_checked)
 {
     if (refused) *refused = 0;
     CHECK_T("gr_table_apply");
     CHECK_PTR(keys, "apply", "keys");
     CHECK_PTR(grads, "apply", "grads");
-    int rc = check_finite(t, "gradient", keys, grads, n, t->dim);
+    int rc = grads_checked ? GR_OK : check_finite(t, "gradient", keys, grads, n, t->dim);
     if (rc) return rc;
     op_ctx c = {.keys = keys, .grads = grads};
     rc = run_batch(t, &c, n, OP_APPLY);
@@ -1071,9 +1072,20 @@ int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n, const fl
     return rc;
 }
 
+int gr_table_apply_counted(gr_table *t, const uint64_t *keys, size_t n, const float *grads,
+                           size_t *refused)
+{
+    return apply_batch(t, keys, n, grads, refused, false);
+}
+
 int gr_table_apply(gr_table *t, const uint64_t *keys, size_t n, const float *grads)
 {
-    return gr_table_apply_counted(t, keys, n, grads, NULL);
+    return apply_batch(t, keys, n, grads, NULL, false);
+}
+
+int gr_table_apply_checked(gr_table *t, const uint64_t *keys, size_t n, const float *grads)
+{
+    return apply_batch(t, keys, n, grads, NULL, true);
 }
 
 int gr_table_delete(gr_table *t, const uint64_t *keys, size_t n, size_t *deleted)
