@@ -390,6 +390,13 @@ static double spans_overlap(const busy_spans *b, double from, double to)
     return sum;
 }
 
+double sl_paced_wait(bool left, double next, double now, int busy, int conns, double full_wait)
+{
+    if (!left) return full_wait;
+    if (next > now) return next - now;
+    return busy < conns ? 0 : full_wait;
+}
+
 void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo,
                       load *out)
 {
@@ -438,12 +445,12 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
             c->busy = true;
             spans_busy(&spans, c->sent);
         }
-        /* Sleep until a reply, or until the next request is due (now, if one is due and waits
-         * for a connection: a reply frees one). */
-        bool waiting = sent < total && t0 + (double)sent / rate <= sl_now_s();
-        double next = sent < total ? t0 + (double)sent / rate : sl_now_s() + 0.1;
-        double wait = waiting ? 0.1 : next - sl_now_s();
-        if (wait < 0) wait = 0;
+        /* Sleep until a reply, or until the next request is due. A request that fell due since
+         * the loop above goes out at once when a connection is idle: sleeping for a reply then
+         * (with nothing in flight, up to 100 ms) was this client's own tail. */
+        double next = t0 + (double)sent / rate, before = sl_now_s();
+        double wait = sl_paced_wait(sent < total, next, before, spans.nbusy, PACED_CONNS, 0.1);
+        bool waiting = sent < total && next <= before && spans.nbusy >= PACED_CONNS;
         struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
         struct epoll_event evs[PACED_CONNS];
         int n = epoll_pwait2(ep, evs, PACED_CONNS, &ts, NULL);

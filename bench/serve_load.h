@@ -54,6 +54,10 @@ int sl_run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned co
 void sl_load_median(const load *runs, unsigned n, load *out);
 /* The paced client at `rate` requests/s for secs (fifo: as SCHED_FIFO when permitted). */
 void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo, load *out);
+/* How long the paced client may sleep (seconds): 0 when a request is due and a connection is
+ * idle (send it now), `full_wait` when one is due but every connection is busy (a reply frees
+ * one and wakes it), else until the next request is due (`next`; none left: `full_wait`). */
+double sl_paced_wait(bool left, double next, double now, int busy, int conns, double full_wait);
 /* The earlier paced client: 4 threads each blocking on one connection. */
 void sl_run_paced_threads(uint16_t port, const bodies *b, double rate, double secs, load *out);
 

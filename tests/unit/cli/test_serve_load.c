@@ -109,12 +109,25 @@ static void test_backlog_is_charged_to_connections(void **state)
     assert_true(out.service_p99_ms >= 50);
 }
 
+/* The pacer's sleep: a due request with an idle connection goes out at once (before: it slept
+ * up to 100 ms for a reply that, with nothing in flight, never came - the client's own tail). */
+static void test_paced_wait(void **state)
+{
+    (void)state;
+    assert_true(sl_paced_wait(true, 10.0, 10.5, 0, 32, 0.1) == 0);   /* due, all idle */
+    assert_true(sl_paced_wait(true, 10.0, 10.5, 31, 32, 0.1) == 0);  /* due, one idle */
+    assert_true(sl_paced_wait(true, 10.0, 10.5, 32, 32, 0.1) == 0.1); /* due, all busy */
+    assert_true(sl_paced_wait(true, 10.25, 10.0, 32, 32, 0.1) == 0.25); /* not due yet */
+    assert_true(sl_paced_wait(false, 10.0, 10.5, 0, 32, 0.1) == 0.1);  /* nothing left */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_request_answered),
         cmocka_unit_test(test_refusals_are_errors),
         cmocka_unit_test(test_backlog_is_charged_to_connections),
+        cmocka_unit_test(test_paced_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
