@@ -49,10 +49,13 @@
     X(SB_FRESH, "freshness-seconds", GR_CLI_NUM, NULL, 1, 600, NULL, "S", "6",                  \
       "length of each freshness run")                                                          \
     X(SB_CMP_PACE, "compare-pacers", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
-      "also measure half saturation with the earlier paced clients (4 blocking threads; one "     \
-      "epoll thread not raised to SCHED_FIFO)")                                               \
+      "also measure half saturation with the earlier paced client (4 blocking threads) and "      \
+      "with the paced client in the other scheduling class (SCHED_FIFO, or ordinary with "       \
+      "--pacer-fifo)")                                                                          \
     X(SB_PACER_OTHER, "pacer-other", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                  \
-      "run the paced client as an ordinary thread, not SCHED_FIFO")                            \
+      "run the paced client as an ordinary thread (the default)")                               \
+    X(SB_PACER_FIFO, "pacer-fifo", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                    \
+      "run the paced client as SCHED_FIFO (it then preempts the server's threads on its core)")  \
     X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
       "saturation runs of batch 1, alternating replica and Redis-backed; medians reported")    \
     X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
@@ -65,7 +68,8 @@ static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec serve_bench_spec = {
     .command = "bench serve",
     .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T] "
-                "[--rounds N] [--wrk-threads T] [--saturation-only] [--compare-pacers] [--pacer-other]",
+                "[--rounds N] [--wrk-threads T] [--saturation-only] [--compare-pacers] [--pacer-other] "
+                "[--pacer-fifo]",
     .opts = serve_bench_opts,
     .n_opts = SB_COUNT,
     .config_section = NULL,
@@ -501,6 +505,9 @@ int gr_bench_serve(int argc, char **argv)
     double secs = v[SB_SECONDS].d, fsecs = v[SB_FRESH].d;
     unsigned conns = (unsigned)v[SB_CONNS].i, threads = (unsigned)v[SB_THREADS].i;
     unsigned rounds = (unsigned)v[SB_ROUNDS].i, wrk_threads = (unsigned)v[SB_WRK_THREADS].i;
+    /* The paced client runs as an ordinary thread unless asked: as SCHED_FIFO it preempts the
+     * server's threads on its core, which a client on another machine never does. */
+    bool pacer_fifo = v[SB_PACER_FIFO].b && !v[SB_PACER_OTHER].b;
     signal(SIGPIPE, SIG_IGN);
 
     /* The model and its rows. */
@@ -589,17 +596,18 @@ int gr_bench_serve(int argc, char **argv)
         if (!v[SB_SAT_ONLY].b) {
             sl_run_wrk(hp, s100, wrk_threads, conns, secs, 0, &sat100);
             fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
-            sl_run_paced(hp, &b1, sat.qps / 2, secs, !v[SB_PACER_OTHER].b, &fixed);
+            sl_run_paced(hp, &b1, sat.qps / 2, secs, pacer_fifo, &fixed);
             if (v[SB_CMP_PACE].b) {
-                fprintf(stderr, "bench serve: replica, the same rate from the paced client as an ordinary thread\n");
-                sl_run_paced(hp, &b1, sat.qps / 2, secs, false, &fixed_other);
+                fprintf(stderr, "bench serve: replica, the same rate from the paced client %s\n",
+                        pacer_fifo ? "as an ordinary thread" : "as SCHED_FIFO");
+                sl_run_paced(hp, &b1, sat.qps / 2, secs, !pacer_fifo, &fixed_other);
                 fprintf(stderr, "bench serve: replica, the same rate from 4 blocking threads\n");
                 sl_run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
             }
             if (hs) {
                 fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
                         rsat.qps / 2);
-                sl_run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, !v[SB_PACER_OTHER].b, &rfixed);
+                sl_run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, pacer_fifo, &rfixed);
             }
         }
     }
@@ -644,7 +652,9 @@ int gr_bench_serve(int argc, char **argv)
            "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER", fixed.runq_ms,
            fixed.steal_ms, fixed.wake_late_p99_ms);
     if (v[SB_CMP_PACE].b) {
-        print_load("replica, batch 1, half saturation (ordinary)", &fixed_other);
+        print_load(fixed_other.fifo ? "replica, batch 1, half saturation (SCHED_FIFO)"
+                                    : "replica, batch 1, half saturation (ordinary)",
+                   &fixed_other);
         printf("  %-44s late p99 %7.3f ms (own %.3f), reply p99 %7.3f ms; run-queue wait %.1f ms, "
                "steal %.1f ms\n", "  of which: sent", fixed_other.late_p99_ms,
                fixed_other.own_late_p99_ms, fixed_other.service_p99_ms, fixed_other.runq_ms,
@@ -692,6 +702,7 @@ int gr_bench_serve(int argc, char **argv)
             json_num("predict_threads_p50_ms", fixed_threads.p50_ms, true);
             json_num("predict_threads_p99_ms", fixed_threads.p99_ms, true);
             json_num("predict_threads_pacer_cpu_us", fixed_threads.gen_cpu_us, true);
+            printf("\"predict_other_fifo\":%d,", fixed_other.fifo ? 1 : 0);
             json_num("predict_other_p50_ms", fixed_other.p50_ms, true);
             json_num("predict_other_p99_ms", fixed_other.p99_ms, true);
             json_num("predict_other_send_late_p99_ms", fixed_other.late_p99_ms, true);
