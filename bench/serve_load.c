@@ -142,9 +142,35 @@ void sl_load_median(const load *runs, unsigned n, load *out)
     MED(cpu_us);
     MED(gen_cpu_us);
     MED(helper_cpu_us);
+    MED(late_p99_ms);
+    MED(service_p99_ms);
+    MED(runq_ms);
+    MED(steal_ms);
+    MED(wake_late_p99_ms);
+    MED(late_max_ms);
+    MED(conn_wait_p99_ms);
+    MED(own_late_p99_ms);
 #undef MED
     out->requests = out->errors = 0;
-    for (unsigned i = 0; i < n; i++) out->requests += runs[i].requests, out->errors += runs[i].errors;
+    out->lat = NULL;
+    out->nlat = 0;
+    size_t all = 0;
+    for (unsigned i = 0; i < n; i++) {
+        out->requests += runs[i].requests, out->errors += runs[i].errors;
+        all += runs[i].nlat;
+    }
+    if (all && (out->lat = malloc(all * sizeof *out->lat)))
+        for (unsigned i = 0; i < n; i++) {
+            if (runs[i].nlat) memcpy(out->lat + out->nlat, runs[i].lat, runs[i].nlat * sizeof *out->lat);
+            out->nlat += runs[i].nlat;
+        }
+}
+
+void sl_load_free(load *l)
+{
+    free(l->lat);
+    l->lat = NULL;
+    l->nlat = 0;
 }
 
 /* ---- the paced client: keep-alive connections, each request due at a fixed time ---- */
@@ -504,6 +530,9 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
     out->p50_ms = sl_pct(lat, done, 0.50);
     out->p99_ms = sl_pct(lat, done, 0.99);
     out->gen_cpu_us = done ? cpu * 1e6 / (double)done : NAN;
+    out->lat = lat; /* sorted by sl_pct; the caller's now */
+    out->nlat = done;
+    lat = NULL;
     /* Where the tail comes from: requests sent late (the client, or the machine, did not run
      * when one was due) or answered slowly (the server, the network stack, or the machine
      * not running the server). */
