@@ -26,8 +26,12 @@ GR_API int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_
 GR_API int gr_local_cluster_start_with(unsigned shards, unsigned threads,
                                        uint32_t publish_interval_ms, gr_metrics *metrics,
                                        gr_local_cluster **out);
-/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
+/* "127.0.0.1:PORT,..." in shard order, for any process; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
+/* "unix:@NAME,..." in shard order: the same shards over abstract AF_UNIX sockets, for
+ * clients on this machine (the trainer embedding the cluster); no TCP stack, same protocol.
+ * Valid until stop; both lists work at once. */
+GR_API const char *gr_local_cluster_local_servers(const gr_local_cluster *c);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
 GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 
