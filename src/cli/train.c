@@ -615,7 +615,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     gr_client_config cc;
     gr_client_config_default(&cc);
     /* The embedded cluster's own clients skip the TCP stack (docs/server.md, "Connections"). */
-    cc.servers = *cluster ? gr_local_cluster_local_servers(*cluster) : c->servers;
+    cc.servers = cluster && *cluster ? gr_local_cluster_local_servers(*cluster) : c->servers;
     cc.auth_file = c->auth_file;
     /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
      * on it soon and let the layout say where its index went. */
