@@ -1,5 +1,5 @@
 /* granary cluster: an embedded parameter-server cluster. S shards as in-process gr_servers on
- * free loopback ports, for `granary train` without --servers, the benchmarks and tests: they
+ * free loopback ports (and abstract AF_UNIX addresses for clients on this machine), for `granary train` without --servers, the benchmarks and tests: they
  * run the real wire protocol and shard code with nothing to deploy. This part depends on
  * server; train does not (the trainer only sees the client backend over the cluster's
  * addresses).
