@@ -160,7 +160,9 @@ static ssize_t read_full(int fd, void *buf, size_t n)
 
 /* ---- connect and handshake ---- */
 
-/* Connects to an abstract AF_UNIX name; a local connect completes or fails at once. */
+/* Connects to an abstract AF_UNIX name. A local connect completes or fails at once; without
+ * blocking, a full listen backlog is EAGAIN (retried with backoff) instead of a wait with no
+ * deadline. */
 static int connect_unix(cl_conn *k, int *out)
 {
     struct sockaddr_un sa;
@@ -169,7 +171,7 @@ static int connect_unix(cl_conn *k, int *out)
     size_t len = strlen(k->host);
     memcpy(sa.sun_path + 1, k->host, len); /* sun_path[0] = 0: abstract */
     socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return gr_seterr(GR_ECONN, "cannot create a unix socket: %s", strerror(errno));
     int rc;
     do rc = connect(fd, (struct sockaddr *)&sa, sl);
@@ -182,6 +184,7 @@ static int connect_unix(cl_conn *k, int *out)
         close(fd);
         return gr_seterr(err == EAGAIN ? GR_EBUSY : GR_ECONN, "%s", why);
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     /* The sender's buffer bounds a unix stream (the receiver has none of its own). */
     int buf = SOCK_BUF_BYTES;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
