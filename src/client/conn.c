@@ -37,10 +37,11 @@ static int parse_addr(const char *addr, char *out, size_t outcap, char *host, si
     size_t n = strlen(addr);
     if (n == 0 || n >= outcap) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
     if (is_unix_addr(addr)) {
-        const char *name = addr + strlen(UNIX_PREFIX);
+        /* Only the prefix is read before it is known to be there ("unix:" alone is short). */
+        bool prefixed = !strncmp(addr, UNIX_PREFIX, strlen(UNIX_PREFIX));
+        const char *name = prefixed ? addr + strlen(UNIX_PREFIX) : "";
         size_t len = strlen(name);
-        if (strncmp(addr, UNIX_PREFIX, strlen(UNIX_PREFIX)) || len == 0 || len > UNIX_NAME_MAX ||
-            len >= hostcap)
+        if (!prefixed || len == 0 || len > UNIX_NAME_MAX || len >= hostcap)
             return gr_seterr(GR_EINVAL,
                              "bad server address '%s' (want unix:@NAME, an abstract socket name "
                              "of 1..%zu bytes)",
