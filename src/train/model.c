@@ -33,6 +33,7 @@ struct gr_model {
     layer bot[MAX_LAYERS], top[MAX_LAYERS];
     uint32_t nbot, ntop;
     uint32_t top_in;
+    uint32_t ldz; /* a training step's row stride of z: top_in rounded up to 16 floats */
     size_t dense_size;
     uint32_t max_width;
 };
@@ -40,7 +41,8 @@ struct gr_model {
 struct gr_model_ws {
     size_t cap;
     float *bot_out[MAX_LAYERS], *top_out[MAX_LAYERS];
-    float *z;          /* top input: n x top_in */
+    float *z;          /* top input: n x top_in, rows ldz apart (64-byte aligned) */
+    size_t ldz;        /* z's row stride this step: m->ldz in training, top_in to predict */
     float *dz;         /* its gradient */
     float *da, *db;    /* ping-pong gradient buffers, n x max_width */
     float *dbot;       /* gradient of the bottom output, n x dim */
@@ -168,6 +170,7 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
         m->dense_size = nd + 1;
         m->max_width = 1; /* the workspace then holds the n logits */
         m->top_in = 1;
+        m->ldz = 1;
         *out = m;
         return GR_OK;
     }
@@ -183,6 +186,7 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
     }
     m->nbot = c->n_bottom + 1;
     m->top_in = c->dim + m->npairs;
+    m->ldz = (m->top_in + 15) / 16 * 16;
     in = m->top_in;
     if (in > w) w = in;
     for (uint32_t i = 0; i <= c->n_top; i++) {
@@ -296,16 +300,24 @@ void gr_model_ws_destroy(gr_model_ws *ws)
     free(ws);
 }
 
+/* count floats on 64-byte lines: the interaction reads and writes rows 16 floats at a time */
+static float *alloc_lines(size_t count)
+{
+    return aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
+}
+
 static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
 {
     if (ws->cap >= n) return GR_OK;
     ws_free_buffers(ws);
     bool ok = true;
     for (uint32_t i = 0; i < m->nbot; i++)
-        ok &= (ws->bot_out[i] = malloc(n * m->bot[i].out * sizeof(float))) != NULL;
+        ok &= (ws->bot_out[i] = alloc_lines(n * m->bot[i].out)) != NULL;
     for (uint32_t i = 0; i < m->ntop; i++)
         ok &= (ws->top_out[i] = malloc(n * m->top[i].out * sizeof(float))) != NULL;
-    ok &= (ws->z = malloc(n * m->top_in * sizeof(float))) != NULL;
+    /* z's rows start on 64-byte lines in training (ldz a multiple of 16 floats): the
+     * interaction writes them 16 floats at a time, and a store across two lines costs two. */
+    ok &= (ws->z = alloc_lines(n * m->ldz)) != NULL;
     ok &= (ws->dz = malloc(n * m->top_in * sizeof(float))) != NULL;
     ok &= (ws->da = malloc(n * m->max_width * sizeof(float))) != NULL;
     ok &= (ws->db = malloc(n * m->max_width * sizeof(float))) != NULL;
@@ -355,32 +367,55 @@ GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy,
 /* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
  * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
 static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
-                          const float *p, size_t n, const float *x, float *y, bool train)
+                          const float *p, size_t n, const float *x, size_t ldx, float *y,
+                          bool train)
 {
     if (train) {
         /* The training step's own kernel (gemm.c) on W^T, transposed once per step. */
-        tr_gemm_nn(n, l->out, l->in, x, l->in, ws->wt + l->w, l->out, p + l->b, y, l->out,
+        tr_gemm_nn(n, l->out, l->in, x, ldx, ws->wt + l->w, l->out, p + l->b, y, l->out,
                    ws->panel);
     } else if (ws->prep && q) {
         tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
     } else {
         for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in,
-                    1.0f, x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
+                    1.0f, x, (int)ldx, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
     }
     if (l->relu) relu_inplace(y, n * l->out);
+}
+
+/* Whether dW = dY^T X computes as X^T dY, transposed: gemm.c pads the product's columns to
+ * TR_GEMM_NR, so a layer with few inputs (Criteo's 13 dense features into 64: 13 columns padded
+ * to 32, against 64 in two full panels) does 2.5 times the work the other way round. Only
+ * where it saves a quarter or more. */
+static bool dw_transposed(const layer *l)
+{
+    const size_t pad_in = (l->in + TR_GEMM_NR - 1) / TR_GEMM_NR * TR_GEMM_NR;
+    const size_t pad_out = (l->out + TR_GEMM_NR - 1) / TR_GEMM_NR * TR_GEMM_NR;
+    return 4 * (size_t)l->in * pad_out <= 3 * (size_t)l->out * pad_in;
 }
 
 /* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
  * is not NULL, dX = dY W masked by the ReLU of the layer below (x > 0) when mask_x. */
 static void layer_backward(const gr_model_ws *ws, const layer *l, const float *p, size_t n,
-                           const float *x, const float *dy, float *g, float *dx, bool mask_x)
+                           const float *x, size_t ldx, const float *dy, float *g, float *dx,
+                           bool mask_x)
 {
-    tr_gemm_tn(l->out, l->in, n, dy, l->out, x, l->in, g + l->w, l->in, ws->panel);
+    if (dw_transposed(l)) {
+        /* dW^T = X^T dY: each element summed over the examples in the same order, so the same
+         * bits, in fewer padded columns; then transposed into g. */
+        float *gt = ws->wt + l->w; /* W^T's place: the forward is done with it */
+        tr_gemm_tn(l->in, l->out, n, x, ldx, dy, l->out, gt, l->out, ws->panel);
+        for (uint32_t o = 0; o < l->out; o++)
+            for (uint32_t k = 0; k < l->in; k++)
+                g[l->w + (size_t)o * l->in + k] = gt[(size_t)k * l->out + o];
+    } else {
+        tr_gemm_tn(l->out, l->in, n, dy, l->out, x, ldx, g + l->w, l->in, ws->panel);
+    }
     bias_grad(g + l->b, dy, n, l->out);
     if (!dx) return;
     tr_gemm_nn(n, l->in, l->out, dy, l->out, p + l->w, l->in, NULL, dx, l->in, ws->panel);
-    if (mask_x) relu_mask(dx, x, n * l->in);
+    if (mask_x) relu_mask(dx, x, n * l->in); /* x below z: rows l->in apart */
 }
 
 /* Each layer's W (out x in) transposed into wt at the same offset: the training step's forward
@@ -442,15 +477,16 @@ static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, siz
     const gr_model_prepared *pr = ws->prep;
     for (uint32_t l = 0; l < m->nbot; l++) {
         layer_forward(ws, pr ? pr->bot_q[l] : 0, pr ? pr->bot_u[l] : 0, &m->bot[l], p, n, x,
-                      ws->bot_out[l], train);
+                      m->bot[l].in, ws->bot_out[l], train);
         x = ws->bot_out[l];
     }
-    tr_interact_forward(ws->z, m->top_in, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt,
+    ws->ldz = train ? m->ldz : m->top_in; /* predictions: sgemm's bits as they always were */
+    tr_interact_forward(ws->z, (uint32_t)ws->ldz, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt,
                         ws->lanes);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
         layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
-                      ws->top_out[l], train);
+                      l ? m->top[l].in : ws->ldz, ws->top_out[l], train);
         x = ws->top_out[l];
     }
 }
@@ -464,7 +500,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     for (int l = (int)m->ntop - 1; l >= 0; l--) {
         const float *x = l ? ws->top_out[l - 1] : ws->z;
         float *target = l ? dx : ws->dz;
-        layer_backward(ws, &m->top[l], p, n, x, dy, g, target, l > 0);
+        layer_backward(ws, &m->top[l], p, n, x, l ? m->top[l].in : ws->ldz, dy, g, target, l > 0);
         if (l) {
             float *t = dy;
             dy = dx;
@@ -482,7 +518,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     relu_mask(dy, bot, n * d);
     for (int l = (int)m->nbot - 1; l >= 0; l--) {
         const float *x = l ? ws->bot_out[l - 1] : dense;
-        layer_backward(ws, &m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
+        layer_backward(ws, &m->bot[l], p, n, x, m->bot[l].in, dy, g, l ? dx : NULL, true);
         float *t = dy;
         dy = dx;
         dx = t;
