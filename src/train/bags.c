@@ -4,7 +4,6 @@
  * list columns both are plain copies, exactly what the trainer always did for Criteo. */
 #include "train/trainer_int.h"
 
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,33 +53,9 @@ void tr_bags_gather(const tr_bags *g, const gr_batch *b, const float *rows, cons
     }
 }
 
-/* Without list columns: each row's sum starts at its id's first occurrence as 0 + g (bitwise
- * what zeroing the rows and adding gave, -0 turning +0), then adds the later ones in order; no
- * pass to zero the rows first. Needs the ids numbered in first-seen order (gr_dedup's): false,
- * with rows left to the caller to redo, when an id comes before all those numbered below it. */
-static bool scatter_first_seen(const gr_batch *b, const float *gemb, const uint32_t *inv,
-                               uint32_t d, float *rows)
-{
-    uint32_t seen = 0;
-    for (size_t i = 0; i < b->n_ids; i++) {
-        float *dst = rows + (size_t)inv[i] * d;
-        const float *src = gemb + i * d;
-        if (inv[i] < seen) {
-            for (uint32_t k = 0; k < d; k++) dst[k] += src[k];
-        } else if (inv[i] == seen) {
-            seen++;
-            for (uint32_t k = 0; k < d; k++) dst[k] = 0.0f + src[k];
-        } else {
-            return false;
-        }
-    }
-    return true;
-}
-
 void tr_bags_scatter(const tr_bags *g, const gr_batch *b, const float *gemb, const uint32_t *inv,
                      size_t nuniq, uint32_t d, float *rows)
 {
-    if (!g->on && scatter_first_seen(b, gemb, inv, d, rows)) return;
     memset(rows, 0, nuniq * d * sizeof(float));
     if (!g->on) {
         for (size_t i = 0; i < b->n_ids; i++) {

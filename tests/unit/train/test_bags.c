@@ -1,7 +1,7 @@
 /* tr_bags_scatter without list columns (src/train/bags.c): each unique id's gradient summed
- * over its occurrences in order, bit for bit what zeroing the rows and adding gave (a -0
- * gradient alone sums to +0), for ids numbered in first-seen order (gr_dedup's) and, through
- * the fallback, for any other numbering. */
+ * over its occurrences in order, bit for bit 0 + g1 + g2 + ... (a -0 gradient alone sums to
+ * +0), for ids numbered in first-seen order (gr_dedup's) and in any other order; rows it must
+ * overwrite start as garbage. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -77,7 +77,7 @@ static void test_a_single_negative_zero_sums_to_positive_zero(void **state)
     assert_memory_equal(row, pz, sizeof row);
 }
 
-static void test_other_numbering_falls_back(void **state)
+static void test_other_numbering(void **state)
 {
     (void)state;
     const uint32_t inv[] = {2, 0, 1, 2, 0}; /* id 2 first: not first-seen order */
@@ -89,7 +89,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_first_seen_order),
         cmocka_unit_test(test_a_single_negative_zero_sums_to_positive_zero),
-        cmocka_unit_test(test_other_numbering_falls_back),
+        cmocka_unit_test(test_other_numbering),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
