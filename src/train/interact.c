@@ -14,7 +14,6 @@
 #include <stdbool.h>
 #include <string.h>
 
-
 #define IA_LANES 16 /* dots (forward) or elements (backward) summed side by side */
 /* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
  * whatever vector width the target has. */
