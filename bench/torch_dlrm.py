@@ -201,7 +201,10 @@ def ddp_worker(rank, a, port, vocab_sizes, ytr, dtr, ctr, result_path):
     top = [int(x) for x in a.top.split(",") if x]
     model = DLRM(vocab_sizes, a.dim, bottom, top, a.init, a.bottom_relu_last,
                  a.unseen == "zero")
-    ddp = DistributedDataParallel(model)
+    # As the PyTorch + granary side's DDP (examples/torch_dlrm.py): no per-step broadcast of
+    # buffers (this model has none: its index tensors are plain attributes), gradients in the
+    # buckets.
+    ddp = DistributedDataParallel(model, broadcast_buffers=False, gradient_as_bucket_view=True)
     n = len(ytr)
     lo, hi = n * rank // a.workers, n * (rank + 1) // a.workers
     dist.barrier()

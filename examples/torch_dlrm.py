@@ -100,7 +100,13 @@ def run_worker(rank, args, servers, port, offsets, result_path):
                                    worker=rank, workers=args.workers)
     model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
                            n_sparse=batches.n_sparse)
-    trained = DistributedDataParallel(model) if ddp else model
+    # broadcast_buffers off: the model's buffers are constant index tensors (the interaction's
+    # pairs), and DDP's default broadcasts every buffer from rank 0 before each forward, a
+    # collective that made the workers wait for each other once per step on top of the
+    # gradients' all-reduce (examples/s +29 % and +44 % in two alternating pairs, the same CPU
+    # per example; docs/benchmarks.md, session 6). The gradients live in DDP's buckets.
+    trained = DistributedDataParallel(model, broadcast_buffers=False,
+                                      gradient_as_bucket_view=True) if ddp else model
     opt = torch.optim.Adam(trained.parameters(), lr=args.dense_lr)
     if args.preload:
         # Parsed ahead of the clock, as plain PyTorch's tensors are (the ids are still
