@@ -57,7 +57,8 @@
     X(SB_PACER_FIFO, "pacer-fifo", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                    \
       "run the paced client as SCHED_FIFO (it then preempts the server's threads on its core)")  \
     X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
-      "saturation runs of batch 1, alternating replica and Redis-backed; medians reported")    \
+      "saturation runs of batch 1, alternating replica and Redis-backed, and paced runs at half " \
+      "saturation of each; medians reported")                                                    \
     X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
       "wrk threads at saturation")                                                             \
     X(SB_SAT_ONLY, "saturation-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                 \
@@ -489,6 +490,34 @@ static void print_load(const char *what, const load *l)
            (unsigned long long)l->errors);
 }
 
+/* The paced client `rounds` times at the same rate: *out holds the medians of the rounds, field
+ * by field (the p99 is the median round's), and every round's latencies pooled; p99s[0][k] and
+ * p99s[1][k] are round k's p99 and the steal during it. One round's p99 is at the mercy of
+ * the hypervisor: 5 s with 1.8 s of steal gave 24 ms where the rounds without gave 0.3-1.4 ms
+ * (docs/serving.md). */
+static void run_paced_rounds(const char *what, uint16_t port, const bodies *b, double rate,
+                             double secs, bool fifo, unsigned rounds, load *out, double p99s[2][16])
+{
+    load r[16] = {0};
+    for (unsigned k = 0; k < rounds; k++) {
+        fprintf(stderr, "bench serve: round %u/%u: %s (%.0f req/s)\n", k + 1, rounds, what, rate);
+        sl_run_paced(port, b, rate, secs, fifo, &r[k]);
+        p99s[0][k] = r[k].p99_ms;
+        p99s[1][k] = r[k].steal_ms;
+        fprintf(stderr, "bench serve: round %u/%u: p99 %.3f ms, steal %.1f ms\n", k + 1, rounds,
+                r[k].p99_ms, r[k].steal_ms);
+    }
+    sl_load_median(r, rounds, out);
+    for (unsigned k = 0; k < rounds; k++) sl_load_free(&r[k]);
+}
+
+static void json_list(const char *key, const double *v, unsigned n)
+{
+    printf("\"%s\":[", key);
+    for (unsigned i = 0; i < n; i++) printf(isfinite(v[i]) ? "%s%.3f" : "%snull", i ? "," : "", v[i]);
+    printf("],");
+}
+
 static void json_num(const char *key, double v, bool comma)
 {
     if (isnan(v)) printf("\"%s\":null%s", key, comma ? "," : "");
@@ -557,8 +586,11 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = sl_write_script(s1, &b1) == 0 && sl_write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false, NULL, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
          fixed_threads = sat, fixed_other = sat;
+    double fixed_p99s[2][16], rfixed_p99s[2][16]; /* each paced round's p99 and steal */
+    for (unsigned k = 0; k < 16; k++)
+        fixed_p99s[0][k] = fixed_p99s[1][k] = rfixed_p99s[0][k] = rfixed_p99s[1][k] = NAN;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     /* The Redis-backed baseline, started before anything is measured so that the saturation
@@ -595,8 +627,8 @@ int gr_bench_serve(int argc, char **argv)
         if (hs) sl_load_median(rr, rounds, &rsat);
         if (!v[SB_SAT_ONLY].b) {
             sl_run_wrk(hp, s100, wrk_threads, conns, secs, 0, &sat100);
-            fprintf(stderr, "bench serve: replica, paced at half saturation (%.0f req/s)\n", sat.qps / 2);
-            sl_run_paced(hp, &b1, sat.qps / 2, secs, pacer_fifo, &fixed);
+            run_paced_rounds("replica, paced at half saturation", hp, &b1, sat.qps / 2, secs,
+                             pacer_fifo, rounds, &fixed, fixed_p99s);
             if (v[SB_CMP_PACE].b) {
                 fprintf(stderr, "bench serve: replica, the same rate from the paced client %s\n",
                         pacer_fifo ? "as an ordinary thread" : "as SCHED_FIFO");
@@ -605,9 +637,8 @@ int gr_bench_serve(int argc, char **argv)
                 sl_run_paced_threads(hp, &b1, sat.qps / 2, secs, &fixed_threads);
             }
             if (hs) {
-                fprintf(stderr, "bench serve: Redis-backed, paced at half its saturation (%.0f req/s)\n",
-                        rsat.qps / 2);
-                sl_run_paced(gr_http_port(hs), &b1, rsat.qps / 2, secs, pacer_fifo, &rfixed);
+                run_paced_rounds("Redis-backed, paced at half its saturation", gr_http_port(hs), &b1,
+                                 rsat.qps / 2, secs, pacer_fifo, rounds, &rfixed, rfixed_p99s);
             }
         }
     }
@@ -616,6 +647,7 @@ int gr_bench_serve(int argc, char **argv)
         fprintf(stderr, "bench serve: replica, binary PREDICT, %u connections closed-loop\n", threads);
         bin_qps = run_binary(gr_serve_port(rep), &b1, threads, secs);
     }
+    bool hs_used = hs != NULL;
     gr_http_stop(hs);
     while (rs.conns) {
         rconn *c = rs.conns;
@@ -681,6 +713,11 @@ int gr_bench_serve(int argc, char **argv)
         json_num("predict_qps", sat.qps, true);
         json_num("predict_p50_ms", fixed.p50_ms, true);
         json_num("predict_p99_ms", fixed.p99_ms, true);
+        json_num("predict_p99_pooled_ms", sl_pct(fixed.lat, fixed.nlat, 0.99), true);
+        if (!v[SB_SAT_ONLY].b && have_wrk) {
+            json_list("predict_p99_rounds_ms", fixed_p99s[0], rounds);
+            json_list("predict_steal_rounds_ms", fixed_p99s[1], rounds);
+        }
         json_num("predict_rate", fixed.qps, true);
         json_num("predict_pacer_cpu_us", fixed.gen_cpu_us, true);
         json_num("predict_send_late_p99_ms", fixed.late_p99_ms, true);
@@ -719,6 +756,11 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_predict_qps", rsat.qps, true);
         json_num("redis_predict_p50_ms", rfixed.p50_ms, true);
         json_num("redis_predict_p99_ms", rfixed.p99_ms, true);
+        json_num("redis_predict_p99_pooled_ms", sl_pct(rfixed.lat, rfixed.nlat, 0.99), true);
+        if (!v[SB_SAT_ONLY].b && hs_used) {
+            json_list("redis_predict_p99_rounds_ms", rfixed_p99s[0], rounds);
+            json_list("redis_predict_steal_rounds_ms", rfixed_p99s[1], rounds);
+        }
         json_num("redis_predict_sat_p99_ms", rsat.p99_ms, true);
         json_num("qps_vs_redis", sat.qps / rsat.qps, true);
         json_num("predict_binary_qps", bin_qps, true);
@@ -736,6 +778,9 @@ int gr_bench_serve(int argc, char **argv)
         printf("\"connections\":%u,\"threads\":%u,\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
                conns, threads, wrk_threads, rounds, secs);
     }
+    sl_load_free(&fixed);
+    sl_load_free(&rfixed);
+    sl_load_free(&fixed_other);
     bodies_free(&b1);
     bodies_free(&b100);
     free(ids), free(uniq), free(inv), free(rows), free(params);

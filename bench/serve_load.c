@@ -142,9 +142,35 @@ void sl_load_median(const load *runs, unsigned n, load *out)
     MED(cpu_us);
     MED(gen_cpu_us);
     MED(helper_cpu_us);
+    MED(late_p99_ms);
+    MED(service_p99_ms);
+    MED(runq_ms);
+    MED(steal_ms);
+    MED(wake_late_p99_ms);
+    MED(late_max_ms);
+    MED(conn_wait_p99_ms);
+    MED(own_late_p99_ms);
 #undef MED
     out->requests = out->errors = 0;
-    for (unsigned i = 0; i < n; i++) out->requests += runs[i].requests, out->errors += runs[i].errors;
+    out->lat = NULL;
+    out->nlat = 0;
+    size_t all = 0;
+    for (unsigned i = 0; i < n; i++) {
+        out->requests += runs[i].requests, out->errors += runs[i].errors;
+        all += runs[i].nlat;
+    }
+    if (all && (out->lat = malloc(all * sizeof *out->lat)))
+        for (unsigned i = 0; i < n; i++) {
+            if (runs[i].nlat) memcpy(out->lat + out->nlat, runs[i].lat, runs[i].nlat * sizeof *out->lat);
+            out->nlat += runs[i].nlat;
+        }
+}
+
+void sl_load_free(load *l)
+{
+    free(l->lat);
+    l->lat = NULL;
+    l->nlat = 0;
 }
 
 /* ---- the paced client: keep-alive connections, each request due at a fixed time ---- */
@@ -415,7 +441,19 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
            *own = malloc(cap * sizeof *own), *connwait = malloc(cap * sizeof *connwait);
     size_t nwake = 0;
     busy_spans spans = {0};
-    char *req = malloc(1 << 16);
+    /* Every request's bytes formatted once: the client's CPU per request is taken from the
+     * cores the replica it measures runs on. */
+    char **req = calloc(b->n, sizeof *req);
+    size_t *req_len = calloc(b->n, sizeof *req_len);
+    for (size_t k = 0; k < b->n; k++) {
+        char head[160];
+        int hn = snprintf(head, sizeof head, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", b->len[k]);
+        req[k] = malloc((size_t)hn + b->len[k]);
+        memcpy(req[k], head, (size_t)hn);
+        memcpy(req[k] + hn, b->b[k], b->len[k]);
+        req_len[k] = (size_t)hn + b->len[k];
+    }
     uint64_t errors = 0;
     for (int i = 0; i < PACED_CONNS; i++)
         if (pconn_open(ep, &cs[i], port)) cs[i].fd = -1;
@@ -428,15 +466,12 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
             pconn *c = &cs[i];
             if (c->busy) continue;
             if (c->fd < 0 && pconn_open(ep, c, port)) continue;
-            size_t k = sent % b->n, blen = b->len[k];
-            int hn = snprintf(req, 1 << 16, "POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                              "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", blen);
-            memcpy(req + hn, b->b[k], blen);
+            size_t k = sent % b->n;
             c->due = t0 + (double)sent / rate;
             c->sent = sl_now_s();
             c->have = 0;
             sent++;
-            if (sl_send_all(c->fd, req, (size_t)hn + blen)) {
+            if (sl_send_all(c->fd, req[k], req_len[k])) {
                 errors++;
                 close(c->fd);
                 c->fd = -1;
@@ -504,6 +539,9 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
     out->p50_ms = sl_pct(lat, done, 0.50);
     out->p99_ms = sl_pct(lat, done, 0.99);
     out->gen_cpu_us = done ? cpu * 1e6 / (double)done : NAN;
+    out->lat = lat; /* sorted by sl_pct; the caller's now */
+    out->nlat = done;
+    lat = NULL;
     /* Where the tail comes from: requests sent late (the client, or the machine, did not run
      * when one was due) or answered slowly (the server, the network stack, or the machine
      * not running the server). */
@@ -513,6 +551,8 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
     out->wake_late_p99_ms = sl_pct(wake, nwake, 0.99);
     out->own_late_p99_ms = sl_pct(own, done, 0.99);
     out->conn_wait_p99_ms = sl_pct(connwait, done, 0.99);
-    free(lat), free(late), free(service), free(wake), free(own), free(connwait), free(cs), free(req);
+    free(lat), free(late), free(service), free(wake), free(own), free(connwait), free(cs);
+    for (size_t k = 0; k < b->n; k++) free(req[k]);
+    free(req), free(req_len);
     free(spans.lo), free(spans.hi);
 }

@@ -33,6 +33,10 @@ typedef struct load {
      * flight: the server's backlog) and the rest (the client itself was late). */
     double conn_wait_p99_ms, own_late_p99_ms;
     bool fifo; /* the paced client ran as SCHED_FIFO */
+    /* The paced client's latencies (ms from each request's due time), malloc'd: sl_load_free.
+     * NULL for wrk runs. */
+    double *lat;
+    size_t nlat;
 } load;
 
 double sl_now_s(void);
@@ -50,8 +54,11 @@ int sl_write_script(const char *path, const bodies *b);
  * process whose CPU is counted with the server's (redis-server), or 0. */
 int sl_run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned conns, double secs,
                pid_t helper, load *out);
-/* Medians, field by field, of n runs of the same measurement (requests and errors: sums). */
+/* Medians, field by field, of n runs of the same measurement (requests and errors: sums; the
+ * latencies of paced runs pooled into out->lat). */
 void sl_load_median(const load *runs, unsigned n, load *out);
+/* Frees the latencies a run kept. */
+void sl_load_free(load *l);
 /* The paced client at `rate` requests/s for secs (fifo: as SCHED_FIFO when permitted). */
 void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo, load *out);
 /* How long the paced client may sleep (seconds): 0 when a request is due and a connection is

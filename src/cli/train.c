@@ -703,6 +703,12 @@ static void print_model(const train_cmd *c, const gr_train_result *r, const run_
                 r->ckpt_final_error, r->ckpt_last[0] ? "; the newest checkpoint, older than the "
                                                        "end of training, is " : "",
                 r->ckpt_last[0] ? o->ckpt_dir : "", r->ckpt_last[0] ? "/" : "", r->ckpt_last);
+    if (!r->ckpt_last[0] && ri->job_workers > 1 && !ri->chief) {
+        /* Only the job's chief writes the job's checkpoints: this process's rows are in them. */
+        fprintf(stderr, "train: the job's checkpoints are written by its chief under %s%s; this "
+                        "process (rank %u) writes none\n", o->ckpt_dir, remote, ri->job_rank);
+        return;
+    }
     if (!r->ckpt_last[0]) {
         if (!r->ckpt_final_failed)
             fprintf(stderr, "train: no checkpoint was written under %s%s (%s)\n", o->ckpt_dir,

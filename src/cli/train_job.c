@@ -93,6 +93,29 @@ static int rec_get(tj_job *j, cJSON **rec, int64_t *version)
     return GR_OK;
 }
 
+/* The job's record and the live members together, for a look at every claim: true when both
+ * were read (free them with view_free); false leaves nothing to free. */
+static bool view_get(tj_job *j, cJSON **rec, gr_coord_member **ms, size_t *n)
+{
+    int64_t ver;
+    *ms = NULL;
+    *n = 0;
+    if (rec_get(j, rec, &ver) || !*rec || gr_coord_members(j->c, ms, n)) {
+        free(*ms);
+        cJSON_Delete(*rec);
+        *rec = NULL;
+        *ms = NULL;
+        return false;
+    }
+    return true;
+}
+
+static void view_free(cJSON *rec, gr_coord_member *ms)
+{
+    free(ms);
+    cJSON_Delete(rec);
+}
+
 static int rec_put(tj_job *j, const cJSON *rec, int64_t *version)
 {
     char *txt = cJSON_PrintUnformatted(rec);
@@ -568,16 +591,22 @@ static void admit_rank(tj_job *j, unsigned r, const cJSON *claim)
 
 static void watch_once(tj_job *j)
 {
-    bool chief = gr_coord_is_leader(j->c);
-    if (chief && !j->was_chief)
-        fprintf(stderr, "train: this process (rank %u) is the job's chief\n", j->rank);
-    j->was_chief = chief;
-    if (!chief) return;
-    cJSON *rec = NULL;
-    int64_t ver;
-    gr_coord_member *ms = NULL;
-    size_t n = 0;
-    if (rec_get(j, &rec, &ver) || !rec || gr_coord_members(j->c, &ms, &n)) goto out;
+    if (!gr_coord_is_leader(j->c)) {
+        j->was_chief = false;
+        return;
+    }
+    cJSON *rec;
+    gr_coord_member *ms;
+    size_t n;
+    if (!view_get(j, &rec, &ms, &n)) return;
+    /* The chief that finished the run leaves the election when it exits: the process that
+     * inherits the lead of a done run leads nothing, and does not say it does. */
+    if (rec_bool(rec, "done") || strcmp(rec_str(rec, "run"), j->run)) {
+        view_free(rec, ms);
+        return;
+    }
+    if (!j->was_chief) fprintf(stderr, "train: this process (rank %u) is the job's chief\n", j->rank);
+    j->was_chief = true;
     const cJSON *claims = cJSON_GetObjectItemCaseSensitive(rec, "claims");
     for (int r = 0; r < cJSON_GetArraySize(claims); r++) {
         const cJSON *cl = cJSON_GetArrayItem(claims, r);
@@ -591,9 +620,7 @@ static void watch_once(tj_job *j)
                  strcmp(rec_str(cl, "member"), j->admitted))
             admit_rank(j, (unsigned)r, cl);
     }
-out:
-    free(ms);
-    cJSON_Delete(rec);
+    view_free(rec, ms);
 }
 
 static void *watch_main(void *arg)
@@ -694,16 +721,11 @@ static bool recovery_pending(tj_job *j, const cJSON *rec, const gr_coord_member 
 /* Whether every other rank is finished or gone; *done: the run is done. */
 static bool others_done(tj_job *j, bool *done)
 {
-    cJSON *rec = NULL;
-    int64_t ver;
-    gr_coord_member *ms = NULL;
-    size_t n = 0;
+    cJSON *rec;
+    gr_coord_member *ms;
+    size_t n;
     *done = false;
-    if (rec_get(j, &rec, &ver) || !rec || gr_coord_members(j->c, &ms, &n)) {
-        free(ms);
-        cJSON_Delete(rec);
-        return false;
-    }
+    if (!view_get(j, &rec, &ms, &n)) return false;
     *done = rec_bool(rec, "done") || strcmp(rec_str(rec, "run"), j->run);
     if (!*done && recovery_pending(j, rec, ms, n)) atomic_store(&j->must_recover, true);
     bool all = true;
@@ -713,8 +735,7 @@ static bool others_done(tj_job *j, bool *done)
         if ((unsigned)r == j->rank || !cJSON_IsObject(cl)) continue;
         all = !claim_alive(cl, ms, n) || !strcmp(rec_str(cl, "state"), "finished");
     }
-    free(ms);
-    cJSON_Delete(rec);
+    view_free(rec, ms);
     return all;
 }
 
@@ -860,15 +881,10 @@ static bool begin_gen(tj_job *j, cJSON *rec, void *arg)
  * not. */
 static bool others_stopped(tj_job *j, unsigned *late)
 {
-    cJSON *rec = NULL;
-    int64_t ver;
-    gr_coord_member *ms = NULL;
-    size_t n = 0;
-    if (rec_get(j, &rec, &ver) || !rec || gr_coord_members(j->c, &ms, &n)) {
-        free(ms);
-        cJSON_Delete(rec);
-        return false;
-    }
+    cJSON *rec;
+    gr_coord_member *ms;
+    size_t n;
+    if (!view_get(j, &rec, &ms, &n)) return false;
     bool all = true;
     const cJSON *claims = cJSON_GetObjectItemCaseSensitive(rec, "claims");
     for (int r = 0; r < cJSON_GetArraySize(claims) && all; r++) {
@@ -881,8 +897,7 @@ static bool others_stopped(tj_job *j, unsigned *late)
             *late = (unsigned)r;
         }
     }
-    free(ms);
-    cJSON_Delete(rec);
+    view_free(rec, ms);
     return all;
 }
 

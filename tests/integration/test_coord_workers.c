@@ -242,6 +242,12 @@ static void compare_modes(const char *mode, const char *a_name, const char *b_na
     assert_true(fabs(aucA - aucB) <= tolerance);
     /* The other process scores the same final model. */
     assert_true(fabs(metric(other, "auc") - aucB) <= 1e-9);
+    /* One process led the job and saved it; the other says the chief saves, not that nothing
+     * was saved. */
+    assert_true(log_has(&b, 0, "is the job's chief") != log_has(&b, 1, "is the job's chief"));
+    assert_true(log_has(&b, 0, "writes none") != log_has(&b, 1, "writes none"));
+    assert_true(log_has(&b, 0, "writes none") == log_has(&b, 1, "is the job's chief"));
+    assert_false(log_has(&b, 0, "no checkpoint was written") || log_has(&b, 1, "no checkpoint was written"));
 }
 
 static void test_two_processes_hybrid_reach_one_process_auc(void **state)
