@@ -25,6 +25,8 @@
       "plain PyTorch DDP processes also run, faster one the baseline (0: skip)")             \
     X(TB_GWORKERS, "granary-workers", GR_CLI_INT, NULL, 1, 256, NULL, "W", "2",                \
       "granary train --workers")                                                               \
+    X(TB_PRELOAD, "preload", GR_CLI_INT, NULL, 0, 1, NULL, "0|1", "1",                        \
+      "PyTorch + granary parses its data before its clock, as plain PyTorch (0: inside)")    \
     X(TB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")
 
 enum { TORCH_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
@@ -34,6 +36,7 @@ static const gr_cli_spec torch_bench_spec = {
     .synopsis =
         "granary bench torch [--json] [--rows N] [--test-rows M] [--data DIR] [--threads T]\n"
         "                           [--workers W] [--torch-workers W] [--granary-workers W]\n"
+        "                           [--preload 0|1]\n"
         "  DLRM dim 16, batch 1024 on the same files: plain PyTorch (bench/torch_dlrm.py),\n"
         "  PyTorch with its embeddings on a 2-shard granary cluster (examples/torch_dlrm.py)\n"
         "  and granary train; needs /usr/bin/python3 with python3-torch and `make python`",
@@ -70,13 +73,14 @@ int gr_bench_torch(int argc, char **argv)
     self[n] = '\0';
     char *slash = strrchr(self, '/');
     if (slash) *slash = '\0';
-    char nums[6][32];
+    char nums[7][32];
     snprintf(nums[0], sizeof nums[0], "%lld", (long long)v[TB_ROWS].i);
     snprintf(nums[1], sizeof nums[1], "%lld", (long long)v[TB_TEST].i);
     snprintf(nums[2], sizeof nums[2], "%lld", (long long)v[TB_THREADS].i);
     snprintf(nums[3], sizeof nums[3], "%lld", (long long)v[TB_WORKERS].i);
     snprintf(nums[4], sizeof nums[4], "%lld", (long long)v[TB_GWORKERS].i);
     snprintf(nums[5], sizeof nums[5], "%lld", (long long)v[TB_TWORKERS].i);
+    snprintf(nums[6], sizeof nums[6], "%lld", (long long)v[TB_PRELOAD].i);
     char *args[24];
     int k = 0;
     args[k++] = "/usr/bin/python3";
@@ -95,6 +99,8 @@ int gr_bench_torch(int argc, char **argv)
     args[k++] = nums[4];
     args[k++] = "--torch-workers";
     args[k++] = nums[5];
+    args[k++] = "--preload";
+    args[k++] = nums[6];
     if (v[TB_DATA].s) {
         args[k++] = "--data";
         args[k++] = (char *)v[TB_DATA].s;

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch DLRM baseline for `granary bench train`: the same model shape as granary's DLRM,
-trained on the same TSV files, on CPU. Embeddings: nn.Embedding(sparse=True) with Adagrad;
-dense layers: Adam. Prints one JSON line: examples_per_sec, auc, logloss, examples.
+trained on the same TSV files, on CPU. Embeddings: nn.Embedding(sparse=True) with Adagrad
+(granary's table settings: initial accumulator 1e-7, eps 1e-8); dense layers: Adam. A test
+value training never saw reads a row of zeros (granary reads zeros for a row never created).
+Prints one JSON line: examples_per_sec, auc, logloss, examples.
 
 Preprocessing (reading the TSV, building per-slot vocabularies) is not timed; the timed part is
 the training loop over prepared tensors, which favours PyTorch.
@@ -17,6 +19,13 @@ import torch
 import torch.nn as nn
 
 NUM_DENSE, NUM_CAT = 13, 26
+UNSEEN = [0]  # test values training never saw (counted by load)
+# The embeddings' Adagrad (initial accumulator, eps): granary's default table optimizer
+# (`granary.dlrm_table_spec`: 1e-7, 1e-8), which both granary sides use. torch's defaults (0,
+# 1e-10) make a row's first step lr * sign(g) whatever |g|, so the many rows seen once or twice
+# jump by 0.05 on a gradient of 1e-5: test AUC 0.77682 against 0.77997 with the shards'
+# settings (seed-1 data, 200 k rows; docs/benchmarks.md, session 6).
+ADAGRAD = [1e-7, 1e-8]
 
 
 def set_threads(n):
@@ -35,7 +44,7 @@ def set_threads(n):
             f(int(n))
 
 
-def load(path, vocabs, grow):
+def load(path, vocabs, grow, unseen="zero"):
     labels, dense, cats = [], [], []
     with open(path, "r") as f:
         for line in f:
@@ -57,7 +66,11 @@ def load(path, vocabs, grow):
                         idx = len(voc)
                         voc[x] = idx
                     else:
-                        idx = 0  # unseen in training: row 0 (the first value seen)
+                        # unseen in training: "zero" / "own", one untrained row per slot past
+                        # the vocabulary (zeros, or initialised); "row0", the slot's first
+                        # value seen (before: a trained row of another value)
+                        idx = len(voc) if unseen != "row0" else 0
+                        UNSEEN[0] += 1
                 row.append(idx)
             cats.append(row)
     return (torch.tensor(labels, dtype=torch.float32), torch.tensor(dense, dtype=torch.float32),
@@ -79,22 +92,28 @@ class Gram(torch.autograd.Function):
         return torch.bmm(g + g.transpose(1, 2), t)
 
 
-def mlp(sizes, last_sigmoid=False):
+def mlp(sizes, relu_last=False):
     layers = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
+        if i < len(sizes) - 2 or relu_last:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
 
 
 class DLRM(nn.Module):
-    def __init__(self, vocab_sizes, dim, bottom, top):
+    def __init__(self, vocab_sizes, dim, bottom, top, init="torch", bottom_relu_last=False,
+                 zero_last_rows=False):
         super().__init__()
         self.emb = nn.ModuleList([nn.Embedding(max(v, 1), dim, sparse=True) for v in vocab_sizes])
         for e in self.emb:
             nn.init.uniform_(e.weight, -0.05, 0.05)
-        self.bottom = mlp([NUM_DENSE] + bottom + [dim])
+            if zero_last_rows:  # the unseen values' row (never trained: no gradient reaches it)
+                with torch.no_grad():
+                    e.weight[-1].zero_()
+        # DLRM's bottom MLP, as granary's (src/train/model.c, granary.dlrm.DenseDLRM): a ReLU
+        # after every layer, the last included (bottom_relu_last False: none after the last)
+        self.bottom = mlp([NUM_DENSE] + bottom + [dim], relu_last=bottom_relu_last)
         n = NUM_CAT + 1
         self.li, self.lj = torch.tril_indices(n, n, offset=-1)
         # The pairs as positions in the flattened products: one index_select (backward one
@@ -102,6 +121,14 @@ class DLRM(nn.Module):
         # through index_put; the same in granary.dlrm, so both sides get the faster form.
         self.pairs = self.li * n + self.lj
         self.top = mlp([dim + n * (n - 1) // 2] + top + [1])
+        if init == "dlrm":
+            # The DLRM reference's initializer, which granary's C DLRM (src/train/model.c) and
+            # so the PyTorch + granary side use: W ~ N(0, sqrt(2 / (in + out))), b ~ N(0,
+            # sqrt(1 / out)); "torch" keeps nn.Linear's default (before).
+            for l in list(self.bottom) + list(self.top):
+                if isinstance(l, nn.Linear):
+                    nn.init.normal_(l.weight, 0.0, math.sqrt(2.0 / (l.in_features + l.out_features)))
+                    nn.init.normal_(l.bias, 0.0, math.sqrt(1.0 / l.out_features))
 
     def forward(self, dense, cats):
         x = self.bottom(dense)
@@ -137,7 +164,8 @@ def train_loop(model, ytr, dtr, ctr, batch, lr_emb, lr_dense, epochs):
     over the workers by DDP before the optimizers step). Returns (examples, seconds, CPU
     seconds of this process, all its threads)."""
     inner = getattr(model, "module", model)
-    opt_emb = torch.optim.Adagrad(list(inner.emb.parameters()), lr=lr_emb)
+    opt_emb = torch.optim.Adagrad(list(inner.emb.parameters()), lr=lr_emb,
+                                  initial_accumulator_value=ADAGRAD[0], eps=ADAGRAD[1])
     opt_dense = torch.optim.Adam(list(inner.bottom.parameters()) + list(inner.top.parameters()),
                                  lr=lr_dense)
     lossf = nn.BCEWithLogitsLoss()
@@ -165,13 +193,18 @@ def ddp_worker(rank, a, port, vocab_sizes, ytr, dtr, ctr, result_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     set_threads(a.threads)
+    ADAGRAD[:] = [a.adagrad_init_acc, a.adagrad_eps]  # a spawned process re-imports this file
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                             world_size=a.workers)
     torch.manual_seed(1)
     bottom = [int(x) for x in a.bottom.split(",") if x]
     top = [int(x) for x in a.top.split(",") if x]
-    model = DLRM(vocab_sizes, a.dim, bottom, top)
-    ddp = DistributedDataParallel(model)
+    model = DLRM(vocab_sizes, a.dim, bottom, top, a.init, a.bottom_relu_last,
+                 a.unseen == "zero")
+    # As the PyTorch + granary side's DDP (examples/torch_dlrm.py): no per-step broadcast of
+    # buffers (this model has none: its index tensors are plain attributes), gradients in the
+    # buckets.
+    ddp = DistributedDataParallel(model, broadcast_buffers=False, gradient_as_bucket_view=True)
     n = len(ytr)
     lo, hi = n * rank // a.workers, n * (rank + 1) // a.workers
     dist.barrier()
@@ -204,7 +237,8 @@ def train_ddp(a, vocab_sizes, ytr, dtr, ctr):
         res = [json.load(open(result_path % r)) for r in range(a.workers)]
         bottom = [int(x) for x in a.bottom.split(",") if x]
         top = [int(x) for x in a.top.split(",") if x]
-        model = DLRM(vocab_sizes, a.dim, bottom, top)
+        model = DLRM(vocab_sizes, a.dim, bottom, top, a.init, a.bottom_relu_last,
+                     a.unseen == "zero")
         model.load_state_dict(torch.load(result_path % 0 + ".pt"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -227,18 +261,38 @@ def main():
     ap.add_argument("--workers", type=int, default=1,
                     help="processes (DDP over gloo, every table replicated, sparse gradients "
                          "all-reduced); batch per worker")
+    ap.add_argument("--init", default="torch", choices=["dlrm", "torch"],
+                    help="dense layers' initializer: nn.Linear's default (default), or the DLRM "
+                         "reference's, as granary's side (AUC 0.0028 lower on the seed-1 data)")
+    ap.add_argument("--unseen", default="zero", choices=["zero", "own", "row0"],
+                    help="a test value training never saw: one row of zeros per slot past the "
+                         "vocabulary (default: granary's side reads zeros for a row training "
+                         "never created), one initialised untrained row, or the slot's row 0 "
+                         "(a trained row of another value; before)")
+    ap.add_argument("--bottom-relu-last", type=int, default=0, choices=[0, 1],
+                    help="1: a ReLU after the bottom MLP's last layer too, as DLRM's and "
+                         "granary's model (AUC 0.0008 lower on the seed-1 data); 0 (default): "
+                         "none there")
+    ap.add_argument("--adagrad-init-acc", type=float, default=ADAGRAD[0],
+                    help="embeddings' Adagrad initial accumulator (default 1e-7: granary's)")
+    ap.add_argument("--adagrad-eps", type=float, default=ADAGRAD[1],
+                    help="embeddings' Adagrad eps (default 1e-8: granary's)")
     a = ap.parse_args()
+    ADAGRAD[:] = [a.adagrad_init_acc, a.adagrad_eps]
     set_threads(a.threads)
     torch.manual_seed(1)
     vocabs = [dict() for _ in range(NUM_CAT)]
     ytr, dtr, ctr = load(a.train, vocabs, True)
-    yte, dte, cte = load(a.test, vocabs, False)
+    yte, dte, cte = load(a.test, vocabs, False, a.unseen)
+    # "own": one more row per slot, the untrained row of the values training never saw
+    vocab_sizes = [len(v) + (a.unseen != "row0") for v in vocabs]
     bottom = [int(x) for x in a.bottom.split(",") if x]
     top = [int(x) for x in a.top.split(",") if x]
     if a.workers > 1:
-        model, seen, secs, cpu = train_ddp(a, [len(v) for v in vocabs], ytr, dtr, ctr)
+        model, seen, secs, cpu = train_ddp(a, vocab_sizes, ytr, dtr, ctr)
     else:
-        model = DLRM([len(v) for v in vocabs], a.dim, bottom, top)
+        model = DLRM(vocab_sizes, a.dim, bottom, top, a.init, a.bottom_relu_last,
+                     a.unseen == "zero")
         seen, secs, cpu = train_loop(model, ytr, dtr, ctr, a.batch, a.lr_emb, a.lr_dense,
                                      a.epochs)
     with torch.no_grad():
@@ -249,7 +303,9 @@ def main():
     ll = float(-np.mean(yv * np.log(pc) + (1 - yv) * np.log(1 - pc)))
     print(json.dumps({"examples_per_sec": seen / secs, "auc": auc(yv, p), "logloss": ll,
                       "examples": seen, "seconds": secs, "threads": a.threads,
-                      "workers": a.workers, "cpu_seconds": cpu,
+                      "workers": a.workers, "cpu_seconds": cpu, "init": a.init,
+                      "unseen": a.unseen, "test_unseen_values": UNSEEN[0],
+                      "adagrad_initial_accumulator": ADAGRAD[0], "adagrad_eps": ADAGRAD[1],
                       "cpu_ms_per_1024": 1e3 * cpu * 1024 / max(seen, 1)}))
 
 

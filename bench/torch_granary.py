@@ -11,8 +11,11 @@ DLRM dim 16 (bottom 64,32, top 128,64), batch 1024, on the same generated Criteo
                  PyTorch under DDP in --workers processes (default 2), the next batch
                  prefetched without missing the worker's own updates (examples/torch_dlrm.py)
   granary        `granary train` on a 2-shard embedded cluster (C DLRM, OpenBLAS)
-Each prints its training examples/s (training loop only; plain PyTorch's TSV parsing and
-vocabulary building are not timed, granary's parsing is part of its pipeline) and test AUC.
+Each prints its training examples/s (training loop only: both PyTorch sides parse the TSV into
+tensors before their clocks start, plain PyTorch also building its vocabularies; with
+--preload 0 granary's side parses inside its pipeline) and test AUC. Plain PyTorch's Adagrad is
+the shards' (initial accumulator 1e-7, eps 1e-8) and a test value training never saw reads a
+row of zeros on both sides (bench/torch_dlrm.py).
 Run as `python3 bench/torch_granary.py --json` or `granary bench torch --json`; the final line
 is JSON with torch_examples_per_sec, torch_auc, torch_granary_examples_per_sec,
 torch_granary_auc, granary_examples_per_sec, granary_auc and the ratios.
@@ -58,6 +61,12 @@ def main(argv=None):
     ap.add_argument("--torch-workers", type=int, default=2,
                     help="plain PyTorch DDP processes also tried (0: skip)")
     ap.add_argument("--granary-workers", type=int, default=2, help="granary train --workers")
+    # Both PyTorch sides get the same data treatment: plain PyTorch's TSV is parsed into
+    # tensors before its clock starts, so PyTorch + granary parses its share before its clock
+    # too (examples/torch_dlrm.py --preload); 0 times granary's parsing inside its loop (before).
+    ap.add_argument("--preload", type=int, default=1, choices=[0, 1],
+                    help="PyTorch + granary parses its data before its timed loop, as plain "
+                         "PyTorch does (default 1)")
     ap.add_argument("--build", default=os.environ.get("GR_BUILD_DIR", os.path.join(REPO, "build")))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -85,7 +94,8 @@ def main(argv=None):
         print("bench torch: PyTorch + granary (examples/torch_dlrm.py) ...", file=sys.stderr)
         tg = run_json([PY, os.path.join(REPO, "examples", "torch_dlrm.py"), "--train", train,
                        "--test", test, "--shards", "2", "--threads", str(a.threads),
-                       "--workers", str(a.workers), "--batch", "1024", "--json"], env)
+                       "--workers", str(a.workers), "--batch", "1024", "--json"] +
+                      (["--preload"] if a.preload else []), env)
         print("bench torch: granary train ...", file=sys.stderr)
         mfile = os.path.join(data, "granary-metrics.json")
         subprocess.run([granary_bin, "train", "--train", train, "--test", test, "--shards", "2",
@@ -121,6 +131,9 @@ def main(argv=None):
         "torch_1p_cpu_ms_per_1024": t1.get("cpu_ms_per_1024"),
         "torch_ddp_cpu_ms_per_1024": tddp.get("cpu_ms_per_1024") if tddp else None,
         "torch_granary_cpu_ms_per_1024": tg.get("cpu_ms_per_1024"),
+        "torch_granary_preload": bool(tg.get("preload")),
+        "torch_granary_shards_cpu_ms_per_1024": 1e3 * tg["shards_cpu_seconds"] * 1024 /
+        max(tg["examples"], 1) if tg.get("shards_cpu_seconds") is not None else None,
     }
     print("%-52s %12s %8s" % ("DLRM dim 16, batch 1024", "examples/s", "AUC"))
     print("%-52s %12.0f %8.4f" % ("PyTorch, nn.Embedding sparse + Adagrad (%d threads)"

@@ -58,7 +58,9 @@ class Stages:
 def plain_round(st, y, d, c, steps):
     torch.manual_seed(1)
     model = torch_dlrm.DLRM([int(c[:, s].max()) + 1 for s in range(26)], 16, [64, 32], [128, 64])
-    oe = torch.optim.Adagrad(list(model.emb.parameters()), lr=0.05)
+    oe = torch.optim.Adagrad(list(model.emb.parameters()), lr=0.05,  # the benchmark's settings
+                             initial_accumulator_value=torch_dlrm.ADAGRAD[0],
+                             eps=torch_dlrm.ADAGRAD[1])
     od = torch.optim.Adam(list(model.bottom.parameters()) + list(model.top.parameters()), lr=1e-3)
     lossf = torch.nn.BCEWithLogitsLoss()
     for k in range(steps):

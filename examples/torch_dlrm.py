@@ -60,6 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="per worker (0: the whole file)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--no-pipeline", action="store_true", help="no prefetch of the next batch")
+    p.add_argument("--preload", action="store_true",
+                   help="parse this worker's share of the file into tensors before the timed "
+                        "loop (as bench/torch_dlrm.py does for plain PyTorch), instead of "
+                        "reading it batch by batch inside the loop")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     return p.parse_args(argv)
 
@@ -96,8 +100,20 @@ def run_worker(rank, args, servers, port, offsets, result_path):
                                    worker=rank, workers=args.workers)
     model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
                            n_sparse=batches.n_sparse)
-    trained = DistributedDataParallel(model) if ddp else model
+    # broadcast_buffers off: the model's buffers are constant index tensors (the interaction's
+    # pairs), and DDP's default broadcasts every buffer from rank 0 before each forward, a
+    # collective that made the workers wait for each other once per step on top of the
+    # gradients' all-reduce (examples/s +29 % and +44 % in two alternating pairs, the same CPU
+    # per example; docs/benchmarks.md, session 6). The gradients live in DDP's buckets.
+    trained = DistributedDataParallel(model, broadcast_buffers=False,
+                                      gradient_as_bucket_view=True) if ddp else model
     opt = torch.optim.Adam(trained.parameters(), lr=args.dense_lr)
+    if args.preload:
+        # Parsed ahead of the clock, as plain PyTorch's tensors are (the ids are still
+        # deduplicated and pulled inside the loop); features and poolings stay on `batches`.
+        batches = list(batches)
+        if ddp:
+            dist.barrier()  # both clocks start together, not one while the other parses
     cpu0 = time.process_time()
     losses, examples, secs = dlrm.train(ec, trained, opt, batches, pipeline=not args.no_pipeline,
                                         lr_rule=args.lr_rule, emb_staleness=args.emb_staleness)
@@ -157,6 +173,7 @@ def main(argv=None):
            "auc": res[0].get("auc"), "logloss": res[0].get("logloss"),
            "workers": args.workers, "mode": args.mode, "wall_seconds": wall,
            "lr_rule": args.lr_rule, "emb_staleness": args.emb_staleness,
+           "preload": args.preload,
            # CPU seconds of every process and thread while training (the workers' training
            # loops, and with several workers the embedded shards' whole run, evaluation's
            # pulls included): a figure the machine's load changes little
