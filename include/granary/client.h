@@ -16,7 +16,8 @@ typedef int (*gr_client_stale_fn)(void *ctx, gr_client *c, uint32_t shard, uint3
                                   const char *msg);
 
 typedef struct gr_client_config {
-    /* Either a list "host:port,host:port" (position = shard index) ... */
+    /* Either a list "host:port,host:port" (position = shard index; an entry may be
+     * "unix:@NAME", an abstract AF_UNIX address on this machine) ... */
     const char *servers;
     /* ... or a cluster file: {"shards":["host:port", ...], "auth_file":"path"}. */
     const char *cluster_file;

@@ -1,5 +1,5 @@
 /* granary cluster: an embedded parameter-server cluster. S shards as in-process gr_servers on
- * free loopback ports, for `granary train` without --servers, the benchmarks and tests: they
+ * free loopback ports (and abstract AF_UNIX addresses for clients on this machine), for `granary train` without --servers, the benchmarks and tests: they
  * run the real wire protocol and shard code with nothing to deploy. This part depends on
  * server; train does not (the trainer only sees the client backend over the cluster's
  * addresses).
@@ -26,8 +26,12 @@ GR_API int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_
 GR_API int gr_local_cluster_start_with(unsigned shards, unsigned threads,
                                        uint32_t publish_interval_ms, gr_metrics *metrics,
                                        gr_local_cluster **out);
-/* "127.0.0.1:PORT,..." in shard order; valid until stop. */
+/* "127.0.0.1:PORT,..." in shard order, for any process; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
+/* "unix:@NAME,..." in shard order: the same shards over abstract AF_UNIX sockets, for
+ * clients on this machine (the trainer embedding the cluster); no TCP stack, same protocol.
+ * Valid until stop; both lists work at once. */
+GR_API const char *gr_local_cluster_local_servers(const gr_local_cluster *c);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
 GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 

@@ -56,6 +56,10 @@ typedef struct gr_server_config {
      * shard="I", so several shards may share one registry); NULL = none. Not owned: it must
      * outlive the server. */
     gr_metrics *metrics;
+    /* Also listen on an abstract AF_UNIX address (no file; gr_server_local_addr) for clients
+     * on this machine: the same protocol, limits and auth without the TCP stack (the embedded
+     * cluster's trainer uses it). */
+    bool local_socket;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */
@@ -72,6 +76,9 @@ GR_API void gr_server_destroy(gr_server *s);
 GR_API int gr_server_start(gr_server *s);
 /* The bound port (after start). */
 GR_API uint16_t gr_server_port(const gr_server *s);
+/* "unix:@NAME", the AF_UNIX address clients on this machine may give instead of host:port
+ * (after start, with local_socket); NULL without one. */
+GR_API const char *gr_server_local_addr(const gr_server *s);
 /* Blocks until a stop is requested (SHUTDOWN request or gr_server_request_stop) or timeout_ms
  * passes (-1 = forever). Returns GR_OK when a stop was requested, GR_ETIMEDOUT otherwise. */
 GR_API int gr_server_wait(gr_server *s, int timeout_ms);

@@ -614,7 +614,8 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     }
     gr_client_config cc;
     gr_client_config_default(&cc);
-    cc.servers = c->servers;
+    /* The embedded cluster's own clients skip the TCP stack (docs/server.md, "Connections"). */
+    cc.servers = cluster && *cluster ? gr_local_cluster_local_servers(*cluster) : c->servers;
     cc.auth_file = c->auth_file;
     /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
      * on it soon and let the layout say where its index went. */

@@ -16,17 +16,41 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define SOCK_BUF_BYTES (4 << 20)
 
-/* Splits "host:port" or "[v6]:port" into the connection's addr, host and port. */
+#define UNIX_PREFIX "unix:@"
+/* An abstract unix name fits sun_path after its leading NUL. */
+#define UNIX_NAME_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
+
+static bool is_unix_addr(const char *addr) { return !strncmp(addr, "unix:", 5); }
+
+/* Splits "host:port" or "[v6]:port" into the connection's addr, host and port; "unix:@NAME"
+ * (an abstract AF_UNIX address, a shard on this machine) keeps NAME as the host. */
 static int parse_addr(const char *addr, char *out, size_t outcap, char *host, size_t hostcap,
                       char *port_out, size_t portcap)
 {
     size_t n = strlen(addr);
     if (n == 0 || n >= outcap) return gr_seterr(GR_EINVAL, "bad server address '%s'", addr);
+    if (is_unix_addr(addr)) {
+        /* Only the prefix is read before it is known to be there ("unix:" alone is short). */
+        bool prefixed = !strncmp(addr, UNIX_PREFIX, strlen(UNIX_PREFIX));
+        const char *name = prefixed ? addr + strlen(UNIX_PREFIX) : "";
+        size_t len = strlen(name);
+        if (!prefixed || len == 0 || len > UNIX_NAME_MAX || len >= hostcap)
+            return gr_seterr(GR_EINVAL,
+                             "bad server address '%s' (want unix:@NAME, an abstract socket name "
+                             "of 1..%zu bytes)",
+                             addr, (size_t)UNIX_NAME_MAX);
+        snprintf(host, hostcap, "%s", name);
+        snprintf(port_out, portcap, "0");
+        snprintf(out, outcap, "%s", addr);
+        return GR_OK;
+    }
     const char *colon;
     if (addr[0] == '[') { /* [v6]:port */
         const char *close = strchr(addr, ']');
@@ -137,8 +161,41 @@ static ssize_t read_full(int fd, void *buf, size_t n)
 
 /* ---- connect and handshake ---- */
 
+/* Connects to an abstract AF_UNIX name. A local connect completes or fails at once; without
+ * blocking, a full listen backlog is EAGAIN (retried with backoff) instead of a wait with no
+ * deadline. */
+static int connect_unix(cl_conn *k, int *out)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t len = strlen(k->host);
+    memcpy(sa.sun_path + 1, k->host, len); /* sun_path[0] = 0: abstract */
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return gr_seterr(GR_ECONN, "cannot create a unix socket: %s", strerror(errno));
+    int rc;
+    do rc = connect(fd, (struct sockaddr *)&sa, sl);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", strerror(errno));
+        why[0] = (char)tolower((unsigned char)why[0]);
+        int err = errno;
+        close(fd);
+        return gr_seterr(err == EAGAIN ? GR_EBUSY : GR_ECONN, "%s", why);
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    /* The sender's buffer bounds a unix stream (the receiver has none of its own). */
+    int buf = SOCK_BUF_BYTES;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    *out = fd;
+    return GR_OK;
+}
+
 static int connect_fd(cl_conn *k, uint64_t deadline, int *out)
 {
+    if (is_unix_addr(k->addr)) return connect_unix(k, out);
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;

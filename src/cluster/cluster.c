@@ -12,7 +12,8 @@
 struct gr_local_cluster {
     gr_server **s;
     unsigned n;
-    char *servers;
+    char *servers;       /* TCP, for anyone */
+    char *local_servers; /* AF_UNIX, for clients on this machine */
 };
 
 int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out)
@@ -42,7 +43,8 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
     if (!c) return gr_seterr(GR_ENOMEM, "out of memory");
     c->s = calloc(shards, sizeof *c->s);
     c->servers = calloc(shards, 24);
-    int rc = c->s && c->servers ? GR_OK : gr_seterr(GR_ENOMEM, "out of memory");
+    c->local_servers = calloc(shards, 72);
+    int rc = c->s && c->servers && c->local_servers ? GR_OK : gr_seterr(GR_ENOMEM, "out of memory");
     for (unsigned i = 0; i < shards && !rc; i++) {
         gr_server_config cfg;
         gr_server_config_default(&cfg);
@@ -52,6 +54,7 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
         cfg.threads = threads ? threads : 2;
         cfg.publish_interval_ms = publish_interval_ms;
         cfg.metrics = metrics;
+        cfg.local_socket = true;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;
@@ -61,6 +64,9 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
             char a[24];
             snprintf(a, sizeof a, "%s127.0.0.1:%u", i ? "," : "", gr_server_port(c->s[i]));
             strcat(c->servers, a);
+            char u[72];
+            snprintf(u, sizeof u, "%s%s", i ? "," : "", gr_server_local_addr(c->s[i]));
+            strcat(c->local_servers, u);
         }
     }
     if (rc) {
@@ -75,6 +81,11 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
 
 const char *gr_local_cluster_servers(const gr_local_cluster *c) { return c ? c->servers : NULL; }
 
+const char *gr_local_cluster_local_servers(const gr_local_cluster *c)
+{
+    return c ? c->local_servers : NULL;
+}
+
 void gr_local_cluster_stop(gr_local_cluster *c)
 {
     if (!c) return;
@@ -82,5 +93,6 @@ void gr_local_cluster_stop(gr_local_cluster *c)
     for (unsigned i = 0; i < c->n; i++) gr_server_destroy(c->s[i]);
     free(c->s);
     free(c->servers);
+    free(c->local_servers);
     free(c);
 }

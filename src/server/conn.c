@@ -14,11 +14,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define SOCK_BUF_BYTES (4 << 20)
@@ -81,6 +83,8 @@ struct srv_net {
     struct event_base *base;
     struct event *lev, *sweep, *budget_ev, *reap_ev, *ctl_ev;
     int listen_fd;
+    struct event *ulev;       /* the AF_UNIX listener (cfg.unix_name), or NULL */
+    int unix_fd;
     uint16_t port;
     pthread_t thread;
     bool running;
@@ -93,6 +97,7 @@ struct srv_net {
     pthread_mutex_t ctl_mu;   /* guards the stop requests and their acknowledgement */
     pthread_cond_t ctl_cv;
     bool want_stop_reading, stopped_reading, want_finish;
+    char unix_name[100];      /* cfg.unix_name points here */
 };
 
 static void conn_pump(srv_conn *c);
@@ -683,9 +688,10 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     const srv_net_config *cfg = &n->cfg;
     uint64_t now = gr_now_ns();
     char msg[160];
-    if (n->accept_paused_until && now >= n->accept_paused_until && n->lev) {
+    if (n->accept_paused_until && now >= n->accept_paused_until) {
         n->accept_paused_until = 0;
-        event_add(n->lev, NULL);
+        if (n->lev) event_add(n->lev, NULL);
+        if (n->ulev) event_add(n->ulev, NULL);
     }
     /* Same for a budget released just before a connection joined the global wait list. */
     if (n->gwait) budget_cb(-1, 0, n);
@@ -738,11 +744,11 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- accept ---- */
 
-static void tune_socket(int fd)
+static void tune_socket(int fd, bool tcp)
 {
     int one = 1, buf = SOCK_BUF_BYTES;
     /* Replies are written whole; Nagle would only add latency to the last segment. */
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     gr_sock_unpaced_loopback(fd); /* core.h: no pacing on loopback */
@@ -795,13 +801,17 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* Out of descriptors: stop accepting for a moment rather than spin. */
-                event_del(n->lev);
+                if (n->lev) event_del(n->lev);
+                if (n->ulev) event_del(n->ulev);
                 n->accept_paused_until = gr_now_ns() + ms_ns(100);
             }
             return;
         }
         char peer[64] = "?", hostbuf[48], portbuf[8];
-        if (getnameinfo((struct sockaddr *)&sa, sl, hostbuf, sizeof hostbuf, portbuf,
+        bool tcp = lfd != n->unix_fd;
+        if (!tcp) /* an abstract unix peer has no name of its own: say which listener */
+            snprintf(peer, sizeof peer, "unix:@%.40s", n->cfg.unix_name);
+        else if (getnameinfo((struct sockaddr *)&sa, sl, hostbuf, sizeof hostbuf, portbuf,
                         sizeof portbuf, NI_NUMERICHOST | NI_NUMERICSERV) == 0)
             snprintf(peer, sizeof peer, "%s:%s", hostbuf, portbuf);
         if (atomic_load(&n->st.nconns) >= n->cfg.max_connections) {
@@ -812,7 +822,7 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
             reject(n, fd, GR_EBUSY, msg);
             continue;
         }
-        tune_socket(fd);
+        tune_socket(fd, tcp);
         srv_conn *c = conn_new(n, fd, peer);
         if (!c) {
             reject(n, fd, GR_ENOMEM, "server out of memory");
@@ -847,6 +857,12 @@ static void ctl_cb(evutil_socket_t fd, short what, void *arg)
         }
         close(n->listen_fd);
         n->listen_fd = -1;
+        if (n->ulev) {
+            event_free(n->ulev);
+            n->ulev = NULL;
+        }
+        if (n->unix_fd >= 0) close(n->unix_fd);
+        n->unix_fd = -1;
         for (srv_conn *c = n->conns; c; c = c->next)
             if (c->state == C_OPEN) enter_drain(c);
         pthread_mutex_lock(&n->ctl_mu);
@@ -915,6 +931,30 @@ static int listen_on(srv_net *n, const char *host, uint16_t port)
     return gr_seterr(GR_EIO, "cannot listen on %s:%u: %s", host, port, strerror(err));
 }
 
+/* The abstract AF_UNIX listener for clients on this machine (the embedded cluster's own
+ * trainer): the same protocol without the TCP stack. Abstract names need no file and vanish
+ * with the socket. */
+static int listen_unix(srv_net *n, const char *name)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t len = strlen(name);
+    if (len == 0 || len + 1 > sizeof sa.sun_path)
+        return gr_seterr(GR_EINVAL, "unix socket name '%s' is empty or too long", name);
+    memcpy(sa.sun_path + 1, name, len); /* sun_path[0] = 0: abstract */
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return gr_seterr(GR_EIO, "cannot create a unix socket: %s", strerror(errno));
+    if (bind(fd, (struct sockaddr *)&sa, sl) != 0 || listen(fd, 128) != 0) {
+        int err = errno;
+        close(fd);
+        return gr_seterr(GR_EIO, "cannot listen on unix:@%s: %s", name, strerror(err));
+    }
+    n->unix_fd = fd;
+    return GR_OK;
+}
+
 static uint32_t sweep_ms(const srv_net_config *cfg)
 {
     uint32_t m = cfg->send_timeout_ms;
@@ -935,10 +975,17 @@ int srv_net_create(const srv_net_config *cfg, const srv_net_callbacks *cb, const
     n->cfg = *cfg;
     n->cb = *cb;
     n->listen_fd = -1;
+    n->unix_fd = -1;
+    n->cfg.unix_name = NULL; /* the caller's string: only used during create */
     pthread_mutex_init(&n->reap_mu, NULL);
     pthread_mutex_init(&n->ctl_mu, NULL);
     pthread_cond_init(&n->ctl_cv, NULL);
     int rc = listen_on(n, host, port);
+    if (!rc && cfg->unix_name) {
+        snprintf(n->unix_name, sizeof n->unix_name, "%s", cfg->unix_name);
+        n->cfg.unix_name = n->unix_name;
+        rc = listen_unix(n, n->unix_name);
+    }
     if (rc) {
         srv_net_destroy(n);
         return rc;
@@ -946,18 +993,22 @@ int srv_net_create(const srv_net_config *cfg, const srv_net_callbacks *cb, const
     n->base = event_base_new();
     if (n->base) {
         n->lev = event_new(n->base, n->listen_fd, EV_READ | EV_PERSIST, accept_cb, n);
+        if (n->unix_fd >= 0)
+            n->ulev = event_new(n->base, n->unix_fd, EV_READ | EV_PERSIST, accept_cb, n);
         n->sweep = event_new(n->base, -1, EV_PERSIST, sweep_cb, n);
         n->budget_ev = event_new(n->base, -1, 0, budget_cb, n);
         n->reap_ev = event_new(n->base, -1, 0, reap_cb, n);
         n->ctl_ev = event_new(n->base, -1, 0, ctl_cb, n);
     }
-    if (!n->base || !n->lev || !n->sweep || !n->budget_ev || !n->reap_ev || !n->ctl_ev) {
+    if (!n->base || !n->lev || !n->sweep || !n->budget_ev || !n->reap_ev || !n->ctl_ev ||
+        (n->unix_fd >= 0 && !n->ulev)) {
         srv_net_destroy(n);
         return gr_seterr(GR_ENOMEM, "cannot create the connection event loop");
     }
     uint32_t ms = sweep_ms(cfg);
     struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
     event_add(n->lev, NULL);
+    if (n->ulev) event_add(n->ulev, NULL);
     event_add(n->sweep, &tv);
     *out = n;
     return GR_OK;
@@ -1008,12 +1059,14 @@ void srv_net_destroy(srv_net *n)
     }
     reap_cb(-1, 0, n);
     if (n->lev) event_free(n->lev);
+    if (n->ulev) event_free(n->ulev);
     if (n->sweep) event_free(n->sweep);
     if (n->budget_ev) event_free(n->budget_ev);
     if (n->reap_ev) event_free(n->reap_ev);
     if (n->ctl_ev) event_free(n->ctl_ev);
     if (n->base) event_base_free(n->base);
     if (n->listen_fd >= 0) close(n->listen_fd);
+    if (n->unix_fd >= 0) close(n->unix_fd);
     pthread_mutex_destroy(&n->reap_mu);
     pthread_mutex_destroy(&n->ctl_mu);
     pthread_cond_destroy(&n->ctl_cv);

@@ -32,6 +32,9 @@ typedef struct srv_net_config {
     uint32_t auth_timeout_ms;    /* from accept to authenticated (auth_required only) */
     uint32_t idle_timeout_ms;    /* nothing in flight and nothing received: close; 0 = never */
     unsigned shard;              /* for log lines */
+    /* Also listen on this abstract AF_UNIX name ("@name"; no file): clients on this machine
+     * skip the TCP stack. NULL = TCP only. Copied by srv_net_create. */
+    const char *unix_name;
 } srv_net_config;
 
 /* The net's counters, read by STATS. */

@@ -306,6 +306,13 @@ static int start_net(gr_server *s)
     nc.auth_timeout_ms = s->cfg.auth_timeout_ms;
     nc.idle_timeout_ms = s->cfg.idle_timeout_ms == UINT32_MAX ? 0 : s->cfg.idle_timeout_ms;
     nc.shard = s->cfg.shard;
+    if (s->cfg.local_socket) {
+        /* Unique on this machine: the pid, and a counter for the shards of this process. */
+        static atomic_uint seq;
+        snprintf(s->local_addr, sizeof s->local_addr, "unix:@granary-%ld-%u", (long)getpid(),
+                 atomic_fetch_add(&seq, 1));
+        nc.unix_name = s->local_addr + strlen("unix:@");
+    }
     srv_net_callbacks cb = {s, on_frame, on_closed};
     int rc = srv_net_create(&nc, &cb, s->host, s->cfg.port, &s->net);
     if (rc) return rc;
@@ -345,6 +352,7 @@ int gr_server_start(gr_server *s)
 }
 
 uint16_t gr_server_port(const gr_server *s) { return s->port; }
+const char *gr_server_local_addr(const gr_server *s) { return s->local_addr[0] ? s->local_addr : NULL; }
 uint32_t gr_server_shard(const gr_server *s) { return s->cfg.shard; }
 uint32_t gr_server_shards(const gr_server *s) { return s->cfg.shards; }
 bool gr_server_owns_slot(const gr_server *s, uint32_t slot) { return slot < GR_SLOTS && s->owns[slot]; }

@@ -121,6 +121,7 @@ struct gr_server {
     char host[256];
     uint8_t *secret;
     uint16_t port;
+    char local_addr[64]; /* "unix:@granary-PID-N" with cfg.local_socket, else "" */
     int stop_pipe[2];   /* gr_server_request_stop writes here; gr_server_wait reads */
     bool owns[GR_SLOTS];
     srv_registry reg;
