@@ -52,14 +52,17 @@
     X(RB_SKIP_LINK, "skip-link", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                     \
       "skip the pipelined vs --no-pipeline runs over the delayed link")                       \
     X(RB_SKIP_STRAGGLER, "skip-straggler", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,           \
-      "skip the 4-worker straggler runs")
+      "skip the 4-worker straggler runs")                                                     \
+    X(RB_MODEL_STEP_ONLY, "model-step-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,         \
+      "only time one DLRM training step (thread CPU per example) and exit")
 
 enum { TRAIN_BENCH_OPTIONS(GR_CLI_ENUM) RB_COUNT };
 static const gr_cli_opt train_bench_opts[] = {TRAIN_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec train_bench_spec = {
     .command = "bench train",
     .synopsis = "granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
-                "                           [--delay-us D] [--skip-link] [--skip-straggler]",
+                "                           [--delay-us D] [--skip-link] [--skip-straggler]\n"
+                "                           [--model-step-only]",
     .opts = train_bench_opts,
     .n_opts = RB_COUNT,
 };
@@ -116,6 +119,75 @@ static double run_reader(const char *path)
     gr_batch_fini(&b);
     gr_criteo_close(r);
     return secs > 0 ? (double)n / secs : -1;
+}
+
+/* ---- one DLRM training step alone ---- */
+
+static double thread_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* gr_model_train_step of the default DLRM on one batch of 1024 random examples, `steps` times
+ * on the same inputs: the median and the best thread CPU per example, in microseconds (the
+ * model's own CPU, without the reader, the pulls and pushes or the other threads; thread
+ * CPU rather than wall time, so a loaded machine changes it less). -1 when it cannot run. */
+static void run_model_step(int steps, double *median_us, double *min_us)
+{
+    *median_us = *min_us = -1;
+    const size_t n = 1024;
+    gr_model_config c;
+    gr_model_config_default(&c, GR_MODEL_DLRM);
+    gr_model *m = NULL;
+    gr_model_ws *ws = NULL;
+    if (gr_model_create(&c, &m) || gr_model_ws_create(m, &ws)) {
+        gr_model_destroy(m);
+        return;
+    }
+    const size_t np = gr_model_dense_size(m), nd = gr_model_n_dense(m);
+    const size_t ne = n * gr_model_n_sparse(m) * gr_model_emb_dim(m);
+    float *p = malloc(np * sizeof *p), *g = malloc(np * sizeof *g);
+    float *dense = malloc(n * nd * sizeof *dense), *emb = malloc(ne * sizeof *emb);
+    float *gemb = malloc(ne * sizeof *gemb), *labels = malloc(n * sizeof *labels);
+    double *t = malloc((size_t)steps * sizeof *t);
+    if (p && g && dense && emb && gemb && labels && t) {
+        gr_model_init_dense(m, p);
+        gr_rng r;
+        gr_rng_seed(&r, 7);
+        /* like the data: a third of the dense features 0, small embedding values */
+        for (size_t i = 0; i < n * nd; i++)
+            dense[i] = gr_rng_uniform(&r) < 0.3 ? 0.0f : (float)(3 * gr_rng_uniform(&r));
+        for (size_t i = 0; i < ne; i++) emb[i] = (float)(0.1 * (gr_rng_uniform(&r) - 0.5));
+        for (size_t i = 0; i < n; i++) labels[i] = (float)(gr_rng_uniform(&r) < 0.25);
+        int done = 0;
+        for (; done < steps; done++) {
+            double loss, t0 = thread_cpu_s();
+            if (gr_model_train_step(m, ws, p, n, dense, emb, labels, &loss, NULL, g, gemb)) break;
+            t[done] = thread_cpu_s() - t0;
+        }
+        if (done == steps && steps > 0) {
+            qsort(t, (size_t)steps, sizeof *t, cmp_double);
+            *median_us = 1e6 * t[steps / 2] / (double)n;
+            *min_us = 1e6 * t[0] / (double)n;
+        }
+    }
+    free(p);
+    free(g);
+    free(dense);
+    free(emb);
+    free(gemb);
+    free(labels);
+    free(t);
+    gr_model_ws_destroy(ws);
+    gr_model_destroy(m);
 }
 
 /* ---- one training run ---- */
@@ -569,6 +641,18 @@ int gr_bench_train(int argc, char **argv)
              delay_us = (uint64_t)v[RB_DELAY_US].i;
     if (!rows) rows = full ? 1000000 : 200000;
     if (!test_rows) test_rows = full ? 100000 : 20000;
+    double step_us, step_min_us;
+    run_model_step(200, &step_us, &step_min_us);
+    printf("model step alone (DLRM defaults, 1024 examples, 200 steps): %.3f us of thread CPU "
+           "per example (median), best %.3f\n",
+           step_us, step_min_us);
+    if (v[RB_MODEL_STEP_ONLY].b) {
+        if (json)
+            printf("{\"bench\":\"train\",\"model_step_us_per_example\":%.4f,"
+                   "\"model_step_min_us_per_example\":%.4f}\n",
+                   step_us, step_min_us);
+        return step_us < 0;
+    }
 
     char dir[] = "/tmp/granary_bench_train_XXXXXX";
     if (!mkdtemp(dir)) {
@@ -840,7 +924,8 @@ int gr_bench_train(int argc, char **argv)
                "\"stage_ms_per_batch\":{\"read\":%.3f,\"pull\":%.3f,\"compute\":%.3f,"
                "\"push\":%.3f,\"wait\":%.3f},\"torch_threads\":%u,"
                "\"torch_2t_examples_per_sec\":%s,\"torch_2t_auc\":%s,"
-               "\"torch_1t_examples_per_sec\":%s,\"torch_1t_auc\":%s}\n",
+               "\"torch_1t_examples_per_sec\":%s,\"torch_1t_auc\":%s,"
+               "\"model_step_us_per_example\":%.4f,\"model_step_min_us_per_example\":%.4f}\n",
                (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
                main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
                local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
@@ -850,7 +935,8 @@ int gr_bench_train(int argc, char **argv)
                vb,
                1e3 * main_r.read_seconds / sk, 1e3 * main_r.pull_seconds / sk,
                1e3 * main_r.compute_seconds / sk, 1e3 * main_r.push_seconds / sk,
-               1e3 * main_r.stage_wait_seconds / sk, t_threads, vt[0], vt[1], vt[2], vt[3]);
+               1e3 * main_r.stage_wait_seconds / sk, t_threads, vt[0], vt[1], vt[2], vt[3], step_us,
+               step_min_us);
     }
     status = 0;
 out:;

@@ -307,6 +307,7 @@ int gr_table_lookup(gr_table *t, const uint64_t *keys, size_t n, float *out, uns
     if (n == 0) return GR_OK;
     gr_lookup_ctx c = {.create = !(flags & GR_LOOKUP_READONLY), .now = gr_table_clock(t)};
     lookup_run(t, &c, keys, n, out);
+    if (c.created) atomic_fetch_add_explicit(&t->nrows, c.created, memory_order_relaxed);
     if (t->use_cms) gr_cms_maybe_age(&t->cms);
     return c.rc;
 }

@@ -21,6 +21,7 @@ bool gr_have_prefetchw = false;
  * push runs on every row, use wider vectors when the CPU has them. Measured on the shards of
  * `granary bench ps` (docs/server.md, "Where a batch's time goes"). */
 static int opt_width = 4;
+static bool have_avx512dq = false; /* the vector uniform initializer's 64-bit multiplies */
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -32,6 +33,7 @@ __attribute__((constructor)) static void detect_prefetchw(void)
     if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) gr_have_prefetchw = (c >> 8) & 1u;
     __builtin_cpu_init();
     opt_width = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx") ? 8 : 4;
+    have_avx512dq = opt_width == 16 && __builtin_cpu_supports("avx512dq");
 }
 #endif
 
@@ -55,14 +57,51 @@ void gr_spin_lock_slow(gr_spin *l)
 
 /* ---- initializers ---- */
 
+#define U01_STEP 0x9e3779b97f4a7c15ull /* splitmix64's increment */
+
 static inline double u01(uint64_t *st)
 {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (*st += U01_STEP);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     return (double)(z >> 11) * 0x1.0p-53;
 }
+
+#if GR_OPT_WIDE
+/* The uniform initializer on elements [0, dim - dim % 8): element i draws from the splitmix64
+ * state st + (i + 1) * U01_STEP (the stream only ever adds that constant), so eight elements
+ * are drawn at once. The same integer steps, the same exact conversion of the top 53 bits,
+ * then the same double multiply, add and rounding to float as u01 and the scalar loop (no FMA:
+ * intrinsics are never contracted), so the values are bit for bit the scalar ones
+ * (test_table_init.c checks them against a scalar reference). Returns how many elements it
+ * did; the caller's stream then continues at st + done * U01_STEP. */
+__attribute__((target("avx512f,avx512dq"))) static uint32_t
+uniform8(uint64_t st, double low, double span, float high, float below, uint32_t dim, float *w)
+{
+    const __m512i lanes = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);
+    const __m512i step = _mm512_set1_epi64((long long)U01_STEP);
+    const __m512i m1 = _mm512_set1_epi64((long long)0xbf58476d1ce4e5b9ull);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94d049bb133111ebull);
+    const __m512d vlow = _mm512_set1_pd(low), vspan = _mm512_set1_pd(span);
+    const __m512d scale = _mm512_set1_pd(0x1.0p-53);
+    const __m256 vhigh = _mm256_set1_ps(high), vbelow = _mm256_set1_ps(below);
+    __m512i s = _mm512_add_epi64(_mm512_set1_epi64((long long)st), _mm512_mullo_epi64(lanes, step));
+    const __m512i step8 = _mm512_set1_epi64((long long)(U01_STEP * 8u));
+    uint32_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        __m512i z = s;
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), m1);
+        z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), m2);
+        z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+        const __m512d u = _mm512_mul_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(z, 11)), scale);
+        const __m256 v = _mm512_cvtpd_ps(_mm512_add_pd(vlow, _mm512_mul_pd(vspan, u)));
+        _mm256_storeu_ps(w + i, _mm256_blendv_ps(v, vbelow, _mm256_cmp_ps(v, vhigh, _CMP_GE_OQ)));
+        s = _mm512_add_epi64(s, step8);
+    }
+    return i;
+}
+#endif
 
 void gr_table_init_row(const gr_table *t, uint64_t key, float *w)
 {
@@ -82,7 +121,14 @@ void gr_table_init_row(const gr_table *t, uint64_t key, float *w)
     uint64_t st = gr_hash_key(key, t->spec.seed);
     if (in->kind == GR_INIT_UNIFORM) {
         double span = (double)in->high - (double)in->low;
-        for (uint32_t i = 0; i < dim; i++) {
+        uint32_t i = 0;
+#if GR_OPT_WIDE
+        if (have_avx512dq && dim >= 8) {
+            i = uniform8(st, (double)in->low, span, in->high, nextafterf(in->high, in->low), dim, w);
+            st += (uint64_t)i * U01_STEP;
+        }
+#endif
+        for (; i < dim; i++) {
             float v = (float)((double)in->low + span * u01(&st));
             if (v >= in->high) v = nextafterf(in->high, in->low);
             w[i] = v;

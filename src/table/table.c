@@ -476,12 +476,22 @@ static void evict_one_locked(gr_table *t, gr_part *p)
 }
 
 /* Creates the row for a missing key. With init, weights and state come from the initializer;
- * without, the caller fills them. Fallible steps all run before anything is committed. */
+ * without, the caller fills them. Fallible steps all run before anything is committed. The
+ * table's row count (t->nrows) is the caller's to add, once per batch (`*created` counts
+ * here): one atomic add per batch instead of a locked instruction per new row, which waited
+ * for the new row's stores (misses, in fresh memory) to drain. */
 static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_t now, bool init,
-                      uint32_t *out)
+                      uint32_t *out, uint64_t *created)
 {
     if (p->rows >= p->row_cap) evict_one_locked(t, p);
-    if ((uint64_t)(p->rows + 1) * GR_IDX_LOAD_DEN > (uint64_t)p->cap * GR_IDX_LOAD_NUM) {
+    const bool grow = (uint64_t)(p->rows + 1) * GR_IDX_LOAD_DEN > (uint64_t)p->cap * GR_IDX_LOAD_NUM;
+    if (grow || (p->free_head == GR_NO_ROW && (p->nchunks == 0 || p->last_used == t->chunk_rows))) {
+        /* About to allocate (index or chunk), which may fail with a message that names the
+         * table's row count: the batch's rows so far are counted first. */
+        atomic_fetch_add_explicit(&t->nrows, *created, memory_order_relaxed);
+        *created = 0;
+    }
+    if (grow) {
         int rc = idx_grow(t, p);
         if (rc) return rc;
     }
@@ -507,7 +517,7 @@ static int row_create(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
     idx_put(p, ((uint64_t)s << 32) | (uint32_t)h);
     t->live[s >> 6] |= 1ull << (s & 63);
     p->rows++;
-    atomic_fetch_add_explicit(&t->nrows, 1, memory_order_relaxed);
+    (*created)++;
     *out = s;
     return GR_OK;
 }
@@ -678,6 +688,7 @@ typedef struct op_ctx {
     size_t count;        /* delete: rows removed */
     size_t nonfinite;    /* apply: rows refused by the finite policy */
     uint64_t nonfinite_key; /* the first of them */
+    uint64_t created;    /* rows created, added to t->nrows once per batch */
     uint32_t now;
     int rc;
 } op_ctx;
@@ -763,7 +774,7 @@ void gr_lookup_locked(gr_table *t, gr_part *p, uint64_t key, uint64_t h, uint32_
         if (c->create && admit(t, key, h, true)) {
             /* Row creation is a write: a seqlock write section around it. */
             gr_part_write_begin(p);
-            int rc = row_create(t, p, key, h, c->now, true, &s);
+            int rc = row_create(t, p, key, h, c->now, true, &s, &c->created);
             gr_part_write_end(p);
             if (rc == GR_OK) {
                 uint8_t *row = gr_row_ptr(t, s);
@@ -917,7 +928,7 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
                     p->rejects++;
                     ok = false;
                 } else {
-                    int rc = row_create(t, p, key, hj, c->now, true, &s);
+                    int rc = row_create(t, p, key, hj, c->now, true, &s, &c->created);
                     if (rc) {
                         if (!c->rc) c->rc = rc;
                         ok = false;
@@ -947,7 +958,7 @@ static inline __attribute__((always_inline)) void run_ops(gr_table *t, op_ctx *c
         } else if (op == OP_INSERT) {
             int rc = GR_OK;
             if (!rowp) {
-                rc = row_create(t, p, key, hj, c->now, false, &s);
+                rc = row_create(t, p, key, hj, c->now, false, &s, &c->created);
                 if (rc) {
                     if (!c->rc) c->rc = rc;
                 } else {
@@ -991,6 +1002,7 @@ static int run_batch(gr_table *t, op_ctx *c, size_t n, int op)
     case OP_INSERT: run_ops(t, c, n, OP_INSERT); break;
     case OP_DELETE: run_ops(t, c, n, OP_DELETE); break;
     }
+    if (c->created) atomic_fetch_add_explicit(&t->nrows, c->created, memory_order_relaxed);
     if (t->use_cms) gr_cms_maybe_age(&t->cms);
     return c->rc;
 }

@@ -20,7 +20,7 @@
 #define GR_IDX_LOAD_NUM 4u /* grow past 4/5 = 0.8 load */
 #define GR_IDX_LOAD_DEN 5u
 #define GR_IDX_PAGE_ALIGN 4096u /* index blocks this large are given back when retired */
-#define GR_CHUNK_TARGET 24576u  /* bytes of a chunk of rows: the smallest power-of-two row
+#define GR_CHUNK_TARGET 8192u   /* bytes of a chunk of rows: the smallest power-of-two row
                                    count (>= 64) reaching this */
 
 /* Bytes of an index block of `cap` buckets (header + entries). */
@@ -156,7 +156,8 @@ struct gr_table {
     uint64_t created_ns;
     atomic_uint pinned_clock;
     atomic_ullong mem_used; /* bytes counted against mem_limit */
-    atomic_ullong nrows;    /* live rows, for messages; stats sum the partitions */
+    atomic_ullong nrows;    /* live rows, for messages (creations are added once per batch,
+                               so it may lag a batch in flight); stats sum the partitions */
     uint64_t base_bytes;    /* fixed structures (partitions, sketch) */
     gr_cms cms;
     bool use_cms;
@@ -199,6 +200,7 @@ typedef struct gr_lookup_ctx {
     gr_hit_rng rng;
     bool create; /* create missing rows (not GR_LOOKUP_READONLY) */
     uint32_t now;
+    uint64_t created; /* rows created, added to t->nrows once per batch */
     int rc; /* the first error of the batch (a row that could not be created) */
 } gr_lookup_ctx;
 

@@ -5,6 +5,8 @@
  * as one dense tensor; embedding rows come in and their gradients go out per sparse slot. */
 #include "granary/train.h"
 #include "train/gemm.h"
+#include "train/hot_loops.h"
+#include "train/interact.h"
 #include "train/model_prep.h"
 
 #include <cblas.h>
@@ -16,11 +18,6 @@
 
 #define MAX_SPARSE 4096                      /* vectors per example a model takes, at most */
 #define MAX_LAYERS (GR_MODEL_MAX_LAYERS + 1) /* hidden layers + the output layer */
-#define IA_LANES 16 /* interaction: dots (forward) or elements (backward) summed side by side */
-/* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
- * whatever vector width the target has. */
-typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
-#define IA_GROUP 4 /* interaction backward: vectors whose gradients are summed side by side */
 
 typedef struct layer {
     uint32_t in, out;
@@ -36,6 +33,7 @@ struct gr_model {
     layer bot[MAX_LAYERS], top[MAX_LAYERS];
     uint32_t nbot, ntop;
     uint32_t top_in;
+    uint32_t ldz; /* a training step's row stride of z: top_in rounded up to 16 floats */
     size_t dense_size;
     uint32_t max_width;
 };
@@ -43,11 +41,13 @@ struct gr_model {
 struct gr_model_ws {
     size_t cap;
     float *bot_out[MAX_LAYERS], *top_out[MAX_LAYERS];
-    float *z;          /* top input: n x top_in */
+    float *z;          /* top input: n x top_in, rows ldz apart (64-byte aligned) */
+    size_t ldz;        /* z's row stride this step: m->ldz in training, top_in to predict */
     float *dz;         /* its gradient */
     float *da, *db;    /* ping-pong gradient buffers, n x max_width */
     float *dbot;       /* gradient of the bottom output, n x dim */
-    float *vt;         /* one example's vectors transposed: dim x vpad (interaction) */
+    float *vt;         /* interaction: one example's vectors transposed (interact.c) */
+    float *lanes;      /* interaction: a block of examples in lanes (interact.c), or NULL */
     float *dsym;       /* one example's dot gradients as a full nvec x nvec matrix */
     float *wt;         /* training step: each layer's W transposed (in x out), dense_size */
     float *panel;      /* training step: gemm.c's scratch (64-byte aligned) */
@@ -170,6 +170,7 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
         m->dense_size = nd + 1;
         m->max_width = 1; /* the workspace then holds the n logits */
         m->top_in = 1;
+        m->ldz = 1;
         *out = m;
         return GR_OK;
     }
@@ -185,6 +186,7 @@ int gr_model_create(const gr_model_config *c, gr_model **out)
     }
     m->nbot = c->n_bottom + 1;
     m->top_in = c->dim + m->npairs;
+    m->ldz = (m->top_in + 15) / 16 * 16;
     in = m->top_in;
     if (in > w) w = in;
     for (uint32_t i = 0; i <= c->n_top; i++) {
@@ -276,10 +278,11 @@ static void ws_free_buffers(gr_model_ws *ws)
     free(ws->db);
     free(ws->dbot);
     free(ws->vt);
+    free(ws->lanes);
     free(ws->dsym);
     free(ws->wt);
     free(ws->panel);
-    ws->z = ws->dz = ws->da = ws->db = ws->dbot = ws->vt = ws->dsym = ws->wt = ws->panel = NULL;
+    ws->z = ws->dz = ws->da = ws->db = ws->dbot = ws->vt = ws->lanes = ws->dsym = ws->wt = ws->panel = NULL;
     ws->cap = 0;
 }
 
@@ -297,23 +300,31 @@ void gr_model_ws_destroy(gr_model_ws *ws)
     free(ws);
 }
 
+/* count floats on 64-byte lines: the interaction reads and writes rows 16 floats at a time */
+static float *alloc_lines(size_t count)
+{
+    return aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64);
+}
+
 static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
 {
     if (ws->cap >= n) return GR_OK;
     ws_free_buffers(ws);
     bool ok = true;
     for (uint32_t i = 0; i < m->nbot; i++)
-        ok &= (ws->bot_out[i] = malloc(n * m->bot[i].out * sizeof(float))) != NULL;
+        ok &= (ws->bot_out[i] = alloc_lines(n * m->bot[i].out)) != NULL;
     for (uint32_t i = 0; i < m->ntop; i++)
         ok &= (ws->top_out[i] = malloc(n * m->top[i].out * sizeof(float))) != NULL;
-    ok &= (ws->z = malloc(n * m->top_in * sizeof(float))) != NULL;
+    /* z's rows start on 64-byte lines in training (ldz a multiple of 16 floats): the
+     * interaction writes them 16 floats at a time, and a store across two lines costs two. */
+    ok &= (ws->z = alloc_lines(n * m->ldz)) != NULL;
     ok &= (ws->dz = malloc(n * m->top_in * sizeof(float))) != NULL;
     ok &= (ws->da = malloc(n * m->max_width * sizeof(float))) != NULL;
     ok &= (ws->db = malloc(n * m->max_width * sizeof(float))) != NULL;
     ok &= (ws->dbot = malloc(n * m->c.dim * sizeof(float))) != NULL;
-    size_t vpad = (size_t)(m->nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
-    /* calloc: the lanes past nvec stay zero (read, never stored) */
-    ok &= (ws->vt = calloc((vpad ? vpad : 1) * m->c.dim, sizeof(float))) != NULL;
+    ok &= (ws->vt = calloc(tr_interact_vt_floats(m->nvec, m->c.dim), sizeof(float))) != NULL;
+    size_t lanes = tr_interact_lanes_floats(m->nvec, m->c.dim);
+    if (lanes) ok &= (ws->lanes = malloc(lanes * sizeof(float))) != NULL;
     ok &= (ws->dsym = malloc(((size_t)m->nvec * m->nvec + 1) * sizeof(float))) != NULL;
     /* The products' right operands have at most max(top_in, max_width, nd) columns. */
     size_t cols = m->top_in > m->max_width ? m->top_in : m->max_width;
@@ -330,19 +341,7 @@ static int ws_reserve(const gr_model *m, gr_model_ws *ws, size_t n)
 
 /* ---- shared pieces ------------------------------------------------------------------------ */
 
-/* The element-wise loops of a step get a second copy built for AVX2 (picked at load time on
- * CPUs that have it). Every loop below works on independent lanes and keeps each sum in the
- * scalar order, and the build does not contract a * b + c into one instruction (-std=c11 means
- * -ffp-contract=off), so both copies give bitwise the same results. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                          \
-    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-/* Not under the sanitizers: the copy is picked by an ifunc resolver that runs while the
- * program is being relocated, before their runtimes are up (it crashed under TSan). */
-#define GR_HOT_LOOPS __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
-#else
-#define GR_HOT_LOOPS
-#endif
-
+/* The element-wise loops of a step: one copy per instruction set (hot_loops.h). */
 GR_HOT_LOOPS static void relu_inplace(float *restrict y, size_t cnt)
 {
     for (size_t i = 0; i < cnt; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
@@ -368,32 +367,55 @@ GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy,
 /* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
  * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
 static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
-                          const float *p, size_t n, const float *x, float *y, bool train)
+                          const float *p, size_t n, const float *x, size_t ldx, float *y,
+                          bool train)
 {
     if (train) {
         /* The training step's own kernel (gemm.c) on W^T, transposed once per step. */
-        tr_gemm_nn(n, l->out, l->in, x, l->in, ws->wt + l->w, l->out, p + l->b, y, l->out,
+        tr_gemm_nn(n, l->out, l->in, x, ldx, ws->wt + l->w, l->out, p + l->b, y, l->out,
                    ws->panel);
     } else if (ws->prep && q) {
         tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
     } else {
         for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in,
-                    1.0f, x, (int)l->in, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
+                    1.0f, x, (int)ldx, p + l->w, (int)l->in, 1.0f, y, (int)l->out);
     }
     if (l->relu) relu_inplace(y, n * l->out);
+}
+
+/* Whether dW = dY^T X computes as X^T dY, transposed: gemm.c pads the product's columns to
+ * TR_GEMM_NR, so a layer with few inputs (Criteo's 13 dense features into 64: 13 columns padded
+ * to 32, against 64 in two full panels) does 2.5 times the work the other way round. Only
+ * where it saves a quarter or more. */
+static bool dw_transposed(const layer *l)
+{
+    const size_t pad_in = (l->in + TR_GEMM_NR - 1) / TR_GEMM_NR * TR_GEMM_NR;
+    const size_t pad_out = (l->out + TR_GEMM_NR - 1) / TR_GEMM_NR * TR_GEMM_NR;
+    return 4 * (size_t)l->in * pad_out <= 3 * (size_t)l->out * pad_in;
 }
 
 /* Given dY (already through the ReLU mask), writes dW and db of the layer into g and, if dx
  * is not NULL, dX = dY W masked by the ReLU of the layer below (x > 0) when mask_x. */
 static void layer_backward(const gr_model_ws *ws, const layer *l, const float *p, size_t n,
-                           const float *x, const float *dy, float *g, float *dx, bool mask_x)
+                           const float *x, size_t ldx, const float *dy, float *g, float *dx,
+                           bool mask_x)
 {
-    tr_gemm_tn(l->out, l->in, n, dy, l->out, x, l->in, g + l->w, l->in, ws->panel);
+    if (dw_transposed(l)) {
+        /* dW^T = X^T dY: each element summed over the examples in the same order, so the same
+         * bits, in fewer padded columns; then transposed into g. */
+        float *gt = ws->wt + l->w; /* W^T's place: the forward is done with it */
+        tr_gemm_tn(l->in, l->out, n, x, ldx, dy, l->out, gt, l->out, ws->panel);
+        for (uint32_t o = 0; o < l->out; o++)
+            for (uint32_t k = 0; k < l->in; k++)
+                g[l->w + (size_t)o * l->in + k] = gt[(size_t)k * l->out + o];
+    } else {
+        tr_gemm_tn(l->out, l->in, n, dy, l->out, x, ldx, g + l->w, l->in, ws->panel);
+    }
     bias_grad(g + l->b, dy, n, l->out);
     if (!dx) return;
     tr_gemm_nn(n, l->in, l->out, dy, l->out, p + l->w, l->in, NULL, dx, l->in, ws->panel);
-    if (mask_x) relu_mask(dx, x, n * l->in);
+    if (mask_x) relu_mask(dx, x, n * l->in); /* x below z: rows l->in apart */
 }
 
 /* Each layer's W (out x in) transposed into wt at the same offset: the training step's forward
@@ -447,143 +469,6 @@ static void lr_logits(const gr_model *m, const float *p, size_t n, const float *
 
 /* ---- DLRM ---------------------------------------------------------------------------------- */
 
-/* Vector v of one example: its bottom output bi (v = 0) or its slot v - 1's row in ei (the
- * example's first slot). The callers hoist bi and ei per example: with any number of slots
- * the index arithmetic would otherwise cost ~3 % of a step. */
-static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, uint32_t d)
-{
-    return v == 0 ? bi : ei + (size_t)(v - 1) * d;
-}
-
-/* The interaction: z = [bot, <va, vb> for a > b] per example. The example's vectors are first
- * transposed into vt (d x vpad, lanes past nvec zero), so the dots of va with IA_LANES vectors
- * vb are one vector multiply-add per element t: no horizontal sums, and each dot is still
- * summed over t in order, as the scalar loop did (bitwise the same dots). */
-static inline __attribute__((always_inline)) void
-interact_forward(float *restrict zs, uint32_t top_in, const float *restrict bot,
-                 const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
-                 float *restrict vt)
-{
-    const size_t vpad = (size_t)(nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
-    for (size_t i = 0; i < n; i++) {
-        float *z = zs + i * top_in;
-        const float *bi = bot + i * d, *ei = emb + i * ns * d;
-        memcpy(z, bi, d * sizeof *z);
-        for (uint32_t v = 0; v < nvec; v++) {
-            const float *x = vec_at(bi, ei, v, d);
-            for (uint32_t t = 0; t < d; t++) vt[t * vpad + v] = x[t];
-        }
-        float *dots = z + d;
-        uint32_t k = 0;
-        for (uint32_t a = 1; a < nvec; a++) {
-            const float *va = vec_at(bi, ei, a, d);
-            for (uint32_t b0 = 0; b0 < a; b0 += IA_LANES) {
-                ia_vec acc = {0}, col;
-                for (uint32_t t = 0; t < d; t++) {
-                    memcpy(&col, vt + t * vpad + b0, sizeof col);
-                    acc += va[t] * col;
-                }
-                float out[IA_LANES];
-                memcpy(out, &acc, sizeof out);
-                uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
-                for (uint32_t l = 0; l < m; l++) dots[k++] = out[l];
-            }
-        }
-    }
-}
-
-/* Its backward: the gradient of every slot's row (gemb) and of the bottom output (dbot) from
- * dz. Vector c's gradient is its start (dz's bottom part for c = 0, else 0) plus
- * sum over j != c, in order of j, of ddot(c, j) v_j: the order in which the pair loop
- * (a > b: g_a += ddot v_b, g_b += ddot v_a) added them, so the same gradients, but summed
- * IA_LANES elements at a time in registers rather than read and written per pair. The loop
- * over j has no branch: the diagonal of dsym is 0, and adding 0 * v_j changes nothing (but
- * the sign of a zero). */
-static inline __attribute__((always_inline)) void
-interact_backward(const float *restrict dzs, uint32_t top_in, const float *restrict bot,
-                  const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
-                  float *restrict dbots, float *restrict gemb, float *restrict dsym)
-{
-    for (uint32_t c = 0; c < nvec; c++) dsym[c * nvec + c] = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        const float *dz = dzs + i * top_in, *ddots = dz + d;
-        const float *bi = bot + i * d, *ei = emb + i * ns * d;
-        float *gi = gemb + i * ns * d;
-        uint32_t k = 0;
-        for (uint32_t a = 1; a < nvec; a++)
-            for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
-        uint32_t c = 0;
-        /* Four vectors' gradients at a time: four independent chains of adds over j where one
-         * chain waited on each add's latency (the loop was latency-bound); each chain keeps
-         * its order, so the same bits. */
-        for (; c + IA_GROUP <= nvec && d % IA_LANES == 0; c += IA_GROUP) {
-            const float *rows = dsym + (size_t)c * nvec;
-            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
-                ia_vec acc[IA_GROUP] = {{0}}, v;
-                if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
-                memcpy(&v, bi + t0, sizeof v);
-                for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec] * v;
-                const float *vj = ei + t0;
-                for (uint32_t j = 1; j < nvec; j++, vj += d) {
-                    memcpy(&v, vj, sizeof v);
-                    for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec + j] * v;
-                }
-                for (uint32_t q = 0; q < IA_GROUP; q++) {
-                    float *gc = c + q == 0 ? dbots + i * d : gi + (size_t)(c + q - 1) * d;
-                    memcpy(gc + t0, &acc[q], sizeof acc[q]);
-                }
-            }
-        }
-        for (; c < nvec; c++) {
-            float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
-            const float *row = dsym + (size_t)c * nvec;
-            uint32_t t0 = 0;
-            for (; t0 + IA_LANES <= d; t0 += IA_LANES) {
-                ia_vec acc = {0}, v;
-                if (c == 0) memcpy(&acc, dz + t0, sizeof acc);
-                memcpy(&v, bi + t0, sizeof v);
-                acc += row[0] * v;
-                const float *vj = ei + t0;
-                for (uint32_t j = 1; j < nvec; j++, vj += d) {
-                    memcpy(&v, vj, sizeof v);
-                    acc += row[j] * v;
-                }
-                memcpy(gc + t0, &acc, sizeof acc);
-            }
-            for (uint32_t t = t0; t < d; t++) {
-                float s = c == 0 ? dz[t] : 0.0f;
-                s += row[0] * bi[t];
-                for (uint32_t j = 1; j < nvec; j++) s += row[j] * ei[(size_t)(j - 1) * d + t];
-                gc[t] = s;
-            }
-        }
-    }
-}
-
-/* Criteo's 27 vectors get their own copy of each, with the count known to the compiler, as
- * before models took any number of columns. */
-GR_HOT_LOOPS static void interact_forward_any(float *zs, uint32_t top_in, const float *bot,
-                                              const float *emb, size_t n, uint32_t d, uint32_t ns,
-                                              uint32_t nvec, float *vt)
-{
-    if (nvec == GR_CRITEO_SPARSE + 1)
-        interact_forward(zs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1, vt);
-    else
-        interact_forward(zs, top_in, bot, emb, n, d, ns, nvec, vt);
-}
-
-GR_HOT_LOOPS static void interact_backward_any(const float *dzs, uint32_t top_in,
-                                               const float *bot, const float *emb, size_t n,
-                                               uint32_t d, uint32_t ns, uint32_t nvec,
-                                               float *dbots, float *gemb, float *dsym)
-{
-    if (nvec == GR_CRITEO_SPARSE + 1)
-        interact_backward(dzs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1,
-                          dbots, gemb, dsym);
-    else
-        interact_backward(dzs, top_in, bot, emb, n, d, ns, nvec, dbots, gemb, dsym);
-}
-
 /* Forward to the logits (ws->top_out[ntop-1], n x 1). */
 static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, size_t n,
                          const float *dense, const float *emb, bool train)
@@ -592,14 +477,16 @@ static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, siz
     const gr_model_prepared *pr = ws->prep;
     for (uint32_t l = 0; l < m->nbot; l++) {
         layer_forward(ws, pr ? pr->bot_q[l] : 0, pr ? pr->bot_u[l] : 0, &m->bot[l], p, n, x,
-                      ws->bot_out[l], train);
+                      m->bot[l].in, ws->bot_out[l], train);
         x = ws->bot_out[l];
     }
-    interact_forward_any(ws->z, m->top_in, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt);
+    ws->ldz = train ? m->ldz : m->top_in; /* predictions: sgemm's bits as they always were */
+    tr_interact_forward(ws->z, (uint32_t)ws->ldz, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt,
+                        ws->lanes);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
         layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
-                      ws->top_out[l], train);
+                      l ? m->top[l].in : ws->ldz, ws->top_out[l], train);
         x = ws->top_out[l];
     }
 }
@@ -613,7 +500,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     for (int l = (int)m->ntop - 1; l >= 0; l--) {
         const float *x = l ? ws->top_out[l - 1] : ws->z;
         float *target = l ? dx : ws->dz;
-        layer_backward(ws, &m->top[l], p, n, x, dy, g, target, l > 0);
+        layer_backward(ws, &m->top[l], p, n, x, l ? m->top[l].in : ws->ldz, dy, g, target, l > 0);
         if (l) {
             float *t = dy;
             dy = dx;
@@ -622,7 +509,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     }
     /* Interaction: z = [bot, dots(a > b)]. */
     const float *bot = ws->bot_out[m->nbot - 1];
-    interact_backward_any(ws->dz, m->top_in, bot, emb, n, d, m->ns, m->nvec, ws->dbot, gemb,
+    tr_interact_backward(ws->dz, m->top_in, bot, emb, n, d, m->ns, m->nvec, ws->dbot, gemb,
                           ws->dsym);
     /* Bottom MLP: its output went through a ReLU. */
     dy = ws->da;
@@ -631,7 +518,7 @@ static void dlrm_backward(const gr_model *m, gr_model_ws *ws, const float *p, si
     relu_mask(dy, bot, n * d);
     for (int l = (int)m->nbot - 1; l >= 0; l--) {
         const float *x = l ? ws->bot_out[l - 1] : dense;
-        layer_backward(ws, &m->bot[l], p, n, x, dy, g, l ? dx : NULL, true);
+        layer_backward(ws, &m->bot[l], p, n, x, m->bot[l].in, dy, g, l ? dx : NULL, true);
         float *t = dy;
         dy = dx;
         dx = t;

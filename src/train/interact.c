@@ -1,0 +1,331 @@
+/* DLRM's pairwise dot interaction over a batch (model.c's training step and predictions).
+ *
+ * Forward: IA_LANES examples at a time with one example per lane. Their vectors are transposed
+ * into lanes (16 x 16 blocks by shuffles when d is a multiple of 16), then every dot of the
+ * block is a chain of lane-wise multiplies and adds over t, 4 x 4 pairs at a time so that 16
+ * independent chains hide the add's latency and each loaded vector serves four; the dots come
+ * back out of the lanes by the same transposition. Each dot is still summed over t in order
+ * from 0, as the one-example loop does, so both give the same bits and may be mixed within a
+ * batch. Backward: one example at a time, IA_LANES elements of a gradient side by side. */
+#include "train/interact.h"
+#include "granary/train.h"
+#include "train/hot_loops.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#define IA_LANES 16 /* dots (forward) or elements (backward) summed side by side */
+/* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
+ * whatever vector width the target has. */
+typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
+typedef int ia_idx __attribute__((vector_size(IA_LANES * sizeof(int))));
+#define IA_GROUP 4 /* backward: vectors whose gradients are summed side by side */
+#define IA_TILE 4  /* forward in lanes: a tile of IA_TILE x IA_TILE pairs (a, b) per pass over t */
+/* The lanes' scratch (IA_LANES examples' vectors and their dots) is used up to these sizes;
+ * larger shapes take the one-example path (same bits). */
+#define IA_LANES_MAX_VALUES 16384 /* nvec * d */
+#define IA_LANES_MAX_PAIRS 8192
+
+size_t tr_interact_vt_floats(uint32_t nvec, uint32_t d)
+{
+    size_t vpad = (size_t)(nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
+    return (vpad ? vpad : 1) * (d ? d : 1);
+}
+
+static bool lanes_fit(uint32_t nvec, uint32_t d)
+{
+    size_t npairs = (size_t)nvec * (nvec - 1) / 2;
+    return nvec >= 2 && (size_t)nvec * d <= IA_LANES_MAX_VALUES && npairs <= IA_LANES_MAX_PAIRS;
+}
+
+size_t tr_interact_lanes_floats(uint32_t nvec, uint32_t d)
+{
+    if (!lanes_fit(nvec, d)) return 0;
+    size_t npairs = (size_t)nvec * (nvec - 1) / 2;
+    return ((size_t)nvec * d + npairs) * IA_LANES; /* xt, then the block's dots */
+}
+
+/* Vector v of one example: its bottom output bi (v = 0) or its slot v - 1's row in ei (the
+ * example's first slot). The callers hoist bi and ei per example: with any number of slots
+ * the index arithmetic would otherwise cost ~3 % of a step. */
+static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, uint32_t d)
+{
+    return v == 0 ? bi : ei + (size_t)(v - 1) * d;
+}
+
+/* The interaction one example at a time (a batch's last n % IA_LANES examples, and shapes too
+ * large for the lanes' scratch): z = [bot, <va, vb> for a > b]. The example's vectors are first
+ * transposed into vt (d x vpad, lanes past nvec zero), so the dots of va with IA_LANES vectors
+ * vb are one vector multiply-add per element t: no horizontal sums, and each dot is still
+ * summed over t in order, as the scalar loop did (bitwise the same dots). */
+static inline __attribute__((always_inline)) void
+interact_forward_one(float *restrict zs, uint32_t top_in, const float *restrict bot,
+                 const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
+                 float *restrict vt)
+{
+    const size_t vpad = (size_t)(nvec + IA_LANES - 1) / IA_LANES * IA_LANES;
+    for (size_t i = 0; i < n; i++) {
+        float *z = zs + i * top_in;
+        const float *bi = bot + i * d, *ei = emb + i * ns * d;
+        memcpy(z, bi, d * sizeof *z);
+        for (uint32_t v = 0; v < nvec; v++) {
+            const float *x = vec_at(bi, ei, v, d);
+            for (uint32_t t = 0; t < d; t++) vt[t * vpad + v] = x[t];
+        }
+        float *dots = z + d;
+        uint32_t k = 0;
+        for (uint32_t a = 1; a < nvec; a++) {
+            const float *va = vec_at(bi, ei, a, d);
+            for (uint32_t b0 = 0; b0 < a; b0 += IA_LANES) {
+                ia_vec acc = {0}, col;
+                for (uint32_t t = 0; t < d; t++) {
+                    memcpy(&col, vt + t * vpad + b0, sizeof col);
+                    acc += va[t] * col;
+                }
+                float out[IA_LANES];
+                memcpy(out, &acc, sizeof out);
+                uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
+                for (uint32_t l = 0; l < m; l++) dots[k++] = out[l];
+            }
+        }
+    }
+}
+
+/* Its backward: the gradient of every slot's row (gemb) and of the bottom output (dbot) from
+ * dz. Vector c's gradient is its start (dz's bottom part for c = 0, else 0) plus
+ * sum over j != c, in order of j, of ddot(c, j) v_j: the order in which the pair loop
+ * (a > b: g_a += ddot v_b, g_b += ddot v_a) added them, so the same gradients, but summed
+ * IA_LANES elements at a time in registers rather than read and written per pair. The loop
+ * over j has no branch: the diagonal of dsym is 0, and adding 0 * v_j changes nothing (but
+ * the sign of a zero). */
+static inline __attribute__((always_inline)) void
+interact_backward(const float *restrict dzs, uint32_t top_in, const float *restrict bot,
+                  const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
+                  float *restrict dbots, float *restrict gemb, float *restrict dsym)
+{
+    for (uint32_t c = 0; c < nvec; c++) dsym[c * nvec + c] = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float *dz = dzs + i * top_in, *ddots = dz + d;
+        const float *bi = bot + i * d, *ei = emb + i * ns * d;
+        float *gi = gemb + i * ns * d;
+        uint32_t k = 0;
+        for (uint32_t a = 1; a < nvec; a++)
+            for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
+        uint32_t c = 0;
+        /* Four vectors' gradients at a time: four independent chains of adds over j where one
+         * chain waited on each add's latency (the loop was latency-bound); each chain keeps
+         * its order, so the same bits. */
+        for (; c + IA_GROUP <= nvec && d % IA_LANES == 0; c += IA_GROUP) {
+            const float *rows = dsym + (size_t)c * nvec;
+            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
+                ia_vec acc[IA_GROUP] = {{0}}, v;
+                if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
+                memcpy(&v, bi + t0, sizeof v);
+                for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec] * v;
+                const float *vj = ei + t0;
+                for (uint32_t j = 1; j < nvec; j++, vj += d) {
+                    memcpy(&v, vj, sizeof v);
+                    for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec + j] * v;
+                }
+                for (uint32_t q = 0; q < IA_GROUP; q++) {
+                    float *gc = c + q == 0 ? dbots + i * d : gi + (size_t)(c + q - 1) * d;
+                    memcpy(gc + t0, &acc[q], sizeof acc[q]);
+                }
+            }
+        }
+        for (; c < nvec; c++) {
+            float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
+            const float *row = dsym + (size_t)c * nvec;
+            uint32_t t0 = 0;
+            for (; t0 + IA_LANES <= d; t0 += IA_LANES) {
+                ia_vec acc = {0}, v;
+                if (c == 0) memcpy(&acc, dz + t0, sizeof acc);
+                memcpy(&v, bi + t0, sizeof v);
+                acc += row[0] * v;
+                const float *vj = ei + t0;
+                for (uint32_t j = 1; j < nvec; j++, vj += d) {
+                    memcpy(&v, vj, sizeof v);
+                    acc += row[j] * v;
+                }
+                memcpy(gc + t0, &acc, sizeof acc);
+            }
+            for (uint32_t t = t0; t < d; t++) {
+                float s = c == 0 ? dz[t] : 0.0f;
+                s += row[0] * bi[t];
+                for (uint32_t j = 1; j < nvec; j++) s += row[j] * ei[(size_t)(j - 1) * d + t];
+                gc[t] = s;
+            }
+        }
+    }
+}
+
+
+/* r[i][j] becomes r[j][i]: four rounds that each swap the off-diagonal blocks of size h
+ * (8, 4, 2, 1) between rows i and i + h. */
+static inline __attribute__((always_inline)) void transpose16(ia_vec r[IA_LANES])
+{
+#define IA_ROUND(h, lo_mask, hi_mask)                                                          \
+    do {                                                                                       \
+        const ia_idx lo = lo_mask, hi = hi_mask;                                               \
+        for (int i = 0; i < IA_LANES; i++) {                                                   \
+            if (i & (h)) continue;                                                             \
+            ia_vec x = r[i], y = r[i + (h)];                                                   \
+            r[i] = __builtin_shuffle(x, y, lo);                                                \
+            r[i + (h)] = __builtin_shuffle(x, y, hi);                                          \
+        }                                                                                      \
+    } while (0)
+    IA_ROUND(8, ((ia_idx){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+             ((ia_idx){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+    IA_ROUND(4, ((ia_idx){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+             ((ia_idx){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}));
+    IA_ROUND(2, ((ia_idx){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+             ((ia_idx){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}));
+    IA_ROUND(1, ((ia_idx){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+             ((ia_idx){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}));
+#undef IA_ROUND
+}
+
+/* Examples i0 .. i0 + IA_LANES - 1's vectors into lanes: xt[(v * d + t) * IA_LANES + l] is
+ * element t of example i0 + l's vector v. */
+static inline __attribute__((always_inline)) void
+lanes_load(float *restrict xt, const float *restrict bot, const float *restrict emb, size_t i0,
+           uint32_t d, uint32_t ns, uint32_t nvec)
+{
+    for (uint32_t v = 0; v < nvec; v++) {
+        const float *src[IA_LANES];
+        for (uint32_t l = 0; l < IA_LANES; l++)
+            src[l] = v == 0 ? bot + (i0 + l) * d : emb + ((i0 + l) * ns + v - 1) * d;
+        float *dst = xt + (size_t)v * d * IA_LANES;
+        uint32_t t0 = 0;
+        for (; t0 + IA_LANES <= d; t0 += IA_LANES) {
+            ia_vec r[IA_LANES];
+            for (uint32_t l = 0; l < IA_LANES; l++) memcpy(&r[l], src[l] + t0, sizeof r[l]);
+            transpose16(r);
+            for (uint32_t t = 0; t < IA_LANES; t++)
+                memcpy(dst + (t0 + t) * IA_LANES, &r[t], sizeof r[t]);
+        }
+        for (uint32_t t = t0; t < d; t++)
+            for (uint32_t l = 0; l < IA_LANES; l++) dst[t * IA_LANES + l] = src[l][t];
+    }
+}
+
+/* The dots of the block's pairs, dot k (a-major order, a > b) at out + k * stride. Tiles of
+ * IA_TILE a's x IA_TILE b's cover the triangle; the pairs of a tile with b >= a (or past the
+ * last vector, whose rows are read clamped) are computed and dropped. */
+static inline __attribute__((always_inline)) void
+lanes_dots(float *restrict out, size_t stride, const float *restrict xt, uint32_t d,
+           uint32_t nvec)
+{
+    const size_t vs = (size_t)d * IA_LANES; /* floats per vector in xt */
+    for (uint32_t a0 = 1; a0 < nvec; a0 += IA_TILE) {
+        const float *xa[IA_TILE];
+        for (uint32_t p = 0; p < IA_TILE; p++)
+            xa[p] = xt + (a0 + p < nvec ? a0 + p : nvec - 1) * vs;
+        for (uint32_t b0 = 0; b0 < a0 + IA_TILE - 1 && b0 < nvec - 1; b0 += IA_TILE) {
+            const float *xb[IA_TILE];
+            for (uint32_t q = 0; q < IA_TILE; q++)
+                xb[q] = xt + (b0 + q < nvec ? b0 + q : nvec - 1) * vs;
+            ia_vec acc[IA_TILE][IA_TILE] = {{{0}}};
+            for (uint32_t t = 0; t < d; t++) {
+                ia_vec va[IA_TILE], vb[IA_TILE];
+                for (uint32_t p = 0; p < IA_TILE; p++)
+                    memcpy(&va[p], xa[p] + t * IA_LANES, sizeof va[p]);
+                for (uint32_t q = 0; q < IA_TILE; q++)
+                    memcpy(&vb[q], xb[q] + t * IA_LANES, sizeof vb[q]);
+                for (uint32_t p = 0; p < IA_TILE; p++)
+                    for (uint32_t q = 0; q < IA_TILE; q++) acc[p][q] += va[p] * vb[q];
+            }
+            for (uint32_t p = 0; p < IA_TILE; p++) {
+                const uint32_t a = a0 + p;
+                for (uint32_t q = 0; q < IA_TILE; q++) {
+                    const uint32_t b = b0 + q;
+                    if (a < nvec && b < a)
+                        memcpy(out + ((size_t)a * (a - 1) / 2 + b) * stride, &acc[p][q],
+                               sizeof acc[p][q]);
+                }
+            }
+        }
+    }
+}
+
+/* The block's rows of z: the bottom output, then the dots out of the lanes. */
+static inline __attribute__((always_inline)) void
+lanes_store(float *restrict zs, uint32_t top_in, const float *restrict bot,
+            const float *restrict dk, size_t i0, uint32_t d, uint32_t npairs)
+{
+    for (uint32_t l = 0; l < IA_LANES; l++)
+        memcpy(zs + (i0 + l) * top_in, bot + (i0 + l) * d, d * sizeof *zs);
+    uint32_t k0 = 0;
+    for (; k0 + IA_LANES <= npairs; k0 += IA_LANES) {
+        ia_vec r[IA_LANES];
+        for (uint32_t j = 0; j < IA_LANES; j++)
+            memcpy(&r[j], dk + (size_t)(k0 + j) * IA_LANES, sizeof r[j]);
+        transpose16(r);
+        for (uint32_t l = 0; l < IA_LANES; l++)
+            memcpy(zs + (i0 + l) * top_in + d + k0, &r[l], sizeof r[l]);
+    }
+    for (uint32_t l = 0; l < IA_LANES; l++) {
+        float *z = zs + (i0 + l) * top_in + d;
+        for (uint32_t k = k0; k < npairs; k++) z[k] = dk[(size_t)k * IA_LANES + l];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+interact_forward(float *restrict zs, uint32_t top_in, const float *restrict bot,
+                 const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
+                 float *restrict vt, float *restrict lanes)
+{
+    size_t i0 = 0;
+    if (lanes && lanes_fit(nvec, d)) {
+        const uint32_t npairs = nvec * (nvec - 1) / 2;
+        float *xt = lanes, *dk = lanes + (size_t)nvec * d * IA_LANES;
+        for (; i0 + IA_LANES <= n; i0 += IA_LANES) {
+            lanes_load(xt, bot, emb, i0, d, ns, nvec);
+            lanes_dots(dk, IA_LANES, xt, d, nvec);
+            lanes_store(zs, top_in, bot, dk, i0, d, npairs);
+        }
+    }
+    if (i0 < n) /* the last n % IA_LANES examples */
+        interact_forward_one(zs + i0 * top_in, top_in, bot + i0 * d, emb + i0 * ns * d, n - i0,
+                             d, ns, nvec, vt);
+}
+
+/* Criteo's 27 vectors get their own copy of each, with the count known to the compiler, as
+ * before models took any number of columns. */
+GR_HOT_LOOPS static void interact_forward_any(float *zs, uint32_t top_in, const float *bot,
+                                              const float *emb, size_t n, uint32_t d, uint32_t ns,
+                                              uint32_t nvec, float *vt, float *lanes)
+{
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_forward(zs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1,
+                         vt, lanes);
+    else
+        interact_forward(zs, top_in, bot, emb, n, d, ns, nvec, vt, lanes);
+}
+
+GR_HOT_LOOPS static void interact_backward_any(const float *dzs, uint32_t top_in,
+                                               const float *bot, const float *emb, size_t n,
+                                               uint32_t d, uint32_t ns, uint32_t nvec,
+                                               float *dbots, float *gemb, float *dsym)
+{
+    if (nvec == GR_CRITEO_SPARSE + 1)
+        interact_backward(dzs, top_in, bot, emb, n, d, GR_CRITEO_SPARSE, GR_CRITEO_SPARSE + 1,
+                          dbots, gemb, dsym);
+    else
+        interact_backward(dzs, top_in, bot, emb, n, d, ns, nvec, dbots, gemb, dsym);
+}
+
+
+void tr_interact_forward(float *zs, uint32_t top_in, const float *bot, const float *emb,
+                         size_t n, uint32_t d, uint32_t ns, uint32_t nvec, float *vt,
+                         float *lanes)
+{
+    interact_forward_any(zs, top_in, bot, emb, n, d, ns, nvec, vt, lanes);
+}
+
+void tr_interact_backward(const float *dzs, uint32_t top_in, const float *bot, const float *emb,
+                          size_t n, uint32_t d, uint32_t ns, uint32_t nvec, float *dbots,
+                          float *gemb, float *dsym)
+{
+    interact_backward_any(dzs, top_in, bot, emb, n, d, ns, nvec, dbots, gemb, dsym);
+}
