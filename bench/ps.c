@@ -218,6 +218,7 @@ static double loopback_bytes_per_sec(uint64_t total)
     pid_t pid = fork();
     if (pid == 0) {
         int fd = gr_bench_tcp_connect(port);
+        if (fd >= 0) gr_sock_unpaced_loopback(fd); /* as the client's and shards' sockets */
         size_t chunk = 1 << 20;
         char *buf = calloc(1, chunk);
         uint64_t sent = 0;
@@ -230,6 +231,7 @@ static double loopback_bytes_per_sec(uint64_t total)
     }
     int fd = accept(lfd, NULL, NULL);
     close(lfd);
+    if (fd >= 0) gr_sock_unpaced_loopback(fd);
     size_t chunk = 1 << 20;
     char *buf = malloc(chunk);
     uint64_t got = 0;
@@ -301,6 +303,9 @@ static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bo
 {
     int fd = gr_bench_tcp_connect(port);
     if (fd < 0) return NAN;
+    /* Our end of the Redis connection gets what granary's sockets get (redis-server's own end
+     * keeps the host's congestion control: it cannot be set from here). */
+    gr_sock_unpaced_loopback(fd);
     gr_redis_conn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
     cmdbuf cb = {NULL, 0, 0};
     char value[DIM * 4];

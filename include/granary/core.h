@@ -65,6 +65,11 @@ GR_API void gr_log(gr_log_level level, const char *fmt, ...) __attribute__((form
 #define GR_LOGI(...) gr_log(GR_LOG_INFO, __VA_ARGS__)
 #define GR_LOGD(...) gr_log(GR_LOG_DEBUG, __VA_ARGS__)
 
+/* Sockets. On a TCP connection to a loopback peer, picks a congestion control that does not
+ * pace (cubic, else reno): pacing only costs where there is no link. Returns whether it did;
+ * other peers (and Unix sockets) are left as they are. */
+GR_API bool gr_sock_unpaced_loopback(int fd);
+
 /* Time. */
 GR_API uint64_t gr_now_ns(void);   /* monotonic clock */
 GR_API uint64_t gr_thread_cpu_ns(void); /* CPU time of the calling thread (a syscall: ~0.3 us) */

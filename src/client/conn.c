@@ -233,6 +233,7 @@ static int connect_fd(cl_conn *k, uint64_t deadline, int *out)
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
             setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+            gr_sock_unpaced_loopback(fd); /* core.h: no pacing on loopback */
             freeaddrinfo(res);
             *out = fd;
             return GR_OK;

@@ -751,6 +751,7 @@ static void tune_socket(int fd, bool tcp)
     if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    gr_sock_unpaced_loopback(fd); /* core.h: no pacing on loopback */
 }
 
 static void reject(srv_net *n, int fd, int rc, const char *msg)
