@@ -299,13 +299,15 @@ static void cb_bulk(cmdbuf *c, const void *p, size_t n)
 
 /* Runs MGET (set = false) or MSET (set = true) over every id of nb batches, 1024 keys per
  * command, 16 commands in flight; returns rows/s (ids, duplicates included). */
-static double redis_run(uint16_t port, uint64_t *const *batches, unsigned nb, bool set)
+static double redis_run(const child *redis, bool over_unix, uint64_t *const *batches, unsigned nb,
+                        bool set)
 {
-    int fd = gr_bench_tcp_connect(port);
+    int fd = over_unix ? gr_redis_unix_connect(redis->pid) : gr_bench_tcp_connect(redis->port);
     if (fd < 0) return NAN;
-    /* Our end of the Redis connection gets what granary's sockets get (redis-server's own end
-     * keeps the host's congestion control: it cannot be set from here). */
-    gr_sock_unpaced_loopback(fd);
+    /* Our end of the TCP connection gets what granary's sockets get (redis-server's own end
+     * keeps the host's congestion control: it cannot be set from here, which is why the Unix
+     * socket is measured too). */
+    if (!over_unix) gr_sock_unpaced_loopback(fd);
     gr_redis_conn r = {fd, malloc(1 << 22), 0, 0, 1 << 22};
     cmdbuf cb = {NULL, 0, 0};
     char value[DIM * 4];
@@ -532,6 +534,7 @@ int gr_bench_ps(int argc, char **argv)
     uint64_t **ubatches = calloc(o.batches, sizeof *ubatches);
     uint32_t **ununiq = calloc(o.batches, sizeof *ununiq);
     double mget = NAN, mset = NAN, loop = NAN;
+    double mget_tcp = NAN, mget_unix = NAN, mset_tcp = NAN, mset_unix = NAN;
     for (unsigned i = 0; i < SHARDS; i++)
         if (start_shard(&shards[i], i, o.threads)) {
             fprintf(stderr, "bench ps: cannot start shard %u\n", i);
@@ -632,10 +635,18 @@ measured:
     if (o.no_baselines) {
         fprintf(stderr, "bench ps: baselines skipped (--no-baselines)\n");
     } else if (start_redis(&redis) == 0) {
-        fprintf(stderr, "bench ps: redis MSET then MGET\n");
+        /* Over loopback TCP, granary's transport here: the baseline. And over Redis's Unix
+         * socket, which has no congestion control: on this host redis-server's end of a TCP
+         * connection paces with BBR, which granary's loopback sockets turn off and
+         * redis-server cannot; the Unix figures show what that costs Redis. */
+        fprintf(stderr, "bench ps: redis MSET then MGET, over TCP then over a Unix socket\n");
         unsigned nb = o.redis_batches < o.batches ? o.redis_batches : o.batches;
-        mset = redis_run(redis.port, batches, nb, true);
-        mget = redis_run(redis.port, batches, nb, false);
+        mset_tcp = redis_run(&redis, false, batches, nb, true);
+        mget_tcp = redis_run(&redis, false, batches, nb, false);
+        mset_unix = redis_run(&redis, true, batches, nb, true);
+        mget_unix = redis_run(&redis, true, batches, nb, false);
+        mset = mset_tcp;
+        mget = mget_tcp;
         stop_child(&redis);
     } else {
         fprintf(stderr, "bench ps: redis-server not available; Redis baselines skipped\n");
@@ -692,6 +703,8 @@ measured:
            pull.rows_per_sec / mget);
     printf("  redis MSET (256-byte values) %9.2f M rows/s   -> push is %.1fx\n", mset / 1e6,
            push.rows_per_sec / mset);
+    printf("    (over Redis's Unix socket instead: MGET %.2f, MSET %.2f M rows/s; TCP %.2f / %.2f)\n",
+           mget_unix / 1e6, mset_unix / 1e6, mget_tcp / 1e6, mset_tcp / 1e6);
     printf("  raw loopback TCP             %9.2f GB/s       -> pull rows are %.2fx of it\n",
            loop / 1e9, pull_bytes / loop);
     if (o.json) {
@@ -727,6 +740,9 @@ measured:
             printf("\"redis_mget_rows_per_sec\":%.0f,\"redis_mset_rows_per_sec\":%.0f,", mget, mset);
         else
             printf("\"redis_mget_rows_per_sec\":null,\"redis_mset_rows_per_sec\":null,");
+        printf("\"redis_mget_tcp_rows_per_sec\":%.0f,\"redis_mget_unix_rows_per_sec\":%.0f,"
+               "\"redis_mset_tcp_rows_per_sec\":%.0f,\"redis_mset_unix_rows_per_sec\":%.0f,",
+               JNUM(mget_tcp), JNUM(mget_unix), JNUM(mset_tcp), JNUM(mset_unix));
         printf("\"loopback_bytes_per_sec\":%.0f}\n", JNUM(loop));
 #undef JNUM
     }

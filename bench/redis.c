@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +91,24 @@ static uint16_t free_port(void)
     return port;
 }
 
+void gr_redis_unix_path(pid_t pid, char *out, size_t cap)
+{
+    snprintf(out, cap, "/tmp/granary-redis-%d.sock", (int)pid);
+}
+
+int gr_redis_unix_connect(pid_t pid)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    gr_redis_unix_path(pid, a.sun_path, sizeof a.sun_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 pid_t gr_redis_start(uint16_t *port_out)
 {
     /* The port can be taken between the probe and redis-server's bind: a few attempts. */
@@ -104,8 +123,11 @@ pid_t gr_redis_start(uint16_t *port_out)
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent) _exit(127);
             if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(127);
+            char unix_path[108];
+            gr_redis_unix_path(getpid(), unix_path, sizeof unix_path);
             execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save",
-                   "", "--appendonly", "no", "--protected-mode", "no", (char *)NULL);
+                   "", "--appendonly", "no", "--protected-mode", "no", "--unixsocket", unix_path,
+                   "--unixsocketperm", "700", (char *)NULL);
             _exit(127);
         }
         for (int i = 0; i < 300; i++) {
@@ -134,4 +156,7 @@ void gr_redis_stop(pid_t pid)
     if (pid <= 0) return;
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+    char unix_path[108];
+    gr_redis_unix_path(pid, unix_path, sizeof unix_path);
+    unlink(unix_path); /* redis-server removes it on SIGTERM; not when it was killed */
 }

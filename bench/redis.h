@@ -29,6 +29,11 @@ int gr_redis_send(int fd, const void *p, size_t n);
 /* Starts redis-server (no persistence, killed with this process) on a free loopback port and
  * waits until it answers PING: its pid and *port, or -1 when it cannot be started. */
 pid_t gr_redis_start(uint16_t *port);
+/* The redis-server also listens on a Unix socket (no TCP stack, no congestion control: the
+ * transport that serves Redis best on one machine); its path, and a connection to it (-1 when
+ * it cannot connect). */
+void gr_redis_unix_path(pid_t pid, char *out, size_t cap);
+int gr_redis_unix_connect(pid_t pid);
 /* SIGTERM, then waits for it. pid <= 0 is a no-op. */
 void gr_redis_stop(pid_t pid);
 
