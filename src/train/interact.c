@@ -18,7 +18,6 @@
 /* IA_LANES floats as one value (GCC/clang vector extension): lane-wise arithmetic, lowered to
  * whatever vector width the target has. */
 typedef float ia_vec __attribute__((vector_size(IA_LANES * sizeof(float))));
-typedef int ia_idx __attribute__((vector_size(IA_LANES * sizeof(int))));
 #define IA_GROUP 4 /* backward: vectors whose gradients are summed side by side */
 #define IA_TILE 4  /* forward in lanes: a tile of IA_TILE x IA_TILE pairs (a, b) per pass over t */
 /* The lanes' scratch (IA_LANES examples' vectors and their dots) is used up to these sizes;
@@ -164,25 +163,30 @@ interact_backward(const float *restrict dzs, uint32_t top_in, const float *restr
  * (8, 4, 2, 1) between rows i and i + h. */
 static inline __attribute__((always_inline)) void transpose16(ia_vec r[IA_LANES])
 {
-#define IA_ROUND(h, lo_mask, hi_mask)                                                          \
+/* __builtin_shufflevector (clang, and GCC since 12) takes its lane indices as constant
+ * arguments: each round's two index lists come parenthesised and are unwrapped here. */
+#define IA_UNPAREN(...) __VA_ARGS__
+#define IA_SHUF(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#define IA_ROUND(h, LO, HI)                                                                    \
     do {                                                                                       \
-        const ia_idx lo = lo_mask, hi = hi_mask;                                               \
         for (int i = 0; i < IA_LANES; i++) {                                                   \
             if (i & (h)) continue;                                                             \
             ia_vec x = r[i], y = r[i + (h)];                                                   \
-            r[i] = __builtin_shuffle(x, y, lo);                                                \
-            r[i + (h)] = __builtin_shuffle(x, y, hi);                                          \
+            r[i] = IA_SHUF(x, y, IA_UNPAREN LO);                                               \
+            r[i + (h)] = IA_SHUF(x, y, IA_UNPAREN HI);                                         \
         }                                                                                      \
     } while (0)
-    IA_ROUND(8, ((ia_idx){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
-             ((ia_idx){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
-    IA_ROUND(4, ((ia_idx){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
-             ((ia_idx){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}));
-    IA_ROUND(2, ((ia_idx){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
-             ((ia_idx){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}));
-    IA_ROUND(1, ((ia_idx){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
-             ((ia_idx){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}));
+    IA_ROUND(8, (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+             (8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+    IA_ROUND(4, (0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+             (4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31));
+    IA_ROUND(2, (0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+             (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31));
+    IA_ROUND(1, (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+             (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
 #undef IA_ROUND
+#undef IA_SHUF
+#undef IA_UNPAREN
 }
 
 /* Examples i0 .. i0 + IA_LANES - 1's vectors into lanes: xt[(v * d + t) * IA_LANES + l] is
