@@ -184,10 +184,12 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
     snprintf(listen, sizeof listen, "127.0.0.1:%u", train_port);
     const char *args[] = {"train",      "--train", fx.train,    "--servers", list,
                           "--workers",  "2",       "--mode",    "async",     "--dim",
-                          "8",          "--batch", "256",       "--epochs",  "4",
+                          "8",          "--batch", "256",       "--epochs",  "12",
                           "--progress", "0.5",     "--metrics", listen,      NULL};
     train_run t = {.args = args};
     pthread_t th;
+    /* 12 epochs (~480 k examples, a few seconds): with 4 the run could end within one or two
+     * scrapes of 500 ms, before a progress line had set the rate (seen once in CI). */
     assert_int_equal(pthread_create(&th, NULL, train_thread, &t), 0);
     /* While it trains: the trainer's target is up and its examples grow. */
     double seen = wait_query(prom_port, "granary_train_examples_total > 0", 1, 60);
@@ -200,8 +202,8 @@ static void test_prometheus_scrapes_cluster_and_trainer(void **state)
     ex = ex ? strstr(ex, " examples ") : NULL;
     assert_non_null(ex);
     double examples = strtod(ex + strlen(" examples "), NULL);
-    assert_true(examples >= 4 * 40000 * 0.9);
-    /* What Prometheus kept of the run: at most what it trained, all 4 epochs' worth of
+    assert_true(examples >= 12 * 40000 * 0.9);
+    /* What Prometheus kept of the run: at most what it trained, all 12 epochs' worth of
      * batches when the last scrape came late enough; a rate and a loss in range. */
     double vals[8];
     assert_int_equal(query(prom_port, "max_over_time(granary_train_examples_total[10m])", vals, 8),
