@@ -561,7 +561,7 @@ static void test_sync_rollback_across_network_namespaces(void **state)
     read_metrics(&b, aucB, llB, &recB);
     fprintf(stderr, "coord train netns: clean auc %s; killed auc %s; recoveries %g\n", aucA,
             aucB, recB);
-    if (recB != 1) {
+    if (recB != 1 || strcmp(aucA, aucB) || strcmp(llA, llB)) {
         char *txt = NULL;
         if (gr_read_file(b.log, &txt, NULL) == 0) fprintf(stderr, "%s\n", txt);
         free(txt);
