@@ -27,6 +27,8 @@
       "granary train --workers")                                                               \
     X(TB_PRELOAD, "preload", GR_CLI_INT, NULL, 0, 1, NULL, "0|1", "1",                        \
       "PyTorch + granary parses its data before its clock, as plain PyTorch (0: inside)")    \
+    X(TB_INTERACTION, "interaction", GR_CLI_CHOICE, NULL, 0, 0, "granary|torch", NULL,         \
+      "granary", "PyTorch + granary's DLRM interaction: granary's C kernel or torch's")         \
     X(TB_JSON, "json", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL, "print a final JSON line")
 
 enum { TORCH_BENCH_OPTIONS(GR_CLI_ENUM) TB_COUNT };
@@ -36,7 +38,7 @@ static const gr_cli_spec torch_bench_spec = {
     .synopsis =
         "granary bench torch [--json] [--rows N] [--test-rows M] [--data DIR] [--threads T]\n"
         "                           [--workers W] [--torch-workers W] [--granary-workers W]\n"
-        "                           [--preload 0|1]\n"
+        "                           [--preload 0|1] [--interaction granary|torch]\n"
         "  DLRM dim 16, batch 1024 on the same files: plain PyTorch (bench/torch_dlrm.py),\n"
         "  PyTorch with its embeddings on a 2-shard granary cluster (examples/torch_dlrm.py)\n"
         "  and granary train; needs /usr/bin/python3 with python3-torch and `make python`",
@@ -101,6 +103,8 @@ int gr_bench_torch(int argc, char **argv)
     args[k++] = nums[5];
     args[k++] = "--preload";
     args[k++] = nums[6];
+    args[k++] = "--interaction";
+    args[k++] = (char *)v[TB_INTERACTION].s;
     if (v[TB_DATA].s) {
         args[k++] = "--data";
         args[k++] = (char *)v[TB_DATA].s;

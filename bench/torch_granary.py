@@ -67,6 +67,10 @@ def main(argv=None):
     ap.add_argument("--preload", type=int, default=1, choices=[0, 1],
                     help="PyTorch + granary parses its data before its timed loop, as plain "
                          "PyTorch does (default 1)")
+    # The granary side's DLRM interaction: granary's C kernel (the C trainer's, exposed by the
+    # module as granary.dlrm.Interaction) or torch's batched matmuls, as plain PyTorch computes it.
+    ap.add_argument("--interaction", default="granary", choices=["granary", "torch"],
+                    help="PyTorch + granary's DLRM interaction (default granary's C kernel)")
     ap.add_argument("--build", default=os.environ.get("GR_BUILD_DIR", os.path.join(REPO, "build")))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -94,7 +98,8 @@ def main(argv=None):
         print("bench torch: PyTorch + granary (examples/torch_dlrm.py) ...", file=sys.stderr)
         tg = run_json([PY, os.path.join(REPO, "examples", "torch_dlrm.py"), "--train", train,
                        "--test", test, "--shards", "2", "--threads", str(a.threads),
-                       "--workers", str(a.workers), "--batch", "1024", "--json"] +
+                       "--workers", str(a.workers), "--batch", "1024", "--json",
+                       "--interaction", a.interaction] +
                       (["--preload"] if a.preload else []), env)
         print("bench torch: granary train ...", file=sys.stderr)
         mfile = os.path.join(data, "granary-metrics.json")
@@ -132,6 +137,7 @@ def main(argv=None):
         "torch_ddp_cpu_ms_per_1024": tddp.get("cpu_ms_per_1024") if tddp else None,
         "torch_granary_cpu_ms_per_1024": tg.get("cpu_ms_per_1024"),
         "torch_granary_preload": bool(tg.get("preload")),
+        "torch_granary_interaction": tg.get("interaction"),
         "torch_granary_shards_cpu_ms_per_1024": 1e3 * tg["shards_cpu_seconds"] * 1024 /
         max(tg["examples"], 1) if tg.get("shards_cpu_seconds") is not None else None,
     }

@@ -64,6 +64,9 @@ def parse_args(argv=None):
                    help="parse this worker's share of the file into tensors before the timed "
                         "loop (as bench/torch_dlrm.py does for plain PyTorch), instead of "
                         "reading it batch by batch inside the loop")
+    p.add_argument("--interaction", default="granary", choices=["granary", "torch"],
+                   help="DLRM's interaction: granary's C kernel (the trainer's own, default) or "
+                        "torch's batched matmuls")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     return p.parse_args(argv)
 
@@ -99,7 +102,7 @@ def run_worker(rank, args, servers, port, offsets, result_path):
                                    features=batches.features, poolings=batches.poolings,
                                    worker=rank, workers=args.workers)
     model = dlrm.DenseDLRM(args.dim, args.bottom, args.top, args.seed, n_dense=batches.n_dense,
-                           n_sparse=batches.n_sparse)
+                           n_sparse=batches.n_sparse, interaction=args.interaction)
     # broadcast_buffers off: the model's buffers are constant index tensors (the interaction's
     # pairs), and DDP's default broadcasts every buffer from rank 0 before each forward, a
     # collective that made the workers wait for each other once per step on top of the
@@ -173,7 +176,7 @@ def main(argv=None):
            "auc": res[0].get("auc"), "logloss": res[0].get("logloss"),
            "workers": args.workers, "mode": args.mode, "wall_seconds": wall,
            "lr_rule": args.lr_rule, "emb_staleness": args.emb_staleness,
-           "preload": args.preload,
+           "preload": args.preload, "interaction": args.interaction,
            # CPU seconds of every process and thread while training (the workers' training
            # loops, and with several workers the embedded shards' whole run, evaluation's
            # pulls included): a figure the machine's load changes little

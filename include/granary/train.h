@@ -238,6 +238,18 @@ GR_API void gr_datagen_stream_destroy(gr_datagen_stream *s);
  * is undefined and the result is NaN. *out gets the value; GR_ENOMEM if the sort buffer
  * cannot be allocated. */
 GR_API int gr_auc(const float *scores, const float *labels, size_t n, double *out);
+
+/* DLRM's pairwise-dot interaction exactly as the trainer computes it, for other front ends
+ * (the PyTorch module's DenseDLRM). Per example, nvec = ns + 1 vectors of d floats: vector 0
+ * its bottom MLP's output (bot, n x d), vector v its slot v - 1's row (emb, n x ns x d).
+ * Forward: z (n x (d + nvec (nvec - 1) / 2)) = [bot, <va, vb> for a > b, a-major], each dot
+ * summed in element order. Backward: from dz (the same shape as z) the gradients of bot
+ * (dbot, n x d: dz's first d columns plus the dots' part) and of every row (gemb, n x ns x d).
+ * GR_EINVAL for d or ns of 0 or ns over 1024, GR_ENOMEM. Any thread, no shared state. */
+GR_API int gr_dlrm_interact_forward(const float *bot, const float *emb, size_t n, uint32_t d,
+                                    uint32_t ns, float *z);
+GR_API int gr_dlrm_interact_backward(const float *dz, const float *bot, const float *emb, size_t n,
+                                     uint32_t d, uint32_t ns, float *dbot, float *gemb);
 /* Mean binary log loss, -[y log p + (1-y) log(1-p)], p clipped to [1e-7, 1 - 1e-7]. 0 for
  * n == 0. */
 GR_API double gr_logloss(const float *probs, const float *labels, size_t n);

@@ -12,12 +12,14 @@ import numpy as _np
 
 from . import _granary
 from ._granary import (GranaryError, LocalCluster, CriteoReader, Op, auc, criteo_feature_id,
-                       datagen, dedup, dlrm_dense, dlrm_table_spec, SYNC_ASYNC, SYNC_SYNC,
+                       datagen, dedup, dlrm_dense, dlrm_interact, dlrm_interact_backward,
+                       dlrm_table_spec, SYNC_ASYNC, SYNC_SYNC,
                        SYNC_SEMISYNC, SYNC_SSP, PUSH_APPLIED, PUSH_STAGED, PUSH_DROPPED,
                        PUSH_DUPLICATE, VERSION, gather_rows, segment_sum)
 
 __all__ = ["Client", "GranaryError", "LocalCluster", "CriteoReader", "Op", "auc",
-           "criteo_feature_id", "datagen", "dedup", "dlrm_dense", "dlrm_table_spec",
+           "criteo_feature_id", "datagen", "dedup", "dlrm_dense", "dlrm_interact",
+           "dlrm_interact_backward", "dlrm_table_spec",
            "gather_rows", "segment_sum",
            "SYNC_MODES", "VERSION"]
 

@@ -446,7 +446,89 @@ static PyObject *py_datagen(PyObject *self, PyObject *args, PyObject *kw)
                          r.test_rows, "teacher_auc", r.teacher_auc, "seconds", r.seconds);
 }
 
+/* Checks the sizes of an interaction's buffers: bot n*d, emb n*ns*d, z n*(d + pairs). */
+static int interact_sizes(size_t nb, size_t ne, size_t nz, unsigned long long n, unsigned d,
+                          unsigned ns, const char *zname)
+{
+    size_t nvec = (size_t)ns + 1, top_in = d + nvec * (nvec - 1) / 2;
+    if (nb != n * d || ne != n * ns * d || nz != n * top_in) {
+        PyErr_Format(PyExc_ValueError, "interaction of %llu examples, dim %u, %u slots: want bot "
+                     "%llu, emb %llu and %s %llu floats, got %zu, %zu and %zu", n, d, ns,
+                     n * d, n * ns * d, zname, (unsigned long long)(n * top_in), nb, ne, nz);
+        return -1;
+    }
+    return 0;
+}
+
+/* dlrm_interact(bot, emb, z, n, d, ns): the trainer's DLRM interaction forward (train.h,
+ * gr_dlrm_interact_forward) on float32 C-contiguous buffers, z written; the GIL released. */
+static PyObject *py_dlrm_interact(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *bo, *eo, *zo;
+    unsigned long long n;
+    unsigned d, ns;
+    if (!PyArg_ParseTuple(args, "OOOKII", &bo, &eo, &zo, &n, &d, &ns)) return NULL;
+    Py_buffer v[3];
+    size_t k[3];
+    int got = 0;
+    PyObject *ret = NULL;
+    if (gr_py_buffer(bo, GR_PY_F32, 0, "bot", &v[0], &k[0])) goto out;
+    got++;
+    if (gr_py_buffer(eo, GR_PY_F32, 0, "emb", &v[1], &k[1])) goto out;
+    got++;
+    if (gr_py_buffer(zo, GR_PY_F32, 1, "z", &v[2], &k[2])) goto out;
+    got++;
+    if (interact_sizes(k[0], k[1], k[2], n, d, ns, "z")) goto out;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gr_dlrm_interact_forward(v[0].buf, v[1].buf, (size_t)n, d, ns, v[2].buf);
+    Py_END_ALLOW_THREADS
+    ret = rc ? gr_py_raise(rc) : (Py_INCREF(Py_None), Py_None);
+out:
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    return ret;
+}
+
+/* dlrm_interact_backward(dz, bot, emb, dbot, gemb, n, d, ns): its backward (dbot and gemb
+ * written). */
+static PyObject *py_dlrm_interact_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[5];
+    unsigned long long n;
+    unsigned d, ns;
+    if (!PyArg_ParseTuple(args, "OOOOOKII", &o[0], &o[1], &o[2], &o[3], &o[4], &n, &d, &ns))
+        return NULL;
+    static const char *const names[5] = {"dz", "bot", "emb", "dbot", "gemb"};
+    Py_buffer v[5];
+    size_t k[5];
+    int got = 0;
+    PyObject *ret = NULL;
+    for (; got < 5; got++)
+        if (gr_py_buffer(o[got], GR_PY_F32, got >= 3, names[got], &v[got], &k[got])) goto out;
+    if (interact_sizes(k[1], k[2], k[0], n, d, ns, "dz")) goto out;
+    if (k[3] != k[1] || k[4] != k[2]) {
+        PyErr_Format(PyExc_ValueError, "dbot and gemb must have bot's and emb's sizes (%zu and "
+                     "%zu floats), got %zu and %zu", k[1], k[2], k[3], k[4]);
+        goto out;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gr_dlrm_interact_backward(v[0].buf, v[1].buf, v[2].buf, (size_t)n, d, ns, v[3].buf,
+                                   v[4].buf);
+    Py_END_ALLOW_THREADS
+    ret = rc ? gr_py_raise(rc) : (Py_INCREF(Py_None), Py_None);
+out:
+    while (got > 0) PyBuffer_Release(&v[--got]);
+    return ret;
+}
+
 PyMethodDef gr_py_util_methods[] = {
+    {"dlrm_interact", py_dlrm_interact, METH_VARARGS,
+     "dlrm_interact(bot, emb, z, n, d, ns): the trainer's DLRM interaction, z = [bot, dots]"},
+    {"dlrm_interact_backward", py_dlrm_interact_backward, METH_VARARGS,
+     "dlrm_interact_backward(dz, bot, emb, dbot, gemb, n, d, ns): its backward"},
     {"dedup", py_dedup, METH_VARARGS, "dedup(keys, uniq_out, inverse_out) -> unique count"},
     {"dlrm_dense", (PyCFunction)(void (*)(void))py_dlrm_dense, METH_VARARGS | METH_KEYWORDS,
      "dlrm_dense(dim, bottom, top, seed, out=None, n_dense=0, n_sparse=0) -> (size, layout)"},
