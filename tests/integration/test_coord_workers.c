@@ -559,19 +559,26 @@ static void test_shard_killed_sync_rollback_is_bitwise_equal(void **state)
  * synchronous dense step takes most of that spread away (two uninterrupted hybrid runs: within
  * 0.0022 over 6 runs; clean-vs-killed 0.0001-0.0008 over 5), so the issue's 0.003 holds here.
  * A recovery that lost the shard's rows or a share of the data costs far
- * more (a process's missing share: AUC 0.70, test_chief_killed_another_process_takes_over). */
+ * more (a process's missing share: AUC 0.70, test_chief_killed_another_process_takes_over).
+ * Those spreads are lock-step's: the runs pin dense lag 0. With granary train's default lag 1
+ * the dense parameters a worker reads depend on timing too, and on this 78-step fixture clean
+ * runs alone spread over 0.0048 (session 7; one clean-vs-killed pair 0.0030 apart, three
+ * others within 0.0008), more than the bound; the lag's accuracy is measured on full-size
+ * data (docs/train.md, "Dense lag"). */
 #define AUC_TOLERANCE_PARTIAL_RECOVERY 0.003
 static void test_shard_killed_hybrid_partial_keeps_auc(void **state)
 {
     (void)state;
     if (!zk.pid) skip();
     job a, b;
+    pin_dense_lag = "0";
     start_job_with(&a, "ptA", false);
     run_two(&a, "hybrid", false);
     stop_job(&a);
     start_job_with(&b, "ptB", true);
     run_two(&b, "hybrid", true);
     stop_job(&b);
+    pin_dense_lag = NULL;
     char otherB[512];
     other_metrics(&b, otherB, sizeof otherB);
     double aucA = metric(a.metrics, "auc"), aucB = metric(b.metrics, "auc");
