@@ -53,6 +53,8 @@
       "skip the pipelined vs --no-pipeline runs over the delayed link")                       \
     X(RB_SKIP_STRAGGLER, "skip-straggler", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,           \
       "skip the 4-worker straggler runs")                                                     \
+    X(RB_DENSE_LAG, "dense-lag", GR_CLI_INT, NULL, 0, 64, NULL, "L", NULL,                     \
+      "hybrid runs: the dense lag (default: granary train's, 1 for 2+ workers)")              \
     X(RB_MODEL_STEP_ONLY, "model-step-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,         \
       "only time one DLRM training step (thread CPU per example) and exit")
 
@@ -62,7 +64,7 @@ static const gr_cli_spec train_bench_spec = {
     .command = "bench train",
     .synopsis = "granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
                 "                           [--delay-us D] [--skip-link] [--skip-straggler]\n"
-                "                           [--model-step-only]",
+                "                           [--dense-lag L] [--model-step-only]",
     .opts = train_bench_opts,
     .n_opts = RB_COUNT,
 };
@@ -203,6 +205,15 @@ typedef struct run_spec {
     int straggler;       /* -1: none */
 } run_spec;
 
+/* --dense-lag for the hybrid runs; -1: granary train's default for the worker count. */
+static long bench_dense_lag = -1;
+
+static uint32_t dense_lag_for(const run_spec *rs)
+{
+    if (rs->mode != GR_MODE_HYBRID) return 0;
+    return bench_dense_lag >= 0 ? (uint32_t)bench_dense_lag : gr_train_dense_lag_default(rs->workers);
+}
+
 static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res)
 {
     char train[PATH_MAX], test[PATH_MAX];
@@ -245,6 +256,7 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
             po.workers = rs->workers;
             po.aggregate = rs->aggregate;
             po.staleness = rs->mode == GR_MODE_SSP ? 2 : 0;
+            po.dense_lag = dense_lag_for(rs);
             po.reset = true;
             /* Runs over the relay share one cluster: each starts from new tables. */
             po.tables = GR_PS_TABLES_FRESH;
@@ -639,6 +651,7 @@ int gr_bench_train(int argc, char **argv)
          link = !v[RB_SKIP_LINK].b, strag = !v[RB_SKIP_STRAGGLER].b;
     uint64_t rows = (uint64_t)v[RB_ROWS].i, test_rows = (uint64_t)v[RB_TEST_ROWS].i,
              delay_us = (uint64_t)v[RB_DELAY_US].i;
+    bench_dense_lag = v[RB_DENSE_LAG].given ? (long)v[RB_DENSE_LAG].i : -1;
     if (!rows) rows = full ? 1000000 : 200000;
     if (!test_rows) test_rows = full ? 100000 : 20000;
     double step_us, step_min_us;
@@ -925,7 +938,8 @@ int gr_bench_train(int argc, char **argv)
                "\"push\":%.3f,\"wait\":%.3f},\"torch_threads\":%u,"
                "\"torch_2t_examples_per_sec\":%s,\"torch_2t_auc\":%s,"
                "\"torch_1t_examples_per_sec\":%s,\"torch_1t_auc\":%s,"
-               "\"model_step_us_per_example\":%.4f,\"model_step_min_us_per_example\":%.4f}\n",
+               "\"model_step_us_per_example\":%.4f,\"model_step_min_us_per_example\":%.4f,"
+               "\"dense_lag\":%u}\n",
                (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
                main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
                local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
@@ -936,7 +950,7 @@ int gr_bench_train(int argc, char **argv)
                1e3 * main_r.read_seconds / sk, 1e3 * main_r.pull_seconds / sk,
                1e3 * main_r.compute_seconds / sk, 1e3 * main_r.push_seconds / sk,
                1e3 * main_r.stage_wait_seconds / sk, t_threads, vt[0], vt[1], vt[2], vt[3], step_us,
-               step_min_us);
+               step_min_us, dense_lag_for(&main_spec));
     }
     status = 0;
 out:;

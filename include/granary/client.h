@@ -174,6 +174,7 @@ typedef struct gr_client_sync_config {
     uint32_t workers;   /* N */
     uint32_t aggregate; /* K (semisync; sync forces N) */
     uint32_t staleness; /* semisync: drop bound; ssp: how far ahead a worker may run */
+    uint32_t dense_lag; /* sync: step t may start once step t-1-L is applied (0: lock-step) */
 } gr_client_sync_config;
 
 #define GR_CLIENT_SYNC_RESET 1u /* replace whatever job the shards run (its waiters fail) */

@@ -250,12 +250,14 @@ GR_API uint32_t gr_proto_dense_slot(const char *name, size_t len);
 #define GR_PROTO_SYNC_CLEAR 2u /* drop the current job and install nothing */
 
 /* SYNC_CONFIG request body (24 bytes): u32 mode, u32 workers, u32 aggregate, u32 staleness,
- * u32 flags, u32 reserved (0); with an owner (owner != 0) the body goes on: u64 owner,
+ * u32 flags, u32 dense_lag (sync: how many steps a step may start before the ones before it
+ * are applied, docs/sync.md; 0 = lock-step, what older clients send); with an owner (owner != 0) the body goes on: u64 owner,
  * u64 started_ms, u32 label_len (<= GR_PROTO_SYNC_LABEL_MAX), u32 reserved (0), the label's
  * bytes, zero padding to 8. A body without an owner is the 24-byte form older clients send. */
 #define GR_PROTO_SYNC_LABEL_MAX 127
 typedef struct gr_proto_sync_config {
     uint32_t mode, workers, aggregate, staleness, flags;
+    uint32_t dense_lag; /* sync only: steps may start L ahead of the applied step (0: none) */
     uint32_t label_len; /* bytes of label (the decoder sets it; the encoder uses strlen) */
     /* Who runs the job: a trainer's random id (0: nobody said), when it started (unix ms) and
      * a label for people ("host:pid"). A shard refuses a second owner's job. */

@@ -560,6 +560,8 @@ typedef struct gr_ps_backend_opts {
     uint32_t workers;      /* N (sync modes) */
     uint32_t aggregate;    /* semisync K; 0 = N - 1 when N > 1, else 1 */
     uint32_t staleness;    /* semisync: drop bound; ssp: the bound */
+    uint32_t dense_lag;    /* sync and hybrid: step t may start once step t-1-L is applied
+                              (delayed synchronous SGD, docs/sync.md); 0 = lock-step */
     uint32_t timeout_ms;   /* how long a step may wait for the others; 0 = 60000 */
     bool reset;            /* replace a different job the shards run (else that is an error) */
     /* Tables the servers already hold with rows, from an earlier run (table_init):
@@ -786,6 +788,10 @@ GR_API gr_train_mode gr_train_default_mode(unsigned workers);
  * steps with a W times larger batch, so the rate grows with sqrt(W) (Adam's usual scaling
  * for a larger batch). Other modes: unchanged. */
 GR_API float gr_train_dense_lr(gr_train_mode mode, unsigned workers, float base_lr);
+/* The dense lag `granary train` gives a hybrid job of W workers when none is given: 1 for
+ * W >= 2 (a worker's dense step does not wait for the others' previous gradient; measured in
+ * docs/train.md), 0 for one worker (its results stay those of lock-step). */
+GR_API uint32_t gr_train_dense_lag_default(unsigned workers);
 
 enum { GR_TRAIN_DATA_AUTO = 0, GR_TRAIN_DATA_STATIC = 1, GR_TRAIN_DATA_SHARED = 2 };
 

@@ -624,7 +624,7 @@ static PyObject *client_sync_configure(PyObject *o, PyObject *args, PyObject *kw
         return NULL;
     gr_client *c = use(CLIENT(o));
     if (!c) return NULL;
-    gr_client_sync_config cfg = {mode, workers, aggregate, staleness};
+    gr_client_sync_config cfg = {mode, workers, aggregate, staleness, 0};
     unsigned flags = (reset ? GR_CLIENT_SYNC_RESET : 0) | (clear ? GR_CLIENT_SYNC_CLEAR : 0);
     uint64_t step = 0;
     int rc;

@@ -46,6 +46,9 @@
       NULL, "docs/sync.md; default: async for 1 worker (and --local), hybrid for more")        \
     X(TO_EMBSTALE, "emb-staleness", GR_CLI_INT, "emb_staleness", 0, 64, NULL, "S", "0",        \
       "hybrid: a worker's batches pulled but not yet pushed when it pulls the next")           \
+    X(TO_DENSELAG, "dense-lag", GR_CLI_INT, "dense_lag", 0, 64, NULL, "L", NULL,               \
+      "hybrid: step t may start once step t-1-L is applied (delayed sync SGD);\n"            \
+      "default 1 for 2+ workers, 0 for one (docs/sync.md)")                                    \
     X(TO_AGG, "aggregate", GR_CLI_INT, "aggregate", 1, 65536, NULL, "K", NULL,                 \
       "semisync: gradients per applied step (default N-1, N > 1)")                             \
     X(TO_BACKUP, "backup", GR_CLI_INT, "backup", 0, 65535, NULL, "B", NULL,                    \
@@ -180,6 +183,7 @@ typedef struct run_info {
     const char *backend; /* "cluster", "servers", "local" */
     unsigned shards;
     uint32_t aggregate, staleness;
+    uint32_t dense_lag; /* hybrid: the job's dense lag */
     bool have_sync;      /* the shards' sync counters below were read */
     bool coord;          /* --coord: the recovery figures below are reported */
     unsigned job_workers, job_rank; /* --job-workers: the job's processes and this one's rank */
@@ -270,6 +274,7 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
     cJSON_AddNumberToObject(st, "wait", r->stage_wait_seconds);
     if (o->mode == GR_MODE_HYBRID) {
         cJSON_AddNumberToObject(j, "emb_staleness_bound", r->emb_staleness_bound);
+        cJSON_AddNumberToObject(j, "dense_lag", ri->dense_lag);
         cJSON_AddNumberToObject(j, "emb_staleness_max", (double)r->emb_staleness_max);
         cJSON_AddNumberToObject(j, "emb_staleness_mean", r->emb_staleness_mean);
     }
@@ -336,6 +341,8 @@ typedef struct train_cmd {
     unsigned shards, shard_threads;
     long aggregate, backup, staleness; /* -1: not given */
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
+    long dense_lag_given;              /* --dense-lag, -1: not given */
+    uint32_t dense_lag;                /* the hybrid job's dense lag */
     uint32_t sync_timeout_ms;
     bool sync_reset, local;
     uint32_t publish_ms;
@@ -469,6 +476,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     c->aggregate = v[TO_AGG].given ? (long)v[TO_AGG].i : -1;
     c->backup = v[TO_BACKUP].given ? (long)v[TO_BACKUP].i : -1;
     c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
+    c->dense_lag_given = v[TO_DENSELAG].given ? (long)v[TO_DENSELAG].i : -1;
     c->sync_timeout_ms = (uint32_t)v[TO_STIMEOUT].i;
     c->sync_reset = v[TO_SRESET].b;
     /* A resume replaces the tables with the checkpoint's: whatever they hold is fine. */
@@ -558,6 +566,13 @@ static int check_combinations(train_cmd *c)
     c->stale = c->staleness >= 0 ? (uint32_t)c->staleness : o->mode == GR_MODE_SSP ? 2 : 0;
     if (c->staleness >= 0 && o->mode != GR_MODE_SEMISYNC && o->mode != GR_MODE_SSP)
         fprintf(stderr, "granary train: --staleness only applies to semisync and ssp\n");
+    /* As --staleness: a setting the mode has no use for is said and ignored. */
+    if (c->dense_lag_given > 0 && o->mode != GR_MODE_HYBRID)
+        fprintf(stderr, "granary train: --dense-lag only applies to --mode hybrid (mode %s runs "
+                        "lock-step)\n", gr_train_mode_name(o->mode));
+    c->dense_lag = o->mode != GR_MODE_HYBRID ? 0
+                 : c->dense_lag_given >= 0 ? (uint32_t)c->dense_lag_given
+                                           : gr_train_dense_lag_default(all);
     if (o->straggler_factor > 1 && o->straggler >= o->workers) {
         fprintf(stderr, "granary train: --straggler %u: there are only %u workers\n", o->straggler,
                 o->workers);
@@ -630,6 +645,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     po.workers = c->o.workers;
     po.aggregate = c->k;
     po.staleness = c->stale;
+    po.dense_lag = c->dense_lag;
     po.timeout_ms = c->sync_timeout_ms;
     po.reset = c->sync_reset;
     po.tables = c->tables;
@@ -662,8 +678,8 @@ static void print_start(const train_cmd *c, const run_info *ri, bool cluster)
     else if (o->mode == GR_MODE_SSP)
         snprintf(modebuf, sizeof modebuf, "ssp (staleness %u)", c->stale);
     else if (o->mode == GR_MODE_HYBRID)
-        snprintf(modebuf, sizeof modebuf, "hybrid (dense sync, embedding staleness <= %u)",
-                 o->emb_staleness);
+        snprintf(modebuf, sizeof modebuf, "hybrid (dense sync, dense lag %u, embedding staleness "
+                 "<= %u)", c->dense_lag, o->emb_staleness);
     else
         snprintf(modebuf, sizeof modebuf, "%s", gr_train_mode_name(o->mode));
     fprintf(stderr, "train: %s dim %u, batch %zu x %u workers, %u epoch(s), mode %s, %s, %s\n",
@@ -890,6 +906,7 @@ int gr_cli_train(int argc, char **argv)
     }
     run_info ri = {.backend = c.local ? "local" : c.coord ? "coord" : c.servers ? "servers" : "cluster",
                    .shards = c.local ? 0 : c.shards, .aggregate = c.k, .staleness = c.stale,
+                   .dense_lag = c.dense_lag,
                    .coord = c.coord != NULL};
     /* The embedded shards' info lines (listening, table created, job installed) would mix
      * into the trainer's own; GRANARY_LOG=info shows them (warnings show anyway). */

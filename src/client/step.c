@@ -45,6 +45,7 @@ int gr_client_sync_configure_owned(gr_client *c, const gr_client_sync_config *cf
         pc.workers = cfg->workers;
         pc.aggregate = cfg->aggregate;
         pc.staleness = cfg->staleness;
+        pc.dense_lag = cfg->dense_lag;
     }
     if (owner && owner->id) {
         pc.owner = owner->id;

@@ -10,7 +10,7 @@
 
 int gr_proto_put_sync_config(gr_proto_buf *b, const gr_proto_sync_config *c)
 {
-    uint32_t w[6] = {c->mode, c->workers, c->aggregate, c->staleness, c->flags, 0};
+    uint32_t w[6] = {c->mode, c->workers, c->aggregate, c->staleness, c->flags, c->dense_lag};
     int rc = gr_proto_put_bytes(b, w, sizeof w);
     if (rc || !c->owner) return rc;
     size_t n = strnlen(c->label, sizeof c->label);
@@ -32,12 +32,14 @@ int gr_proto_decode_sync_config(const void *body, size_t len, gr_proto_sync_conf
     if (len != 24 && len < 48)
         return gr_seterr(GR_EPROTO, "sync_config body has %zu bytes, expected 24 (or 48 and more "
                          "with an owner)", len);
-    if (rd32(p + 20) != 0) return gr_seterr(GR_EPROTO, "sync_config reserved field is not 0");
     out->mode = rd32(p);
     out->workers = rd32(p + 4);
     out->aggregate = rd32(p + 8);
     out->staleness = rd32(p + 12);
     out->flags = rd32(p + 16);
+    /* Once reserved (0): older clients send 0, today's behaviour; older servers refuse a
+     * nonzero lag with "reserved field is not 0". */
+    out->dense_lag = rd32(p + 20);
     if (out->flags & ~(GR_PROTO_SYNC_RESET | GR_PROTO_SYNC_CLEAR))
         return gr_seterr(GR_EPROTO, "sync_config has unknown flags 0x%x", out->flags);
     if (len == 24) return GR_OK;

@@ -39,7 +39,7 @@ struct gr_step_machine {
     uint64_t *clock;         /* per worker: pushes applied (ssp) */
     bool *left;              /* per worker: has left the job */
     uint32_t nleft;
-    contribution *staged;    /* admitted pushes for step g */
+    contribution *staged;    /* admitted pushes for step g (with a dense lag: steps g..g+L) */
     size_t n_staged, cap_staged;
     gr_sync_stats st;
 };
@@ -67,6 +67,12 @@ int gr_step_machine_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, vo
         c.aggregate = c.workers;
         c.staleness = 0;
     }
+    if (c.dense_lag && c.mode != GR_SYNC_SYNC)
+        return gr_seterr(GR_EINVAL, "step machine: a dense lag needs mode sync (hybrid), not %d",
+                         (int)c.mode);
+    if (c.dense_lag > GR_SYNC_MAX_LAG)
+        return gr_seterr(GR_EINVAL, "step machine: dense lag must be 0..%d, got %u",
+                         GR_SYNC_MAX_LAG, c.dense_lag);
     if (c.mode == GR_SYNC_SEMISYNC && (c.aggregate == 0 || c.aggregate > c.workers))
         return gr_seterr(GR_EINVAL, "step machine: semisync needs 1 <= K <= N, got K=%u N=%u",
                          c.aggregate, c.workers);
@@ -169,24 +175,24 @@ static int cmp_contribution(const void *a, const void *b)
     return x->step < y->step ? -1 : x->step > y->step;
 }
 
-/* Sums the staged pushes per (kind, id) in (worker, step) order, divides by the number of
- * pushes in the step (K, fewer only in a short step) and applies. */
-static int apply_staged(gr_step_machine *ss)
+/* Sums the pushes of one step per (kind, id) in (worker, step) order, divides by the number
+ * of pushes in the step (K, fewer only in a short step) and applies. Frees them. */
+static int apply_contributions(gr_step_machine *ss, contribution *staged, size_t n_staged)
 {
-    qsort(ss->staged, ss->n_staged, sizeof *ss->staged, cmp_contribution);
+    qsort(staged, n_staged, sizeof *staged, cmp_contribution);
     int rc = GR_OK;
-    float scale = 1.0f / (float)ss->n_staged;
+    float scale = 1.0f / (float)n_staged;
     /* Every distinct (kind, id), in order of first appearance. */
-    for (size_t ci = 0; ci < ss->n_staged && rc == GR_OK; ci++) {
-        for (size_t pi = 0; pi < ss->staged[ci].n_parts && rc == GR_OK; pi++) {
-            staged_part *first = &ss->staged[ci].parts[pi];
+    for (size_t ci = 0; ci < n_staged && rc == GR_OK; ci++) {
+        for (size_t pi = 0; pi < staged[ci].n_parts && rc == GR_OK; pi++) {
+            staged_part *first = &staged[ci].parts[pi];
             if (first->dim == 0) continue; /* already merged */
             uint32_t kind = first->kind, id = first->id, dim = first->dim;
 #define SAME(p) ((p)->id == id && (p)->kind == kind && (p)->dim)
             size_t total = 0;
-            for (size_t cj = ci; cj < ss->n_staged; cj++)
-                for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++)
-                    if (SAME(&ss->staged[cj].parts[pj])) total += ss->staged[cj].parts[pj].n;
+            for (size_t cj = ci; cj < n_staged; cj++)
+                for (size_t pj = 0; pj < staged[cj].n_parts; pj++)
+                    if (SAME(&staged[cj].parts[pj])) total += staged[cj].parts[pj].n;
             uint64_t *keys = malloc((total ? total : 1) * sizeof *keys);
             uint64_t *uniq = malloc((total ? total : 1) * sizeof *uniq);
             uint32_t *inv = malloc((total ? total : 1) * sizeof *inv);
@@ -195,9 +201,9 @@ static int apply_staged(gr_step_machine *ss)
                 rc = gr_seterr(GR_ENOMEM, "step machine: out of memory applying a step");
             } else {
                 size_t at = 0;
-                for (size_t cj = ci; cj < ss->n_staged; cj++)
-                    for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
-                        staged_part *p = &ss->staged[cj].parts[pj];
+                for (size_t cj = ci; cj < n_staged; cj++)
+                    for (size_t pj = 0; pj < staged[cj].n_parts; pj++) {
+                        staged_part *p = &staged[cj].parts[pj];
                         if (!SAME(p)) continue;
                         if (p->dim != dim) {
                             rc = gr_seterr(GR_EDIM, "step machine: id %u pushed with dim %u and %u",
@@ -209,9 +215,9 @@ static int apply_staged(gr_step_machine *ss)
                 long nu = rc ? 0 : gr_dedup(keys, total, uniq, inv, NULL);
                 if (nu < 0) rc = (int)nu;
                 at = 0;
-                for (size_t cj = ci; cj < ss->n_staged && rc == GR_OK; cj++)
-                    for (size_t pj = 0; pj < ss->staged[cj].n_parts; pj++) {
-                        staged_part *p = &ss->staged[cj].parts[pj];
+                for (size_t cj = ci; cj < n_staged && rc == GR_OK; cj++)
+                    for (size_t pj = 0; pj < staged[cj].n_parts; pj++) {
+                        staged_part *p = &staged[cj].parts[pj];
                         if (!SAME(p)) continue;
                         for (size_t r = 0; r < p->n; r++, at++) {
                             float *dst = sum + (size_t)inv[at] * dim;
@@ -232,8 +238,31 @@ static int apply_staged(gr_step_machine *ss)
             free(sum);
         }
     }
-    for (size_t i = 0; i < ss->n_staged; i++) free_contribution(&ss->staged[i]);
-    ss->n_staged = 0;
+    for (size_t i = 0; i < n_staged; i++) free_contribution(&staged[i]);
+    return rc;
+}
+
+/* True when the staged contribution c belongs to step G's sum: every staged one without a
+ * dense lag (semisync admits older tags into step G), only step G's with one. */
+static bool in_step_g(const gr_step_machine *ss, const contribution *c)
+{
+    return !ss->cfg.dense_lag || c->step == ss->g;
+}
+
+/* Applies step G's staged pushes and keeps the later steps' (dense lag) staged, in their
+ * order. Caller holds mu. */
+static int apply_staged(gr_step_machine *ss)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < ss->n_staged; i++)
+        if (in_step_g(ss, &ss->staged[i])) {
+            contribution c = ss->staged[i];
+            memmove(ss->staged + m + 1, ss->staged + m, (i - m) * sizeof c);
+            ss->staged[m++] = c;
+        }
+    int rc = apply_contributions(ss, ss->staged, m);
+    memmove(ss->staged, ss->staged + m, (ss->n_staged - m) * sizeof *ss->staged);
+    ss->n_staged -= m;
     return rc;
 }
 
@@ -245,28 +274,42 @@ static void count_staleness(gr_sync_stats *st, uint64_t lag)
 
 /* Sync modes: the staged pushes form a step once K arrived, or once every worker that has not
  * left has one staged (fewer than K remain: a short step). Caller holds mu. */
+static size_t staged_for_g(const gr_step_machine *ss)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < ss->n_staged; i++) n += in_step_g(ss, &ss->staged[i]);
+    return n;
+}
+
 static bool step_complete(const gr_step_machine *ss)
 {
-    if (ss->n_staged == 0) return false;
-    if (ss->n_staged >= ss->cfg.aggregate) return true;
+    size_t n = staged_for_g(ss);
+    if (n == 0) return false;
+    if (n >= ss->cfg.aggregate) return true;
     for (uint32_t w = 0; w < ss->cfg.workers; w++) {
         if (ss->left[w]) continue;
         bool has = false;
-        for (size_t i = 0; i < ss->n_staged && !has; i++) has = ss->staged[i].worker == w;
+        for (size_t i = 0; i < ss->n_staged && !has; i++)
+            has = ss->staged[i].worker == w && in_step_g(ss, &ss->staged[i]);
         if (!has) return false;
     }
     return true;
 }
 
-/* Applies the staged step and advances G. Caller holds mu. */
+/* Applies the staged step and advances G; with a dense lag, then every following step that
+ * is complete already (a worker that left had pushed it). Caller holds mu. */
 static int finish_step(gr_step_machine *ss)
 {
-    size_t n = ss->n_staged;
-    if (n < ss->cfg.aggregate) ss->st.short_steps++;
-    int rc = apply_staged(ss);
-    ss->g++;
-    ss->st.applied_steps++;
-    ss->st.admitted += n;
+    int rc = GR_OK;
+    do {
+        size_t n = staged_for_g(ss);
+        if (n < ss->cfg.aggregate) ss->st.short_steps++;
+        int r = apply_staged(ss);
+        if (!rc) rc = r;
+        ss->g++;
+        ss->st.applied_steps++;
+        ss->st.admitted += n;
+    } while (ss->cfg.dense_lag && step_complete(ss));
     pthread_cond_broadcast(&ss->cv);
     return rc;
 }
@@ -312,21 +355,23 @@ int gr_step_machine_push(gr_step_machine *ss, uint32_t worker, uint64_t step, co
         goto done;
     case GR_SYNC_SYNC:
     case GR_SYNC_SEMISYNC:
-        if (step > ss->g) {
+        if (step > ss->g + ss->cfg.dense_lag) {
             rc = gr_seterr(GR_ESTALE,
                            "step machine: worker %u pushed step %llu but the shard is at step %llu "
-                           "(acquire the step first)",
-                           worker, (unsigned long long)step, (unsigned long long)ss->g);
+                           "(dense lag %u; acquire the step first)",
+                           worker, (unsigned long long)step, (unsigned long long)ss->g,
+                           ss->cfg.dense_lag);
             break;
         }
-        if (ss->g - step > ss->cfg.staleness) {
+        if (step < ss->g && ss->g - step > ss->cfg.staleness) {
             out = GR_SYNC_DROPPED;
             ss->st.dropped++;
             break;
         }
         rc = stage(ss, worker, step, parts, n_parts);
         if (rc) break;
-        count_staleness(&ss->st, ss->g - step);
+        count_staleness(&ss->st, step < ss->g ? ss->g - step : 0);
+        if (step > ss->g) ss->st.ahead++;
         out = GR_SYNC_STAGED;
         if (step_complete(ss)) {
             rc = finish_step(ss);
@@ -364,7 +409,7 @@ static bool may_start(const gr_step_machine *ss, uint64_t step)
         uint64_t need = step > ss->cfg.staleness ? step - ss->cfg.staleness : 0;
         return slowest_clock(ss, NULL) >= need;
     }
-    default: return ss->g >= step;
+    default: return ss->g + ss->cfg.dense_lag >= step;
     }
 }
 
@@ -386,7 +431,7 @@ static void describe_locked(const gr_step_machine *ss, uint64_t step, char *buf,
         uint32_t need = ss->cfg.aggregate, remaining = ss->cfg.workers - ss->nleft;
         if (remaining < need) need = remaining;
         snprintf(buf, len, "shard is at step %llu with %zu of %u gradients (waiting for step %llu)",
-                 (unsigned long long)ss->g, ss->n_staged, need, (unsigned long long)step);
+                 (unsigned long long)ss->g, staged_for_g(ss), need, (unsigned long long)step);
     }
 }
 
@@ -418,7 +463,9 @@ int gr_step_machine_poll(gr_step_machine *ss, uint32_t worker, uint64_t step, bo
     } else {
         *ready = may_start(ss, step);
         if (!*ready && count_wait) ss->st.waits++;
-        bool tag_g = ss->cfg.mode == GR_SYNC_SYNC || ss->cfg.mode == GR_SYNC_SEMISYNC;
+        /* With a dense lag the step itself is the tag: G may be up to L behind it. */
+        bool tag_g = (ss->cfg.mode == GR_SYNC_SYNC && !ss->cfg.dense_lag) ||
+                     ss->cfg.mode == GR_SYNC_SEMISYNC;
         if (tag) *tag = tag_g ? ss->g : step;
         if (current) *current = current_of(ss);
     }

@@ -13,6 +13,12 @@
  *    than the bound are dropped and counted. sync is semisync with K = N and staleness 0.
  *  - ssp: pushes apply on arrival; a worker may start step t only when every worker has pushed
  *    at least t - staleness steps.
+ *  - sync with a dense lag L >= 1 (delayed synchronous SGD): a worker may start step t once
+ *    G >= t - L, i.e. steps up to t - 1 - L are applied; it tags its push with t itself. The
+ *    machine stages the pushes of steps G..G+L at once, each step in its own sum, and applies
+ *    step G when every worker that has not left has pushed it, in worker order, then any
+ *    following step that is already complete. Pushes for steps > G + L are refused as from
+ *    the future; pushes for steps < G cannot exist (step G needs every worker's push).
  * Workers that run out of data leave (gr_step_machine_leave); steps then stop waiting for them.
  * A push repeating a (worker, step) already seen is acknowledged and ignored, so a client that
  * retries after a reconnect never applies a gradient twice. */
@@ -28,7 +34,10 @@ typedef struct gr_sync_config {
     uint32_t workers;   /* N */
     uint32_t aggregate; /* K: pushes per applied step (semisync; sync forces N) */
     uint32_t staleness; /* s: semisync drops older pushes; ssp lets a worker run s steps ahead */
+    uint32_t dense_lag; /* L: sync only (0..GR_SYNC_MAX_LAG); 0 = lock-step, today's rule */
 } gr_sync_config;
+
+#define GR_SYNC_MAX_LAG 64
 
 /* What a part's id names: a sparse table's wire id, or a dense tensor the caller numbered. */
 enum { GR_SYNC_SPARSE = 0, GR_SYNC_DENSE = 1 };
@@ -68,6 +77,8 @@ typedef struct gr_sync_stats {
     uint64_t wait_ns;       /* time blocked acquires waited, summed (as reported by callers) */
     uint64_t left;          /* workers that have left */
     uint64_t staleness_hist[8]; /* admitted pushes by G - tag: 0,1,2,3,4-7,8-15,16-31,32+ */
+    uint64_t ahead;         /* with a dense lag: pushes staged for a step beyond G (counted in
+                             * staleness_hist[0]) */
 } gr_sync_stats;
 
 typedef struct gr_step_machine gr_step_machine;
@@ -77,12 +88,12 @@ int gr_step_machine_create(const gr_sync_config *cfg, gr_sync_apply_fn apply, vo
 void gr_step_machine_destroy(gr_step_machine *ss);
 
 /* Handles worker `worker`'s gradient for step `step`. The parts are copied when staged.
- * GR_EINVAL for a worker id >= N, GR_ESTALE for a step from the future (> G in sync modes),
- * or the apply callback's error. */
+ * GR_EINVAL for a worker id >= N, GR_ESTALE for a step from the future (> G + L in sync
+ * modes), or the apply callback's error. */
 int gr_step_machine_push(gr_step_machine *ss, uint32_t worker, uint64_t step, const gr_sync_part *parts,
                      size_t n_parts, gr_sync_outcome *outcome);
 
-/* Blocks until worker may start step `step` (sync/semisync: G >= step; ssp: every worker has
+/* Blocks until worker may start step `step` (sync/semisync: G >= step - L; ssp: every worker has
  * pushed >= step - staleness steps; async: at once), or timeout_ms passes (GR_ETIMEDOUT, with
  * a message naming the slowest worker), or the step machine is shut down (GR_ESHUTDOWN).
  * *current (may be NULL) gets G (sync modes) or the slowest worker's clock (ssp). */
@@ -91,7 +102,8 @@ int gr_step_machine_acquire(gr_step_machine *ss, uint32_t worker, uint64_t step,
 
 /* The non-blocking form of acquire, for callers that park waiters themselves (the server
  * does, so a waiting acquire holds no thread). *ready says whether the worker may start `step`
- * now; then *tag is what it tags its push with (sync/semisync: G; ssp/async: step) and
+ * now; then *tag is what it tags its push with (sync/semisync: G; sync with a lag, ssp,
+ * async: step) and
  * *current is G (sync modes) or the slowest active worker's clock (ssp). count_wait: count a
  * not-ready answer in stats.waits (pass true on a request's first poll only). GR_EINVAL for a
  * bad worker, GR_ESHUTDOWN after shutdown. */

@@ -467,13 +467,15 @@ static int reply_pair(const gr_proto_header *h, gr_proto_buf *out, uint64_t a, u
 static bool same_config(const gr_sync_config *a, const gr_sync_config *b)
 {
     return a->mode == b->mode && a->workers == b->workers && a->aggregate == b->aggregate &&
-           a->staleness == b->staleness;
+           a->staleness == b->staleness && a->dense_lag == b->dense_lag;
 }
 
 static void describe_config(const gr_sync_config *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "mode %s, %u workers, K %u, staleness %u", mode_name(c->mode), c->workers,
-             c->aggregate, c->staleness);
+    int n = snprintf(buf, len, "mode %s, %u workers, K %u, staleness %u", mode_name(c->mode),
+                     c->workers, c->aggregate, c->staleness);
+    if (c->dense_lag && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, ", dense lag %u", c->dense_lag);
 }
 
 /* The running job for a refusal: owner, its settings, when it started and where it is. */
@@ -546,7 +548,8 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
     }
     if (pc.mode > GR_PROTO_SYNC_SSP)
         return gr_seterr(GR_EINVAL, "unknown sync mode %u", pc.mode);
-    gr_sync_config cfg = {(gr_sync_mode)pc.mode, pc.workers, pc.aggregate, pc.staleness};
+    gr_sync_config cfg = {(gr_sync_mode)pc.mode, pc.workers, pc.aggregate, pc.staleness,
+                          pc.dense_lag};
     sync_job *nj = calloc(1, sizeof *nj);
     if (!nj) return gr_seterr(GR_ENOMEM, "out of memory");
     nj->sy = sy;
@@ -822,6 +825,7 @@ static void srv_sync_stats_json(gr_server *s, void *root_json)
         cJSON_AddNumberToObject(o, "workers", j->cfg.workers);
         cJSON_AddNumberToObject(o, "aggregate", j->cfg.aggregate);
         cJSON_AddNumberToObject(o, "staleness", j->cfg.staleness);
+        cJSON_AddNumberToObject(o, "dense_lag", j->cfg.dense_lag);
         cJSON_AddNumberToObject(o, "step", (double)st.step);
         cJSON_AddNumberToObject(o, "pushes", (double)st.pushes);
         cJSON_AddNumberToObject(o, "applied_steps", (double)st.applied_steps);
@@ -832,6 +836,7 @@ static void srv_sync_stats_json(gr_server *s, void *root_json)
         cJSON_AddNumberToObject(o, "waits", (double)st.waits);
         cJSON_AddNumberToObject(o, "wait_s", (double)st.wait_ns / 1e9);
         cJSON_AddNumberToObject(o, "left", (double)st.left);
+        cJSON_AddNumberToObject(o, "ahead", (double)st.ahead);
         double h[8];
         for (int i = 0; i < 8; i++) h[i] = (double)st.staleness_hist[i];
         cJSON_AddItemToObject(o, "staleness_hist", cJSON_CreateDoubleArray(h, 8));

@@ -110,13 +110,19 @@ static int take_token(tr_worker *w, tr_item *it)
 
 /* Hybrid: the rows of batch it->seq may be pulled once at most emb_bound of this worker's
  * earlier batches are still unpushed, so no row it reads misses more than emb_bound of this
- * worker's own updates (other workers' pushes land asynchronously, as in async mode). */
+ * worker's own updates (other workers' pushes land asynchronously, as in async mode). With
+ * dense_beside the dense parameters come with those rows: they also wait for this worker's
+ * own dense push of the batch before, which the step token does not order when the dense
+ * step may run behind (dense lag >= 1). So a worker's dense parameters always hold its own
+ * previous gradient once its step was applied (one worker: exactly lock-step's), and only
+ * the others' may be missing. */
 static int wait_inflight(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
     double t0 = gr_now_s();
     pthread_mutex_lock(&w->mu);
-    while (!w->abort && it->seq - w->pushed_seq > tr->emb_bound)
+    while (!w->abort && (it->seq - w->pushed_seq > tr->emb_bound ||
+                         (tr->dense_beside && w->dense_pushed_seq < it->seq)))
         pthread_cond_wait(&w->inflight_cv, &w->mu);
     it->stale = it->seq - w->pushed_seq;
     bool ab = w->abort;
@@ -277,6 +283,7 @@ static void dense_beside_done(tr_worker *w, tr_item *it, int rc)
     pthread_mutex_lock(&w->mu);
     it->dense_rc = rc;
     it->dense_done = true;
+    if (!rc && w->dense_pushed_seq < it->seq + 1) w->dense_pushed_seq = it->seq + 1;
     pthread_cond_broadcast(&w->inflight_cv);
     pthread_mutex_unlock(&w->mu);
 }

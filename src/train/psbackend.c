@@ -49,6 +49,7 @@ static gr_client_sync_config job_config(const ps_ctx *p)
     sc.workers = p->o.job_workers ? p->o.job_workers : p->o.workers;
     sc.aggregate = p->o.aggregate;
     sc.staleness = p->o.staleness;
+    sc.dense_lag = p->o.dense_lag;
     return sc;
 }
 
@@ -411,6 +412,9 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
         if (!rc && (all < p->o.workers || p->o.worker_base > all - p->o.workers))
             rc = gr_seterr(GR_EINVAL, "workers %u..%u are not in a job of %u workers",
                            p->o.worker_base, p->o.worker_base + p->o.workers - 1, all);
+        if (!rc && o->dense_lag && o->mode != GR_MODE_SYNC && o->mode != GR_MODE_HYBRID)
+            rc = gr_seterr(GR_EINVAL, "a dense lag (%u) needs mode hybrid or sync, not %s",
+                           o->dense_lag, gr_train_mode_name((gr_train_mode)o->mode));
         if (!rc && o->mode == GR_MODE_SEMISYNC && p->o.aggregate == 0)
             p->o.aggregate = all > 1 ? all - 1 : 1;
         p->shards = rc ? 0 : gr_client_shards(p->c);

@@ -34,6 +34,11 @@ gr_train_mode gr_train_default_mode(unsigned workers)
     return workers > 1 ? GR_MODE_HYBRID : GR_MODE_ASYNC;
 }
 
+uint32_t gr_train_dense_lag_default(unsigned workers)
+{
+    return workers > 1 ? 1u : 0u;
+}
+
 float gr_train_dense_lr(gr_train_mode mode, unsigned workers, float base_lr)
 {
     if ((mode == GR_MODE_SYNC || mode == GR_MODE_HYBRID) && workers > 1)

@@ -174,6 +174,7 @@ typedef struct tr_worker {
     /* Batches read (the reader's) and pushed (under mu; hybrid waits on inflight_cv for the
      * staleness bound). */
     uint64_t next_seq, pushed_seq;
+    uint64_t dense_pushed_seq; /* dense_beside: batches whose dense step push is done */
     pthread_cond_t inflight_cv;
     tr_prefetch pf; /* tr->dense_beside: the fetch stage's split of each batch's ids */
 } tr_worker;

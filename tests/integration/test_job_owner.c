@@ -224,7 +224,7 @@ static void test_second_sync_trainer_refused(void **state)
 
     /* Another owner's clear does not take the job away; an owner-less config (an older
      * client) joins it as before. */
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     gr_client_sync_owner other = {0x77, 1, "someone-else:1"};
     assert_int_equal(gr_client_sync_configure_owned(c2, &sc, &other, GR_CLIENT_SYNC_CLEAR, NULL),
                      GR_EBUSY);

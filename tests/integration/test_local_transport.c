@@ -109,7 +109,7 @@ static void run_contract(const char *servers, const char *ckpt_root, trace *t)
     }
     /* Synchronous steps: acquire (parked on the shard until the step may start), then a step
      * push with sparse and dense gradients. */
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
     uint32_t ns = gr_client_shards(c);
     uint64_t want[4] = {0}, tags[4] = {0};
@@ -297,7 +297,7 @@ static void test_stop_under_parked_request(void **state)
     gr_client *c = NULL;
     assert_int_equal(gr_client_create(&cc, &c), 0);
     assert_int_equal(gr_client_create_table(c, specs[0]), 0);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
     uint64_t want = 0, tag = 0;
     assert_int_equal(gr_client_sync_acquire(c, 0, &want, 5000, &tag, NULL), 0);

@@ -271,7 +271,7 @@ static void test_hangup_cancels_parked_acquire(void **state)
     ps_test_server s;
     assert_int_equal(ps_test_server_start(&s, 0, 1, 0, NULL), 0);
     gr_client *good = client_for(&s, 10000);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(good, &sc, 0, NULL), 0);
 
     int fd = ps_raw_connect(s.port, 0);

@@ -190,7 +190,7 @@ static void test_sync_step_with_a_refused_row(void **state)
         snprintf(spec, sizeof spec, spec_fmt, t, t);
         assert_int_equal(gr_client_create_table(c, spec), 0);
     }
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
     uint64_t key = 5, want = 0, tag = 0;
     float big[4] = {3e38f, 3e38f, 3e38f, 3e38f}, one[4] = {1, 1, 1, 1}, row[4];

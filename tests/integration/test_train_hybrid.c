@@ -9,8 +9,11 @@
  *    the default bound, and the model learns;
  *  - the staleness bound holds: with a deep pipeline the prefetching fetch stage would run
  *    several batches ahead; bound B caps it at B, and B is reached;
- *  - `granary train` with 2 workers and no --mode trains hybrid and reports the per-stage
- *    times and the staleness in its metrics. */
+ *  - with a dense lag of 1 (the default for 2 workers in granary train): two workers still
+ *    average both workers' dense gradient in every step, each step alone; one worker gives
+ *    bitwise the result of lag 0 (its own push completes each step);
+ *  - `granary train` with 2 workers and no --mode trains hybrid with dense lag 1 and reports
+ *    the per-stage times and the staleness in its metrics. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -55,6 +58,9 @@ typedef struct ps_run {
     gr_train_backend be;
 } ps_run;
 
+/* The dense lag of the backends ps_up makes (the library default, 0, unless a test says). */
+static uint32_t dense_lag;
+
 static void ps_up(ps_run *p, gr_train_mode mode, unsigned workers)
 {
     memset(p, 0, sizeof *p);
@@ -69,6 +75,7 @@ static void ps_up(ps_run *p, gr_train_mode mode, unsigned workers)
     po.mode = mode;
     po.workers = workers;
     po.timeout_ms = 20000;
+    po.dense_lag = dense_lag;
     assert_int_equal(gr_ps_backend_create(&po, &p->be), 0);
 }
 
@@ -164,6 +171,30 @@ static void test_two_workers_dense_sync(void **state)
                 r.push_seconds > 0);
 }
 
+static void test_dense_lag(void **state)
+{
+    (void)state;
+    gr_train_result r0, r1;
+    run_one(GR_MODE_HYBRID, 1, true, 0, 1, &r0, NULL);
+    dense_lag = 1;
+    run_one(GR_MODE_HYBRID, 1, true, 0, 1, &r1, NULL);
+    assert_int_equal(r1.steps, r0.steps);
+    assert_true(r0.test_auc == r1.test_auc);
+    assert_true(r0.test_logloss == r1.test_logloss);
+    gr_train_result r;
+    double applied[2];
+    run_one(GR_MODE_HYBRID, 2, true, 0, 1, &r, applied);
+    dense_lag = 0;
+    assert_int_equal(r.examples, 40000);
+    assert_int_equal(r.worker_steps[0], 79);
+    assert_int_equal(r.worker_steps[1], 79);
+    /* Every step still took both workers' gradient (79 steps, none short or dropped). */
+    assert_true(applied[0] == 79 && applied[1] == 79);
+    assert_int_equal(r.dropped_gradients, 0);
+    assert_int_equal(r.emb_staleness_max, 0);
+    assert_true(r.test_auc > 0.66);
+}
+
 static void test_staleness_bound(void **state)
 {
     (void)state;
@@ -219,6 +250,8 @@ static void test_cli_default_is_hybrid(void **state)
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "mode")->valuestring, "hybrid");
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "emb_staleness_bound")->valuedouble, 0);
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "emb_staleness_max")->valuedouble, 0);
+    /* Two workers: the dense step runs one behind by default. */
+    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "dense_lag")->valuedouble, 1);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stage_seconds");
     const char *stages[] = {"read", "pull", "compute", "push", "wait"};
     for (int i = 0; i < 5; i++)
@@ -234,6 +267,9 @@ static void test_cli_default_is_hybrid(void **state)
     assert_non_null(strstr(out, "mode async"));
     const char *bad[] = {"train", "--train", fx.train, "--emb-staleness", "65", NULL};
     assert_int_equal(ps_test_run_granary(bad, out, sizeof out), 2);
+    const char *lag_bad[] = {"train", "--train", fx.train, "--dense-lag", "65", NULL};
+    assert_int_equal(ps_test_run_granary(lag_bad, out, sizeof out), 2);
+    assert_non_null(strstr(out, "dense-lag"));
 }
 
 int main(void)
@@ -242,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_one_worker_matches_sync),
         cmocka_unit_test(test_one_worker_pipelined_matches_sequential),
         cmocka_unit_test(test_two_workers_dense_sync),
+        cmocka_unit_test(test_dense_lag),
         cmocka_unit_test(test_staleness_bound),
         cmocka_unit_test(test_token_wait_is_counted),
         cmocka_unit_test(test_cli_default_is_hybrid),

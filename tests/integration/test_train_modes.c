@@ -375,7 +375,7 @@ static void test_cli_servers_and_reset(void **state)
     cc.servers = list;
     gr_client *c;
     assert_int_equal(gr_client_create(&cc, &c), 0);
-    gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 5, 0, 3};
+    gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 5, 0, 3, 0};
     assert_int_equal(gr_client_sync_configure(c, &other, 0, NULL), 0);
     snprintf(metrics, sizeof metrics, "%s/servers.json", fx.dir);
     const char *args[] = {"train", "--train", fx.train, "--test", fx.test, "--servers", list,

@@ -71,18 +71,18 @@ static void test_config_rules(void **state)
     (void)state;
     cluster k;
     up(&k, 2, 2);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     uint64_t step = 9;
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, &step), 0);
     assert_true(step == 0);
     /* The same job again: fine (every process of a job may configure it). */
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, NULL), 0);
-    gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 2, 0, 2};
+    gr_client_sync_config other = {GR_CLIENT_SYNC_SSP, 2, 0, 2, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &other, 0, NULL), GR_EBUSY);
     assert_non_null(strstr(gr_errmsg(), "mode sync, 2 workers"));
     assert_non_null(strstr(gr_errmsg(), "reset"));
     /* Bad values are refused with the reason. */
-    gr_client_sync_config bad = {GR_CLIENT_SYNC_SEMISYNC, 2, 3, 0};
+    gr_client_sync_config bad = {GR_CLIENT_SYNC_SEMISYNC, 2, 3, 0, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &bad, GR_CLIENT_SYNC_RESET, NULL), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "K <= N"));
     /* Reset replaces, clear removes; without a job acquires say so. */
@@ -101,7 +101,7 @@ static void test_sync_step_sparse_and_dense(void **state)
     (void)state;
     cluster k;
     up(&k, 2, 2);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, NULL), 0);
     uint64_t k0 = key_on(0, 2, 1), k1 = key_on(1, 2, 1);
     uint64_t want[2] = {0, 0}, t0[2], t1[2], step = 9;
@@ -170,7 +170,7 @@ static void test_semisync_drop_and_timeout(void **state)
     (void)state;
     cluster k;
     up(&k, 1, 2);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SEMISYNC, 3, 2, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SEMISYNC, 3, 2, 0, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, NULL), 0);
     uint64_t want[1] = {0}, t[3][1];
     for (int w = 0; w < 3; w++) assert_int_equal(gr_client_sync_acquire(k.c, w, want, 1000, t[w], NULL), 0);
@@ -218,7 +218,7 @@ static void test_parked_acquires_hold_no_thread(void **state)
     (void)state;
     cluster k;
     up(&k, 1, 1);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 4, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 4, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, NULL), 0);
     uint64_t want0[1] = {0}, want1[1] = {1}, tags[4][1];
     uint64_t key = 77;
@@ -260,7 +260,7 @@ static void test_reset_wakes_waiters(void **state)
     (void)state;
     cluster k;
     up(&k, 2, 2);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(k.c, &sc, 0, NULL), 0);
     uint64_t want[2] = {1, 1}, tags[2];
     gr_client_op *op;
@@ -287,7 +287,7 @@ static void test_killed_shard_is_an_error(void **state)
     gr_client *c;
     assert_int_equal(gr_client_create(&cc, &c), 0);
     assert_int_equal(gr_client_create_table(c, TABLE), 0);
-    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0};
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
     assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
     uint64_t want[2] = {1, 1}, tags[2];
     gr_client_op *op;

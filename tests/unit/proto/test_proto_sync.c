@@ -38,13 +38,22 @@ static void test_config_acquire_leave_pair(void **state)
     assert_int_equal(b.len, 24);
     assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), 0);
     assert_memory_equal(&c, &d, sizeof c);
-    /* Unknown flags, a nonzero reserved field, a wrong length. */
+    /* Unknown flags, a wrong length. */
     b.data[16] = 0x10;
     assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
     b.data[16] = 1;
-    b.data[20] = 1;
-    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), GR_EPROTO);
     assert_int_equal(gr_proto_decode_sync_config(b.data, 20, &d), GR_EPROTO);
+    /* The word at 20, once reserved, is the dense lag: older clients' 0 is lock-step. */
+    b.data[20] = 1;
+    assert_int_equal(gr_proto_decode_sync_config(b.data, b.len, &d), 0);
+    assert_int_equal(d.dense_lag, 1);
+    gr_proto_buf l;
+    gr_proto_buf_init(&l);
+    gr_proto_sync_config lag = {.mode = GR_PROTO_SYNC_SYNC, .workers = 2, .dense_lag = 3};
+    assert_int_equal(gr_proto_put_sync_config(&l, &lag), 0);
+    assert_int_equal(gr_proto_decode_sync_config(l.data, l.len, &d), 0);
+    assert_memory_equal(&lag, &d, sizeof lag);
+    gr_proto_buf_fini(&l);
 
     /* With an owner: 24 + 24 + the label padded to 8; without one, the 24-byte form. */
     b.len = 0;
