@@ -56,6 +56,11 @@
       "run the paced client as an ordinary thread (the default)")                               \
     X(SB_PACER_FIFO, "pacer-fifo", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                    \
       "run the paced client as SCHED_FIFO (it then preempts the server's threads on its core)")  \
+    X(SB_SLICE, "slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "100",                      \
+      "time slice of the replica's and the Redis-backed server's handler threads (granary "     \
+      "serve --slice-us); 0 = the kernel's default")                                           \
+    X(SB_PACER_SLICE, "pacer-slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "100",          \
+      "time slice the paced client asks for; 0 = the kernel's default")                        \
     X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
       "saturation runs of batch 1, alternating replica and Redis-backed, and paced runs at half " \
       "saturation of each; medians reported")                                                    \
@@ -548,6 +553,8 @@ int gr_bench_serve(int argc, char **argv)
     cfg.http = "127.0.0.1:0";
     cfg.listen = "127.0.0.1:0";
     cfg.threads = threads;
+    cfg.slice_us = (unsigned)v[SB_SLICE].i;
+    sl_set_pacer_slice((unsigned)v[SB_PACER_SLICE].i);
     gr_serve *rep = NULL;
     if (gr_serve_create(&cfg, &rep) || gr_serve_start(rep)) {
         fprintf(stderr, "granary bench serve: %s\n", gr_errmsg());
@@ -586,7 +593,7 @@ int gr_bench_serve(int argc, char **argv)
     if (f100 >= 0) close(f100);
     bool have_wrk = sl_write_script(s1, &b1) == 0 && sl_write_script(s100, &b100) == 0 &&
                     system("wrk --version >/dev/null 2>&1") != 127 * 256;
-    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false, NULL, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
+    load sat = {NAN, NAN, NAN, 0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, false, false, NULL, 0}, fixed = sat, sat100 = sat, rsat = sat, rfixed = sat,
          fixed_threads = sat, fixed_other = sat;
     double fixed_p99s[2][16], rfixed_p99s[2][16]; /* each paced round's p99 and steal */
     for (unsigned k = 0; k < 16; k++)
@@ -604,7 +611,7 @@ int gr_bench_serve(int argc, char **argv)
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
         gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
-                             .handler = redis_handle, .ctx = &rs};
+                             .slice_us = cfg.slice_us, .handler = redis_handle, .ctx = &rs};
         if (gr_http_start(&hc, &hs)) hs = NULL;
     }
     if (have_wrk && !hs) fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
@@ -680,9 +687,10 @@ int gr_bench_serve(int argc, char **argv)
            "  of which: sent", fixed.late_p99_ms, fixed.service_p99_ms, fixed.gen_cpu_us);
     printf("  %-44s waiting for a free connection p99 %.3f ms, the client's own p99 %.3f ms\n",
            "  of which: late", fixed.conn_wait_p99_ms, fixed.own_late_p99_ms);
-    printf("  %-44s %s; run-queue wait %.1f ms, steal %.1f ms, timer wakeups p99 %.3f ms late\n",
-           "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER", fixed.runq_ms,
-           fixed.steal_ms, fixed.wake_late_p99_ms);
+    printf("  %-44s %s, %s slice; run-queue wait %.1f ms, steal %.1f ms, timer wakeups p99 "
+           "%.3f ms late\n", "  the paced client", fixed.fifo ? "SCHED_FIFO" : "SCHED_OTHER",
+           fixed.slice ? "a short" : "the default", fixed.runq_ms, fixed.steal_ms,
+           fixed.wake_late_p99_ms);
     if (v[SB_CMP_PACE].b) {
         print_load(fixed_other.fifo ? "replica, batch 1, half saturation (SCHED_FIFO)"
                                     : "replica, batch 1, half saturation (ordinary)",
@@ -725,6 +733,7 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_predict_send_late_p99_ms", rfixed.late_p99_ms, true);
         json_num("redis_predict_service_p99_ms", rfixed.service_p99_ms, true);
         printf("\"predict_pacer_fifo\":%d,", fixed.fifo ? 1 : 0);
+        printf("\"predict_pacer_slice\":%d,", fixed.slice ? 1 : 0);
         json_num("predict_pacer_runq_ms", fixed.runq_ms, true);
         json_num("predict_steal_ms", fixed.steal_ms, true);
         json_num("predict_pacer_wake_late_p99_ms", fixed.wake_late_p99_ms, true);
@@ -775,8 +784,9 @@ int gr_bench_serve(int argc, char **argv)
         printf("\"publish_interval_ms\":100,");
         json_num("freshness_1000_p50_ms", f1000p50, true);
         json_num("freshness_1000_p99_ms", f1000p99, true);
-        printf("\"connections\":%u,\"threads\":%u,\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
-               conns, threads, wrk_threads, rounds, secs);
+        printf("\"connections\":%u,\"threads\":%u,\"slice_us\":%u,\"pacer_slice_us\":%u,"
+               "\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
+               conns, threads, cfg.slice_us, (unsigned)v[SB_PACER_SLICE].i, wrk_threads, rounds, secs);
     }
     sl_load_free(&fixed);
     sl_load_free(&rfixed);

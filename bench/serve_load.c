@@ -423,6 +423,14 @@ double sl_paced_wait(bool left, double next, double now, int busy, int conns, do
     return busy < conns ? 0 : full_wait;
 }
 
+/* The time slice the paced client asks for (gr_thread_set_slice_us); 0: the default. A
+ * short one lets it, when a request falls due, run ahead of the server's handler threads
+ * that are on the default slice (1.4 ms on 2 cores) instead of waiting behind one's slice: what a client
+ * on its own machine never waits for. Its share of the CPU is unchanged. */
+static unsigned pacer_slice_us;
+
+void sl_set_pacer_slice(unsigned us) { pacer_slice_us = us; }
+
 void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo,
                       load *out)
 {
@@ -433,6 +441,7 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
     out->own_late_p99_ms = out->conn_wait_p99_ms = NAN;
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake at the due time, not up to 50 us after it */
     out->fifo = fifo && pacer_fifo_begin();
+    out->slice = pacer_slice_us && gr_thread_set_slice_us(pacer_slice_us) == GR_OK;
     int ep = epoll_create1(EPOLL_CLOEXEC);
     pconn *cs = calloc(PACED_CONNS, sizeof *cs);
     size_t total = (size_t)(rate * secs), sent = 0, done = 0, cap = total + 1;
@@ -530,6 +539,7 @@ void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool
     out->runq_ms = (thread_runq_ns() - runq0) / 1e6;
     out->steal_ms = (steal_s() - steal0) * 1e3;
     pacer_fifo_end(out->fifo);
+    if (out->slice) gr_thread_set_slice_us(0);
     for (int i = 0; i < PACED_CONNS; i++)
         if (cs[i].fd >= 0) close(cs[i].fd);
     close(ep);

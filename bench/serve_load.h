@@ -33,6 +33,7 @@ typedef struct load {
      * flight: the server's backlog) and the rest (the client itself was late). */
     double conn_wait_p99_ms, own_late_p99_ms;
     bool fifo; /* the paced client ran as SCHED_FIFO */
+    bool slice; /* the paced client got the time slice of sl_set_pacer_slice */
     /* The paced client's latencies (ms from each request's due time), malloc'd: sl_load_free.
      * NULL for wrk runs. */
     double *lat;
@@ -59,6 +60,9 @@ int sl_run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned co
 void sl_load_median(const load *runs, unsigned n, load *out);
 /* Frees the latencies a run kept. */
 void sl_load_free(load *l);
+/* The time slice (us, gr_thread_set_slice_us) the paced client asks for from now on; 0: the
+ * kernel's default. */
+void sl_set_pacer_slice(unsigned us);
 /* The paced client at `rate` requests/s for secs (fifo: as SCHED_FIFO when permitted). */
 void sl_run_paced(uint16_t port, const bodies *b, double rate, double secs, bool fifo, load *out);
 /* How long the paced client may sleep (seconds): 0 when a request is due and a connection is

@@ -70,6 +70,14 @@ GR_API void gr_log(gr_log_level level, const char *fmt, ...) __attribute__((form
  * other peers (and Unix sockets) are left as they are. */
 GR_API bool gr_sock_unpaced_loopback(int fd);
 
+/* Scheduling. Asks the kernel for a time slice of `us` microseconds (100 to 100000) for the
+ * calling thread, which stays SCHED_OTHER with its weight: on Linux 6.12 and later (EEVDF's
+ * custom slices) a thread with a short slice that wakes runs ahead of, and preempts, threads
+ * on the default slice, so a thread answering short requests does not wait behind another's
+ * slice. 0 goes back to the kernel's default. GR_EINVAL where the kernel has no custom
+ * slices (the thread runs as before). */
+GR_API int gr_thread_set_slice_us(unsigned us);
+
 /* Time. */
 GR_API uint64_t gr_now_ns(void);   /* monotonic clock */
 GR_API uint64_t gr_thread_cpu_ns(void); /* CPU time of the calling thread (a syscall: ~0.3 us) */

@@ -43,6 +43,8 @@ typedef struct gr_http_config {
     unsigned threads;       /* handler threads; 0 = 1 */
     size_t max_body;        /* bytes; 0 = 1 MiB. Larger bodies get 413 */
     unsigned timeout_s;     /* idle connection timeout; 0 = 30 */
+    unsigned slice_us;      /* time slice handler threads ask for (gr_thread_set_slice_us);
+                               0 = the kernel's default */
     gr_http_handler handler;
     void *ctx;
 } gr_http_config;

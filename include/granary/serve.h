@@ -36,6 +36,9 @@ typedef struct gr_serve_config {
     const char *http;           /* "HOST:PORT" of the HTTP API, or NULL for none */
     const char *listen;         /* "HOST:PORT" of the binary protocol, or NULL for none */
     unsigned threads;           /* HTTP handler threads; 0 = 4 */
+    unsigned slice_us;          /* time slice the handler threads ask for (gr_thread_set_slice_us:
+                                   a request's thread then runs ahead of threads on the
+                                   kernel's default slice); 0 = the default slice */
     size_t max_body;            /* HTTP and binary request bodies; 0 = 8 MiB */
     uint32_t max_batch;         /* examples in one predict; 0 = 10000 */
 } gr_serve_config;

@@ -29,6 +29,9 @@
       "binary protocol address (predict, lookup; printed on stdout)")                         \
     X(SV_THREADS, "threads", GR_CLI_INT, "threads", 1, 1024, NULL, "T", "4",                   \
       "HTTP handler threads")                                                                  \
+    X(SV_SLICE, "slice-us", GR_CLI_INT, "slice_us", 0, 100000, NULL, "US", "100",              \
+      "time slice the handler threads ask the kernel for (Linux 6.12+: a thread with a short\n"\
+      "slice runs ahead of threads on the default, 1.4 ms on 2 cores); 0 = the default")          \
     X(SV_F16, "f16", GR_CLI_FLAG, "f16", 0, 0, NULL, NULL, NULL,                               \
       "ask the shards for rows as half floats (half the bytes)")                              \
     X(SV_POLL_WAIT, "poll-wait", GR_CLI_INT, "poll_wait_ms", 1, 60000, NULL, "MS", "1000",     \
@@ -109,6 +112,7 @@ int gr_cli_serve(int argc, char **argv)
     cfg.http = v[SV_HTTP].s;
     cfg.listen = v[SV_LISTEN].s;
     cfg.threads = (unsigned)v[SV_THREADS].i;
+    cfg.slice_us = (unsigned)v[SV_SLICE].i;
     cfg.f16 = v[SV_F16].b;
     cfg.poll_wait_ms = (uint32_t)v[SV_POLL_WAIT].i;
     cfg.max_body = (size_t)v[SV_MAX_BODY].u;

@@ -89,6 +89,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     gr_http_server *s = cls;
     pending *p = *con_cls;
     if (!p) {
+        /* The daemon threads are libmicrohttpd's: each asks for its time slice at its first
+         * request (a thread-local flag; one syscall per thread). */
+        static _Thread_local bool slice_asked;
+        if (s->cfg.slice_us && !slice_asked) {
+            slice_asked = true;
+            if (gr_thread_set_slice_us(s->cfg.slice_us))
+                GR_LOGD("http: %s (handler threads keep the default slice)", gr_errmsg());
+        }
         p = calloc(1, sizeof *p);
         if (!p) return MHD_NO;
         *con_cls = p;
@@ -218,6 +226,9 @@ int gr_http_start(const gr_http_config *cfg, gr_http_server **out)
     *out = NULL;
     if (!cfg || !cfg->handler || !cfg->listen)
         return gr_seterr(GR_EINVAL, "http: a listen address and a handler are required");
+    if (cfg->slice_us && (cfg->slice_us < 100 || cfg->slice_us > 100000))
+        return gr_seterr(GR_EINVAL, "http: a time slice is 100 to 100000 us, not %u",
+                         cfg->slice_us);
     struct sockaddr_storage addr;
     socklen_t addr_len;
     int rc = gr_http_resolve(cfg->listen, 1, &addr, &addr_len);

@@ -137,6 +137,9 @@ static void *conn_main(void *arg)
     conn_arg *a = arg;
     sv_listen *l = a->l;
     int fd = a->fd;
+    /* A connection's thread answers its requests: the same short slice as HTTP handlers. */
+    if (l->s->cfg.slice_us && gr_thread_set_slice_us(l->s->cfg.slice_us))
+        GR_LOGD("serve: %s (this connection's thread keeps the default slice)", gr_errmsg());
     uint8_t hb[GR_PROTO_HEADER_SIZE];
     gr_proto_buf out;
     gr_proto_buf_init(&out);

@@ -27,6 +27,7 @@ void gr_serve_config_default(gr_serve_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->poll_wait_ms = 1000;
     cfg->threads = 4;
+    cfg->slice_us = 100;
     cfg->max_body = 8u << 20;
     cfg->max_batch = 10000;
 }
@@ -332,6 +333,9 @@ int gr_serve_create(const gr_serve_config *cfg, gr_serve **out)
     *out = NULL;
     if (!cfg->model_dir && !cfg->model)
         return gr_seterr(GR_EINVAL, "a replica needs a saved model (--model DIR) or a model config");
+    if (cfg->slice_us && (cfg->slice_us < 100 || cfg->slice_us > 100000))
+        return gr_seterr(GR_EINVAL, "--slice-us %u: a time slice is 100 to 100000 us (0: the "
+                         "kernel's default)", cfg->slice_us);
     gr_serve *s = calloc(1, sizeof *s);
     if (!s) return gr_seterr(GR_ENOMEM, "out of memory for a replica");
     /* The request threads are the parallelism, as the trainer's workers are: OpenBLAS threads
@@ -378,6 +382,7 @@ int gr_serve_start(gr_serve *s)
         gr_http_config hc = {.listen = s->cfg.http,
                              .threads = s->cfg.threads,
                              .max_body = s->cfg.max_body,
+                             .slice_us = s->cfg.slice_us,
                              .handler = sv_http_handle,
                              .ctx = s};
         rc = gr_http_start(&hc, &s->http);

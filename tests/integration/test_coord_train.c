@@ -467,8 +467,14 @@ static void net_shard(netjob *n, int i, const char *ck)
         if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(126);
         dup2(p[1], 1);
         close(p[0]);
+        /* A 5 s session, not the 2 s of the loopback runs: this test's ZooKeeper is a JVM
+         * started just before the run, and while it warms up on 2 loaded cores its pings could
+         * come later than a 2 s session allows (the client suspends the session after 2/3 of
+         * it): the shards then fenced themselves, correctly, and the trainer recovered a second
+         * time (2 recoveries where the test expects the kill's 1; seen in CI and in 1 of 40
+         * local runs). */
         execl(ps_test_granary_bin(), "granary", "server", "--coord", n->url[i], "--listen", listen,
-              "--insecure", "--shards", "2", "--threads", "1", "--session-timeout", "2000",
+              "--insecure", "--shards", "2", "--threads", "1", "--session-timeout", "5000",
               "--ckpt-root", tmp, "--ckpt-dir", ck, i == 2 ? "--standby" : (char *)NULL,
               (char *)NULL);
         _exit(127);
@@ -561,7 +567,7 @@ static void test_sync_rollback_across_network_namespaces(void **state)
     read_metrics(&b, aucB, llB, &recB);
     fprintf(stderr, "coord train netns: clean auc %s; killed auc %s; recoveries %g\n", aucA,
             aucB, recB);
-    if (recB != 1) {
+    if (recB != 1 || strcmp(aucA, aucB) || strcmp(llA, llB)) {
         char *txt = NULL;
         if (gr_read_file(b.log, &txt, NULL) == 0) fprintf(stderr, "%s\n", txt);
         free(txt);

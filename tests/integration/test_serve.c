@@ -350,6 +350,12 @@ static void test_scores_equal_trainer(void **state)
     gr_serve_config_default(&bad);
     bad.model_dir = fx.train; /* a file, not a saved model */
     assert_int_not_equal(gr_serve_create(&bad, &s), 0);
+    gr_serve_config_default(&bad);
+    assert_int_equal(bad.slice_us, 100); /* handler threads ask for a 100 us slice */
+    bad.model_dir = root;
+    bad.slice_us = 50; /* under the kernel's 0.1 ms floor: refused, naming the option */
+    assert_int_equal(gr_serve_create(&bad, &s), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "--slice-us 50"));
     gr_client_destroy(c);
     assert_int_equal(ps_test_server_stop(&srv, 0), 0);
     tr_fixture_remove(&fx);

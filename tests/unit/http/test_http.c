@@ -10,11 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "granary/core.h"
 #include "granary/http.h"
 
 /* Echoes what it was given, so the test can check each part of the request arrived. */
@@ -30,6 +32,22 @@ static void echo(void *ctx, const gr_http_request *req, gr_http_response *resp)
     gr_http_printf(resp, 200, "text/plain", "%s %s q=%s auth=%s len=%zu body=%s", req->method,
                    req->path, q ? q : "-", auth ? auth : "-", req->body_len, req->body);
     snprintf(resp->extra_header[0], sizeof resp->extra_header[0], "X-Granary: yes");
+}
+
+/* Answers with the time slice of the handler thread that runs it (sched_getattr, ns). */
+static void report_slice(void *ctx, const gr_http_request *req, gr_http_response *resp)
+{
+    (void)ctx, (void)req;
+    struct {
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t prio;
+        uint64_t runtime, deadline, period;
+    } a;
+    memset(&a, 0, sizeof a);
+    long rc = syscall(SYS_sched_getattr, 0, &a, sizeof a, 0);
+    gr_http_printf(resp, 200, "text/plain", "%llu", rc ? 0ull : (unsigned long long)a.runtime);
 }
 
 static gr_http_server *start(size_t max_body, char *base, size_t base_len)
@@ -218,10 +236,36 @@ static void test_connections_opened_at_once_spread_over_threads(void **state)
     gr_http_stop(s);
 }
 
+/* slice_us: every handler thread runs with that time slice (where the kernel has custom
+ * slices); out of range is refused at start. */
+static void test_handler_threads_take_the_slice(void **state)
+{
+    (void)state;
+    gr_http_config cfg = {.listen = "127.0.0.1:0", .threads = 2, .slice_us = 99, .handler = report_slice};
+    gr_http_server *s = NULL;
+    assert_int_equal(gr_http_start(&cfg, &s), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "100 to 100000 us"));
+    if (gr_thread_set_slice_us(300) != GR_OK) skip(); /* no custom slices on this kernel */
+    gr_thread_set_slice_us(0);
+    cfg.slice_us = 300;
+    assert_int_equal(gr_http_start(&cfg, &s), 0);
+    char url[96];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/s", gr_http_port(s));
+    for (int i = 0; i < 6; i++) { /* new connections, spread over both threads */
+        gr_http_result r;
+        assert_int_equal(gr_http_fetch("GET", url, NULL, NULL, 0, 5000, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(r.body, "300000");
+        gr_http_result_free(&r);
+    }
+    gr_http_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_get_and_post),
+        cmocka_unit_test(test_handler_threads_take_the_slice),
         cmocka_unit_test(test_errors_are_json),
         cmocka_unit_test(test_body_over_limit_is_413_and_server_goes_on),
         cmocka_unit_test(test_bad_addresses),
