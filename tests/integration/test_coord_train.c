@@ -374,7 +374,20 @@ static int net_teardown(void **state)
 static bool net_up(netjob *n)
 {
     if (geteuid() != 0) return false;
-    n->net = 100 + (unsigned)getpid() % 150;
+    /* A 10.N.0.0/16 no interface of this machine uses: another run of this test at the same
+     * time, or one killed before it could clean up, keeps its addresses, and a second set of
+     * routes to the same subnets would send one run's packets to the other's namespaces. */
+    n->net = 0;
+    for (unsigned k = 0; k < 150 && !n->net; k++) {
+        unsigned cand = 100 + ((unsigned)getpid() + k) % 150;
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "ip -4 -o addr show | grep -q ' 10\\.%u\\.'", cand);
+        if (sh(cmd) == 1) n->net = cand; /* grep found none */
+    }
+    if (!n->net) {
+        fprintf(stderr, "coord train: every 10.100-249.0.0/16 is in use here\n");
+        return false;
+    }
     for (int i = 0; i < 3; i++) {
         snprintf(n->ns[i], sizeof n->ns[i], "gr%ds%d", (int)getpid(), i);
         char cmd[600];
