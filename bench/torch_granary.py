@@ -138,6 +138,8 @@ def main(argv=None):
         "torch_granary_cpu_ms_per_1024": tg.get("cpu_ms_per_1024"),
         "torch_granary_preload": bool(tg.get("preload")),
         "torch_granary_interaction": tg.get("interaction"),
+        # how the workers reach the embedded shards ("unix": AF_UNIX, session 7; "tcp" before)
+        "torch_granary_transport": tg.get("transport"),
         "torch_granary_shards_cpu_ms_per_1024": 1e3 * tg["shards_cpu_seconds"] * 1024 /
         max(tg["examples"], 1) if tg.get("shards_cpu_seconds") is not None else None,
     }

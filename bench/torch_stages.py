@@ -94,9 +94,11 @@ def plain_round(st, y, d, c, steps):
         st.add("total", t7 - t0)
 
 
-def granary_round(st, path, steps):
+def granary_round(st, path, steps, transport="unix"):
     cluster = granary.LocalCluster(2)
-    client = granary.Client(servers=cluster.servers)
+    # examples/torch_dlrm.py's default: the embedded shards over AF_UNIX
+    client = granary.Client(servers=cluster.local_servers if transport == "unix"
+                            else cluster.servers)
     ec = dlrm.embedding_collection(client, dim=16, seed=1, reset=True)
     model = dlrm.DenseDLRM(16, "64,32", "128,64", 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -219,6 +221,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--transport", default="unix", choices=["unix", "tcp", "both"],
+                    help="how the granary side reaches its shards (default unix, as "
+                         "examples/torch_dlrm.py); both: alternate the two, side by side")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.allreduce:
@@ -232,26 +237,37 @@ def main(argv=None):
     vocabs = [dict() for _ in range(26)]
     y, d, c = torch_dlrm.load(a.train, vocabs, True)
     steps = min(a.steps, len(y) // B)
-    ps, gs = Stages(), Stages()
+    ps, gs, gt = Stages(), Stages(), Stages()
     for _ in range(a.rounds):
         plain_round(ps, y, d, c, steps)
-        granary_round(gs, a.train, steps)
+        granary_round(gs, a.train, steps, "tcp" if a.transport == "tcp" else "unix")
+        if a.transport == "both":
+            granary_round(gt, a.train, steps, "tcp")
     pm, gm = ps.medians(), gs.medians()
     print("median CPU ms per step of %d (%d steps x %d rounds, %d torch thread(s))"
           % (B, steps, a.rounds, a.threads))
     print("plain PyTorch:")
     for k, v in pm.items():
         print("  %-26s %7.2f" % (k, v))
-    print("PyTorch + granary:")
-    for k, v in gm.items():
-        print("  %-26s %7.2f" % (k, v))
+    if a.transport == "both":
+        tm = gt.medians()
+        print("PyTorch + granary:            unix      tcp")
+        for k, v in gm.items():
+            print("  %-26s %7.2f  %7.2f" % (k, v, tm[k]))
+    else:
+        print("PyTorch + granary (%s):" % a.transport)
+        for k, v in gm.items():
+            print("  %-26s %7.2f" % (k, v))
     crit = gm["total main thread"] - gm["prepare (loader thread)"] - gm["pull"]
     res = {"plain": pm, "granary": gm, "granary_critical_path_ms": crit,
+           "transport": a.transport,
            "plain_total_ms": pm["total"],
            "bound_ratio": pm["total"] / max(crit, gm["other threads"] +
                                             gm["prepare (loader thread)"])}
     print("critical path of the pipelined main thread %.2f ms; plain / that = %.2fx (the bound "
           "when the other core absorbs the loader and the shards)" % (crit, res["bound_ratio"]))
+    if a.transport == "both":
+        res["granary_tcp"] = tm
     if a.json:
         print(json.dumps(res))
     return res

@@ -39,6 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--servers", help="host:port,... of running granary servers")
     p.add_argument("--coord", help="zk://HOSTS/PATH: the shards of a coordinated job")
     p.add_argument("--shards", type=int, default=2, help="embedded cluster size (default 2)")
+    p.add_argument("--transport", default="unix", choices=["unix", "tcp"],
+                   help="how the workers reach the embedded cluster: its AF_UNIX sockets "
+                        "(default; the same protocol without the TCP stack) or loopback TCP")
     p.add_argument("--workers", type=int, default=1, help="worker processes (DDP over gloo)")
     p.add_argument("--schema", help="the files' layout: a schema file (docs/data.md); default "
                    "Criteo TSV")
@@ -144,7 +147,9 @@ def main(argv=None):
     servers = args.servers
     if not servers and not args.coord:
         cluster = granary.LocalCluster(args.shards)
-        servers = cluster.servers
+        # The workers are on this machine: AF_UNIX skips loopback TCP's stack and wake-ups
+        # (docs/benchmarks.md, session 7).
+        servers = cluster.local_servers if args.transport == "unix" else cluster.servers
     import tempfile
     tmp = tempfile.mkdtemp(prefix="torch_dlrm")
     result_path = os.path.join(tmp, "worker-%d.json")
@@ -177,6 +182,7 @@ def main(argv=None):
            "workers": args.workers, "mode": args.mode, "wall_seconds": wall,
            "lr_rule": args.lr_rule, "emb_staleness": args.emb_staleness,
            "preload": args.preload, "interaction": args.interaction,
+           "transport": args.transport if cluster else None,
            # CPU seconds of every process and thread while training (the workers' training
            # loops, and with several workers the embedded shards' whole run, evaluation's
            # pulls included): a figure the machine's load changes little

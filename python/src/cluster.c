@@ -64,6 +64,19 @@ static PyObject *cluster_servers(PyObject *o, void *closure)
     return PyUnicode_FromString(gr_local_cluster_servers(self->c));
 }
 
+/* The same shards over abstract AF_UNIX sockets ("unix:@NAME,..."): for worker processes on
+ * this machine, which then skip the TCP stack (docs/python.md, session 7). */
+static PyObject *cluster_local_servers(PyObject *o, void *closure)
+{
+    (void)closure;
+    gr_py_cluster *self = (gr_py_cluster *)o;
+    if (!self->c) {
+        PyErr_SetString(PyExc_ValueError, "the local cluster is stopped");
+        return NULL;
+    }
+    return PyUnicode_FromString(gr_local_cluster_local_servers(self->c));
+}
+
 static void cluster_dealloc(PyObject *o)
 {
     cluster_stop_now((gr_py_cluster *)o);
@@ -77,6 +90,8 @@ static PyMethodDef cluster_methods[] = {
 
 static PyGetSetDef cluster_getset[] = {
     {"servers", cluster_servers, NULL, "'127.0.0.1:PORT,...' in shard order", NULL},
+    {"local_servers", cluster_local_servers, NULL,
+     "'unix:@NAME,...' in shard order: the same shards over AF_UNIX, for this machine", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -50,6 +50,31 @@ class ClientTest(unittest.TestCase):
                 self.c.pull(tid, dim, keys.view(np.int64), out)
                 np.testing.assert_array_equal(out.reshape(300, dim), -grads)
 
+    def test_local_servers_reach_the_same_shards(self):
+        # LocalCluster.local_servers: the same shards over AF_UNIX (what examples/torch_dlrm.py's
+        # workers use by default): a push over TCP reads back over AF_UNIX and the other way.
+        servers = self.cluster.local_servers
+        self.assertEqual([s.split("@")[0] for s in servers.split(",")], ["unix:", "unix:"])
+        self.assertEqual(len(set(servers.split(","))), 2)
+        u = self.g.Client(servers=servers)
+        try:
+            self.assertEqual(u.shards, 2)
+            self.c.create_table(sgd_spec("unix_rt", 95, 8))
+            keys = np.arange(1, 201, dtype=np.uint64) * np.uint64(7919)
+            g = (np.arange(200 * 8, dtype=np.float32).reshape(200, 8) / 4.0)
+            self.c.push(95, 8, keys, g)
+            np.testing.assert_array_equal(u.pull(95, 8, keys), -g)
+            u.push(95, 8, keys[:100], g[:100])
+            rows = self.c.pull(95, 8, keys)
+            np.testing.assert_array_equal(rows[:100], -2 * g[:100])
+            np.testing.assert_array_equal(rows[100:], -g[100:])
+        finally:
+            u.close()
+        stopped = self.g.LocalCluster(1)
+        stopped.stop()
+        with self.assertRaisesRegex(ValueError, "stopped"):
+            stopped.local_servers
+
     def test_duplicates_summed_and_unique_flag(self):
         self.c.create_table(sgd_spec("dups", 40, 4))
         keys = np.array([1, 2, 1, 1], dtype=np.uint64)

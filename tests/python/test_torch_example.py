@@ -49,9 +49,22 @@ class ExampleTest(unittest.TestCase):
         self.assertEqual(preloaded["logloss"], streamed["logloss"])
         self.assertGreater(preloaded["auc"], 0.6)
 
+    def test_unix_transport_trains_the_same(self):
+        # The workers reach the embedded shards over AF_UNIX by default (--transport unix):
+        # the same protocol, so one deterministic worker trains bit for bit what it does over
+        # loopback TCP.
+        unix = self.run_example("--workers", "1", "--preload")
+        tcp = self.run_example("--workers", "1", "--preload", "--transport", "tcp")
+        self.assertEqual(unix["transport"], "unix")
+        self.assertEqual(tcp["transport"], "tcp")
+        self.assertEqual(unix["examples"], 6000)
+        self.assertEqual(unix["auc"], tcp["auc"])
+        self.assertEqual(unix["logloss"], tcp["logloss"])
+
     def test_two_ddp_workers_preloaded(self):
         res = self.run_example("--workers", "2", "--preload")
         self.assertEqual(res["workers"], 2)
+        self.assertEqual(res["transport"], "unix")
         self.assertEqual(res["examples"], 6000)
         self.assertEqual(len(res["worker_cpu_seconds"]), 2)
         self.assertGreater(res["shards_cpu_seconds"], 0.0)
