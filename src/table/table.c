@@ -21,7 +21,13 @@
 #define PF_RING 32 /* ring of per-key pipeline state; power of two > 2 * PF_D */
 #define COMMIT_ROWS 32768u  /* the arena is committed in multiples of this many slots */
 #define HUGE_PAGE (2u << 20)
-#define HUGE_FROM (8u << 20) /* rows past this offset are advised for huge pages */
+/* Rows past this offset are advised for huge pages: all of them. With the first 8 MiB on
+ * 4 KiB pages (before session 7) a bench ps shard (26 tables of ~10 MB) kept four rows in five
+ * on small pages, and the rows a Zipf batch touches most, created first, all of them: push CPU
+ * per batch 0.94x and push rows/s 9.31x → 11.47x Redis (medians of 3 alternating runs against
+ * 8 MiB; 2 MiB gained nothing), shards' push CPU −13 % in session 6 (docs/server.md). The
+ * price: a table with a handful of rows pins a 2 MiB page. */
+#define HUGE_FROM 0u
 #define EVICT_SAMPLES 8
 #define EVICT_SAMPLE_ALL 16 /* partitions with this few slots are searched exhaustively */
 
@@ -117,8 +123,7 @@ static int arena_commit(gr_table *t, uint32_t upto)
         return gr_seterr(GR_ENOMEM, "table '%s': cannot commit memory for %llu rows",
                          t->spec.name, (unsigned long long)want);
 #ifdef MADV_HUGEPAGE
-    /* Huge pages save most TLB misses on random row access; small tables stay on 4 KiB pages
-     * so that a handful of rows per partition does not pin 2 MiB pages. */
+    /* Huge pages save most TLB misses on random row access (HUGE_FROM says which rows). */
     size_t h0 = r0 > HUGE_FROM ? r0 : HUGE_FROM, h1 = r1h;
     if (h1 > h0) madvise(t->rowmem + h0, h1 - h0, MADV_HUGEPAGE);
 #endif
