@@ -56,10 +56,10 @@
       "run the paced client as an ordinary thread (the default)")                               \
     X(SB_PACER_FIFO, "pacer-fifo", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                    \
       "run the paced client as SCHED_FIFO (it then preempts the server's threads on its core)")  \
-    X(SB_SLICE, "slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "100",                      \
+    X(SB_SLICE, "slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "0",                        \
       "time slice of the replica's and the Redis-backed server's handler threads (granary "     \
       "serve --slice-us); 0 = the kernel's default")                                           \
-    X(SB_PACER_SLICE, "pacer-slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "100",          \
+    X(SB_PACER_SLICE, "pacer-slice-us", GR_CLI_INT, NULL, 0, 100000, NULL, "US", "0",            \
       "time slice the paced client asks for; 0 = the kernel's default")                        \
     X(SB_ROUNDS, "rounds", GR_CLI_INT, NULL, 1, 16, NULL, "N", "3",                             \
       "saturation runs of batch 1, alternating replica and Redis-backed, and paced runs at half " \

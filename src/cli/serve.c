@@ -29,7 +29,7 @@
       "binary protocol address (predict, lookup; printed on stdout)")                         \
     X(SV_THREADS, "threads", GR_CLI_INT, "threads", 1, 1024, NULL, "T", "4",                   \
       "HTTP handler threads")                                                                  \
-    X(SV_SLICE, "slice-us", GR_CLI_INT, "slice_us", 0, 100000, NULL, "US", "100",              \
+    X(SV_SLICE, "slice-us", GR_CLI_INT, "slice_us", 0, 100000, NULL, "US", "0",                \
       "time slice the handler threads ask the kernel for (Linux 6.12+: a thread with a short\n"\
       "slice runs ahead of threads on the default, 1.4 ms on 2 cores); 0 = the default")          \
     X(SV_F16, "f16", GR_CLI_FLAG, "f16", 0, 0, NULL, NULL, NULL,                               \

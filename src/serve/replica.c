@@ -27,7 +27,7 @@ void gr_serve_config_default(gr_serve_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->poll_wait_ms = 1000;
     cfg->threads = 4;
-    cfg->slice_us = 100;
+    cfg->slice_us = 0; /* measured no gain on 2 cores (docs/serving.md): opt-in */
     cfg->max_body = 8u << 20;
     cfg->max_batch = 10000;
 }

@@ -351,7 +351,7 @@ static void test_scores_equal_trainer(void **state)
     bad.model_dir = fx.train; /* a file, not a saved model */
     assert_int_not_equal(gr_serve_create(&bad, &s), 0);
     gr_serve_config_default(&bad);
-    assert_int_equal(bad.slice_us, 100); /* handler threads ask for a 100 us slice */
+    assert_int_equal(bad.slice_us, 0); /* the kernel's slice unless asked (--slice-us) */
     bad.model_dir = root;
     bad.slice_us = 50; /* under the kernel's 0.1 ms floor: refused, naming the option */
     assert_int_equal(gr_serve_create(&bad, &s), GR_EINVAL);
