@@ -4,9 +4,8 @@
 
 #include <stdlib.h>
 
-static int check(size_t n, uint32_t d, uint32_t ns, const void *a, const void *b, const void *c)
+static int check(uint32_t d, uint32_t ns, const void *a, const void *b, const void *c)
 {
-    (void)n;
     if (!a || !b || !c) return gr_seterr(GR_EINVAL, "interaction: NULL buffer");
     if (!d || !ns || ns > 1024)
         return gr_seterr(GR_EINVAL, "interaction: dim %u and %u slots (want dim >= 1 and 1 to "
@@ -17,7 +16,7 @@ static int check(size_t n, uint32_t d, uint32_t ns, const void *a, const void *b
 int gr_dlrm_interact_forward(const float *bot, const float *emb, size_t n, uint32_t d,
                              uint32_t ns, float *z)
 {
-    int rc = check(n, d, ns, bot, emb, z);
+    int rc = check(d, ns, bot, emb, z);
     if (rc || !n) return rc;
     uint32_t nvec = ns + 1, top_in = d + nvec * (nvec - 1) / 2;
     size_t nl = tr_interact_lanes_floats(nvec, d);
@@ -37,7 +36,7 @@ int gr_dlrm_interact_forward(const float *bot, const float *emb, size_t n, uint3
 int gr_dlrm_interact_backward(const float *dz, const float *bot, const float *emb, size_t n,
                               uint32_t d, uint32_t ns, float *dbot, float *gemb)
 {
-    int rc = check(n, d, ns, dz, bot, emb);
+    int rc = check(d, ns, dz, bot, emb);
     if (!rc && (!dbot || !gemb)) rc = gr_seterr(GR_EINVAL, "interaction: NULL buffer");
     if (rc || !n) return rc;
     uint32_t nvec = ns + 1, top_in = d + nvec * (nvec - 1) / 2;

@@ -5,36 +5,20 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "granary/core.h"
-
-/* The kernel's slice for this thread in ns (sched_attr.sched_runtime), or 0 when unknown. */
-static uint64_t slice_ns(void)
-{
-    struct {
-        uint32_t size, policy;
-        uint64_t flags;
-        int32_t nice;
-        uint32_t prio;
-        uint64_t runtime, deadline, period;
-    } a;
-    memset(&a, 0, sizeof a);
-    if (syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) != 0) return 0;
-    return a.runtime;
-}
+#include "support/sched_probe.h"
 
 static void test_out_of_range_is_refused(void **state)
 {
     (void)state;
-    uint64_t before = slice_ns();
+    uint64_t before = sched_probe_slice_ns();
     assert_int_equal(gr_thread_set_slice_us(99), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "100 to 100000 us"));
     assert_int_equal(gr_thread_set_slice_us(100001), GR_EINVAL);
-    assert_true(slice_ns() == before); /* nothing changed */
+    assert_true(sched_probe_slice_ns() == before); /* nothing changed */
 }
 
 static void test_slice_is_what_the_kernel_then_reports(void **state)
@@ -47,11 +31,11 @@ static void test_slice_is_what_the_kernel_then_reports(void **state)
         assert_non_null(strstr(gr_errmsg(), "sched_setattr"));
         skip();
     }
-    assert_true(slice_ns() == 100000u);
+    assert_true(sched_probe_slice_ns() == 100000u);
     assert_int_equal(gr_thread_set_slice_us(2700), GR_OK);
-    assert_true(slice_ns() == 2700000u);
+    assert_true(sched_probe_slice_ns() == 2700000u);
     assert_int_equal(gr_thread_set_slice_us(0), GR_OK); /* back to the default */
-    uint64_t def = slice_ns();
+    uint64_t def = sched_probe_slice_ns();
     assert_true(def != 2700000u && def != 0);
 }
 

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 
 #include "granary/core.h"
 #include "granary/http.h"
+#include "support/sched_probe.h"
 
 /* Echoes what it was given, so the test can check each part of the request arrived. */
 static void echo(void *ctx, const gr_http_request *req, gr_http_response *resp)
@@ -38,16 +38,7 @@ static void echo(void *ctx, const gr_http_request *req, gr_http_response *resp)
 static void report_slice(void *ctx, const gr_http_request *req, gr_http_response *resp)
 {
     (void)ctx, (void)req;
-    struct {
-        uint32_t size, policy;
-        uint64_t flags;
-        int32_t nice;
-        uint32_t prio;
-        uint64_t runtime, deadline, period;
-    } a;
-    memset(&a, 0, sizeof a);
-    long rc = syscall(SYS_sched_getattr, 0, &a, sizeof a, 0);
-    gr_http_printf(resp, 200, "text/plain", "%llu", rc ? 0ull : (unsigned long long)a.runtime);
+    gr_http_printf(resp, 200, "text/plain", "%llu", (unsigned long long)sched_probe_slice_ns());
 }
 
 static gr_http_server *start(size_t max_body, char *base, size_t base_len)
