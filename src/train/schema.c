@@ -585,9 +585,10 @@ static size_t count_fields(const char *p, size_t n, char delim)
 int gr_schema_parse_line(const gr_schema *s, const char *line, size_t len, float *label,
                          float *dense, uint64_t *ids, uint32_t *bag_len, size_t *n_ids)
 {
-    if (len && line[len - 1] == '\r') len--;
     if (s->criteo) {
+        /* gr_criteo_parse_line drops one trailing '\r' itself: "...\r\r" stays a bad line. */
         int rc = gr_criteo_parse_line(line, len, label, dense, ids);
+        if (len && line[len - 1] == '\r') len--;
         /* A wrong field count says more than whichever field happened to fail first. */
         size_t fields = rc == GR_ECORRUPT ? count_fields(line, len, '\t') : GR_CRITEO_FIELDS;
         if (fields != GR_CRITEO_FIELDS) return bad_count(s, line, len, fields);
@@ -597,6 +598,7 @@ int gr_schema_parse_line(const gr_schema *s, const char *line, size_t len, float
         *n_ids = GR_CRITEO_SPARSE;
         return GR_OK;
     }
+    if (len && line[len - 1] == '\r') len--;
     const char *p = line, *end = line + len;
     size_t at = 0;
     for (uint32_t i = 0; i < s->ncols; i++) {
