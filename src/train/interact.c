@@ -52,6 +52,18 @@ static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, 
     return v == 0 ? bi : ei + (size_t)(v - 1) * d;
 }
 
+#define IA_ONE_GROUP 4 /* one example: vectors a whose dots are summed side by side */
+
+/* The dots (a, b0 .. min(a, b0 + IA_LANES) - 1) of one example, from the lanes of acc. */
+static inline __attribute__((always_inline)) void one_dots_store(float *restrict dots, ia_vec acc,
+                                                                 uint32_t a, uint32_t b0)
+{
+    float out[IA_LANES];
+    memcpy(out, &acc, sizeof out);
+    uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
+    memcpy(dots + (size_t)a * (a - 1) / 2 + b0, out, m * sizeof *out);
+}
+
 /* The interaction one example at a time (a batch's last n % IA_LANES examples, and shapes too
  * large for the lanes' scratch): z = [bot, <va, vb> for a > b]. The example's vectors are first
  * transposed into vt (d x vpad, lanes past nvec zero), so the dots of va with IA_LANES vectors
@@ -72,19 +84,31 @@ interact_forward_one(float *restrict zs, uint32_t top_in, const float *restrict 
             for (uint32_t t = 0; t < d; t++) vt[t * vpad + v] = x[t];
         }
         float *dots = z + d;
-        uint32_t k = 0;
-        for (uint32_t a = 1; a < nvec; a++) {
-            const float *va = vec_at(bi, ei, a, d);
-            for (uint32_t b0 = 0; b0 < a; b0 += IA_LANES) {
+        /* For each block of IA_LANES vectors b, the vectors a past its start: IA_ONE_GROUP of
+         * them at a time share each loaded column and keep that many chains in flight (one
+         * chain at a time waited on each add's latency). Dot (a, b) lands at its a-major place
+         * a (a - 1) / 2 + b; lanes b >= a are computed and dropped, as before. */
+        for (uint32_t b0 = 0; b0 + 1 < nvec; b0 += IA_LANES) {
+            uint32_t a = b0 + 1;
+            for (; a + IA_ONE_GROUP <= nvec; a += IA_ONE_GROUP) {
+                const float *va[IA_ONE_GROUP];
+                ia_vec acc[IA_ONE_GROUP] = {{0}}, col;
+                for (uint32_t p = 0; p < IA_ONE_GROUP; p++) va[p] = vec_at(bi, ei, a + p, d);
+                for (uint32_t t = 0; t < d; t++) {
+                    memcpy(&col, vt + t * vpad + b0, sizeof col);
+                    for (uint32_t p = 0; p < IA_ONE_GROUP; p++) acc[p] += va[p][t] * col;
+                }
+                for (uint32_t p = 0; p < IA_ONE_GROUP; p++)
+                    one_dots_store(dots, acc[p], a + p, b0);
+            }
+            for (; a < nvec; a++) {
+                const float *va = vec_at(bi, ei, a, d);
                 ia_vec acc = {0}, col;
                 for (uint32_t t = 0; t < d; t++) {
                     memcpy(&col, vt + t * vpad + b0, sizeof col);
                     acc += va[t] * col;
                 }
-                float out[IA_LANES];
-                memcpy(out, &acc, sizeof out);
-                uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
-                for (uint32_t l = 0; l < m; l++) dots[k++] = out[l];
+                one_dots_store(dots, acc, a, b0);
             }
         }
     }

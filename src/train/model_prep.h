@@ -14,6 +14,13 @@ bool tr_gemv_supported(void);
  * (q, u). */
 void tr_gemv_exact(uint32_t in, uint32_t out, const float *x, const float *wt, const float *b,
                    uint32_t q, uint32_t u, float *y);
+/* Its two kernels (tr_gemv_exact picks the widest this CPU runs), the same bits: the unit
+ * tests compare them. The AVX-512 one only where tr_gemv_avx512_supported(). */
+void tr_gemv_exact_avx2(uint32_t in, uint32_t out, const float *x, const float *wt,
+                        const float *b, uint32_t q, uint32_t u, float *y);
+void tr_gemv_exact_avx512(uint32_t in, uint32_t out, const float *x, const float *wt,
+                          const float *b, uint32_t q, uint32_t u, float *y);
+bool tr_gemv_avx512_supported(void);
 /* The (q, u) with which tr_gemv_exact equals cblas_sgemm bit for bit on this layer, tried
  * against it; 1 when found, 0 (q = u = 0) when none. */
 int tr_gemv_find_split(uint32_t in, uint32_t out, const float *w, const float *wt, const float *b,
