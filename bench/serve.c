@@ -326,10 +326,15 @@ static void redis_handle(void *ctx, const gr_http_request *req, gr_http_response
     if (!ok) {
         gr_http_error(resp, 502, "redis MGET failed");
     } else {
-        size_t rcap = 64 + n * 20, rn = 0;
+        /* The replica's own float formatter: the two servers differ only in where the rows
+         * come from. */
+        size_t rcap = 64 + n * (GR_SERVE_FLOAT_CHARS + 1), rn = 0;
         char *out = malloc(rcap);
         rn += (size_t)snprintf(out + rn, rcap - rn, "{\"predictions\":[");
-        for (size_t i = 0; i < n; i++) rn += (size_t)snprintf(out + rn, rcap - rn, "%s%.9g", i ? "," : "", probs[i]);
+        for (size_t i = 0; i < n; i++) {
+            if (i) out[rn++] = ',';
+            rn += gr_serve_format_float(probs[i], out + rn);
+        }
         rn += (size_t)snprintf(out + rn, rcap - rn, "],\"model_version\":0}");
         gr_http_take(resp, 200, "application/json", out, rn);
     }

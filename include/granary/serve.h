@@ -88,6 +88,13 @@ GR_API int gr_serve_put_rows(gr_serve *s, uint32_t table, uint32_t dim, const ui
  * has. For a frozen reference model beside a live one, and before maintenance. */
 GR_API void gr_serve_freeze(gr_serve *s);
 
+/* Writes f as JSON: the 9 significant digits that read back as exactly f (as %.9g, without
+ * printf; plain decimals from 1e-5 to 1e9, else d.ddde-X), "-0" for a negative zero, "null"
+ * for NaN and infinities. Returns the length; no NUL is written. The replica's predict replies
+ * and the benchmark's Redis-backed baseline share it. */
+#define GR_SERVE_FLOAT_CHARS 16
+GR_API size_t gr_serve_format_float(float f, char out[GR_SERVE_FLOAT_CHARS]);
+
 /* Parses a POST /v1/predict body (either form, docs/serving.md) into model inputs: *n
  * examples, *dense (n * GR_CRITEO_DENSE) and *ids (n * GR_CRITEO_SPARSE), both malloc'd (free
  * them). More than max examples is GR_ETOOBIG. On error err (errlen bytes) says what was

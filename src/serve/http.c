@@ -230,11 +230,11 @@ static void do_predict(gr_serve *s, const gr_http_request *req, gr_http_response
         if (!counted) atomic_fetch_add(&s->errors, 1);
         gr_http_error(resp, rc == GR_ENOENT ? 503 : status_of(rc), "%s", err);
     } else {
-        sbuf b = {0};
-        sb_printf(&b, "{\"predictions\":[");
-        for (size_t i = 0; i < e.n; i++) sb_printf(&b, "%s%.9g", i ? "," : "", probs[i]);
-        sb_printf(&b, "],\"model_version\":%llu}", (unsigned long long)version);
-        sb_send(&b, resp, "application/json");
+        char *body;
+        size_t len;
+        if (sv_predict_reply(probs, e.n, version, &body, &len))
+            gr_http_error(resp, 500, "out of memory building the response");
+        else gr_http_take(resp, 200, "application/json", body, len);
     }
     free(probs);
     examples_free(&e);

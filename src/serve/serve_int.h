@@ -70,6 +70,10 @@ uint64_t sv_wall_ns(void);
 /* Adds an empty table (an existing one of that id must have that dim). */
 int sv_add_table(gr_serve *s, uint32_t id, const char *name, uint32_t dim);
 
+/* ---- reply.c: {"predictions":[...],"model_version":V} of n probabilities, malloc'd into
+ * *body (GR_ENOMEM when it cannot be). */
+int sv_predict_reply(const float *probs, size_t n, uint64_t version, char **body, size_t *len);
+
 /* ---- http.c: the handler of the HTTP API. */
 void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *resp);
 
