@@ -194,6 +194,13 @@ static int status_of(int rc)
 int gr_serve_parse_predict(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
                            uint64_t **ids, char *err, size_t errlen)
 {
+    if (sv_parse_lines_fast(body, len, max, n, dense, ids)) return GR_OK;
+    return sv_parse_predict_json(body, len, max, n, dense, ids, err, errlen);
+}
+
+int sv_parse_predict_json(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
+                          uint64_t **ids, char *err, size_t errlen)
+{
     *n = 0;
     *dense = NULL;
     *ids = NULL;

@@ -74,7 +74,17 @@ int sv_add_table(gr_serve *s, uint32_t id, const char *name, uint32_t dim);
  * *body (GR_ENOMEM when it cannot be). */
 int sv_predict_reply(const float *probs, size_t n, uint64_t version, char **body, size_t *len);
 
-/* ---- http.c: the handler of the HTTP API. */
+/* ---- lines.c: {"lines": [...]} without cJSON. True with *n examples (arrays malloc'd, as
+ * gr_serve_parse_predict gives them) when it read the body exactly as the cJSON path would
+ * have; false (nothing allocated) when that path must answer: any other body, and every
+ * error. */
+bool sv_parse_lines_fast(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
+                         uint64_t **ids);
+
+/* ---- http.c: the handler of the HTTP API. sv_parse_predict_json: the predict body through
+ * cJSON (both forms, every error message); gr_serve_parse_predict tries lines.c first. */
+int sv_parse_predict_json(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
+                          uint64_t **ids, char *err, size_t errlen);
 void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *resp);
 
 /* ---- listen.c: the binary protocol (HELLO, PREDICT, LOOKUP) on its own port. */

@@ -2,8 +2,11 @@
  * {"examples": [{"dense": [...], "cat": [...]}]} or {"lines": ["TSV without a label"]}. Any
  * input either fails with a message or yields n examples whose every value was written (read
  * back here, so ASan sees the whole arrays) and whose dense values are what the line parser
- * makes of Criteo integers (finite). */
+ * makes of Criteo integers (finite). And the two ways of reading a body agree: wherever the
+ * fast path for {"lines": [...]} (src/serve/lines.c) answers, the cJSON path answers the same,
+ * bit for bit. */
 #include "granary/serve.h"
+#include "serve/serve_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -33,6 +36,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         if (dense || ids || n || !memchr(err, '\0', sizeof err) || !err[0]) abort();
     }
+    size_t nf = 0, ns = 0;
+    float *df = NULL, *ds = NULL;
+    uint64_t *xf = NULL, *xs = NULL;
+    if (sv_parse_lines_fast(body, size, 64, &nf, &df, &xf)) {
+        if (sv_parse_predict_json(body, size, 64, &ns, &ds, &xs, err, sizeof err) != GR_OK ||
+            nf != ns || memcmp(df, ds, nf * GR_CRITEO_DENSE * sizeof *df) ||
+            memcmp(xf, xs, nf * GR_CRITEO_SPARSE * sizeof *xf))
+            abort();
+    }
+    free(df), free(xf), free(ds), free(xs);
     free(dense);
     free(ids);
     free(body);
