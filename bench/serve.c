@@ -615,8 +615,10 @@ int gr_bench_serve(int argc, char **argv)
     gr_http_server *hs = NULL;
     if (rpid > 0 && redis_load(rport, uniq, (size_t)nu, rows) == 0) {
         gr_model_prepare(m, params, &rs.prep); /* the replica's forward pass, fast path included */
+        /* The replica's HTTP settings (its connection memory too: gr_serve_config_default). */
         gr_http_config hc = {.listen = "127.0.0.1:0", .threads = threads, .max_body = 8u << 20,
-                             .slice_us = cfg.slice_us, .handler = redis_handle, .ctx = &rs};
+                             .slice_us = cfg.slice_us, .conn_memory = cfg.conn_memory,
+                             .handler = redis_handle, .ctx = &rs};
         if (gr_http_start(&hc, &hs)) hs = NULL;
     }
     if (have_wrk && !hs) fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");

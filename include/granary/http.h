@@ -45,6 +45,10 @@ typedef struct gr_http_config {
     unsigned timeout_s;     /* idle connection timeout; 0 = 30 */
     unsigned slice_us;      /* time slice handler threads ask for (gr_thread_set_slice_us);
                                0 = the kernel's default */
+    size_t conn_memory;     /* bytes of libmicrohttpd's memory pool per connection: the
+                               request line and headers must fit (larger ones get 431); it is
+                               zeroed after every request on a kept-alive connection. 0 = its
+                               default, 32 KiB; at least 4 KiB */
     gr_http_handler handler;
     void *ctx;
 } gr_http_config;

@@ -40,6 +40,8 @@ typedef struct gr_serve_config {
                                    a request's thread then runs ahead of threads on the
                                    kernel's default slice); 0 = the default slice */
     size_t max_body;            /* HTTP and binary request bodies; 0 = 8 MiB */
+    size_t conn_memory;         /* HTTP: per-connection memory, where request headers must fit
+                                   (gr_http_config.conn_memory); 0 = 8 KiB */
     uint32_t max_batch;         /* examples in one predict; 0 = 10000 */
 } gr_serve_config;
 

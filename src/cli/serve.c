@@ -38,6 +38,8 @@
       "longest a subscription poll waits at a shard for news")                                 \
     X(SV_MAX_BODY, "max-body", GR_CLI_SIZE, "max_body", 1024, 1073741824.0, NULL, NULL, "8M",   \
       "bytes per request body (larger: 413)")                                                  \
+    X(SV_CONN_MEMORY, "conn-memory", GR_CLI_SIZE, "conn_memory", 4096, 1073741824.0, NULL, NULL,\
+      "8k", "HTTP: memory per connection, where a request's headers must fit (larger: 431)")    \
     X(SV_MAX_BATCH, "max-batch", GR_CLI_INT, "max_batch", 1, 1000000, NULL, "N", "10000",      \
       "examples per predict request")                                                          \
     X(SV_KIND, "kind", GR_CLI_CHOICE, "kind", 0, 0, "lr|dlrm", NULL, "dlrm",                   \
@@ -113,6 +115,7 @@ int gr_cli_serve(int argc, char **argv)
     cfg.listen = v[SV_LISTEN].s;
     cfg.threads = (unsigned)v[SV_THREADS].i;
     cfg.slice_us = (unsigned)v[SV_SLICE].i;
+    cfg.conn_memory = (size_t)v[SV_CONN_MEMORY].u;
     cfg.f16 = v[SV_F16].b;
     cfg.poll_wait_ms = (uint32_t)v[SV_POLL_WAIT].i;
     cfg.max_body = (size_t)v[SV_MAX_BODY].u;

@@ -55,11 +55,11 @@ static inline const float *vec_at(const float *bi, const float *ei, uint32_t v, 
 #define IA_ONE_GROUP 4 /* one example: vectors a whose dots are summed side by side */
 
 /* The dots (a, b0 .. min(a, b0 + IA_LANES) - 1) of one example, from the lanes of acc. */
-static inline __attribute__((always_inline)) void one_dots_store(float *restrict dots, ia_vec acc,
-                                                                 uint32_t a, uint32_t b0)
+static inline __attribute__((always_inline)) void
+one_dots_store(float *restrict dots, const ia_vec *acc, uint32_t a, uint32_t b0)
 {
     float out[IA_LANES];
-    memcpy(out, &acc, sizeof out);
+    memcpy(out, acc, sizeof out);
     uint32_t m = a - b0 < IA_LANES ? a - b0 : IA_LANES;
     memcpy(dots + (size_t)a * (a - 1) / 2 + b0, out, m * sizeof *out);
 }
@@ -99,7 +99,7 @@ interact_forward_one(float *restrict zs, uint32_t top_in, const float *restrict 
                     for (uint32_t p = 0; p < IA_ONE_GROUP; p++) acc[p] += va[p][t] * col;
                 }
                 for (uint32_t p = 0; p < IA_ONE_GROUP; p++)
-                    one_dots_store(dots, acc[p], a + p, b0);
+                    one_dots_store(dots, &acc[p], a + p, b0);
             }
             for (; a < nvec; a++) {
                 const float *va = vec_at(bi, ei, a, d);
@@ -108,7 +108,7 @@ interact_forward_one(float *restrict zs, uint32_t top_in, const float *restrict 
                     memcpy(&col, vt + t * vpad + b0, sizeof col);
                     acc += va[t] * col;
                 }
-                one_dots_store(dots, acc, a, b0);
+                one_dots_store(dots, &acc, a, b0);
             }
         }
     }

@@ -107,6 +107,45 @@ static void test_body_over_limit_is_413_and_server_goes_on(void **state)
     gr_http_stop(s);
 }
 
+/* A small connection memory (the replica's 8 KiB): headers of a few KiB and bodies of any
+ * size (up to max_body) still arrive whole, a request whose headers do not fit is refused
+ * with a 4xx, and the server goes on; under 4 KiB is refused at start. */
+static void test_connection_memory(void **state)
+{
+    (void)state;
+    gr_http_config cfg = {.listen = "127.0.0.1:0", .threads = 1, .max_body = 1u << 20,
+                          .conn_memory = 3000, .handler = echo};
+    gr_http_server *s = NULL;
+    assert_int_equal(gr_http_start(&cfg, &s), GR_EINVAL);
+    cfg.conn_memory = 8192;
+    assert_int_equal(gr_http_start(&cfg, &s), 0);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/p", gr_http_port(s));
+    char hdr[16384], *body = malloc(100000);
+    memset(body, 'b', 100000);
+    int n = snprintf(hdr, sizeof hdr, "Authorization: ");
+    memset(hdr + n, 'a', 3000);
+    snprintf(hdr + n + 3000, sizeof hdr - (size_t)n - 3000, "\r\n");
+    gr_http_result r;
+    assert_int_equal(gr_http_fetch("POST", url, hdr, body, 100000, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "len=100000 body=bbbb"));
+    assert_int_equal(strlen(r.body), strlen("POST /p q=- auth= len=100000 body=") + 3000 + 100000);
+    gr_http_result_free(&r);
+    memset(hdr + n, 'a', 12000);
+    snprintf(hdr + n + 12000, sizeof hdr - (size_t)n - 12000, "\r\n");
+    int rc = gr_http_fetch("POST", url, hdr, body, 10, 5000, &r);
+    if (!rc) {
+        assert_true(r.status >= 400 && r.status < 500);
+        gr_http_result_free(&r);
+    }
+    assert_int_equal(gr_http_fetch("POST", url, NULL, body, 10, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    gr_http_result_free(&r);
+    free(body);
+    gr_http_stop(s);
+}
+
 static void test_bad_addresses(void **state)
 {
     (void)state;
@@ -260,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_errors_are_json),
         cmocka_unit_test(test_body_over_limit_is_413_and_server_goes_on),
         cmocka_unit_test(test_bad_addresses),
+        cmocka_unit_test(test_connection_memory),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_connections_opened_at_once_spread_over_threads),
     };
