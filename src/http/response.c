@@ -8,7 +8,10 @@
 
 static void set_type(gr_http_response *resp, const char *content_type)
 {
-    if (content_type) snprintf(resp->content_type, sizeof resp->content_type, "%s", content_type);
+    if (!content_type) return;
+    size_t n = strnlen(content_type, sizeof resp->content_type - 1);
+    memcpy(resp->content_type, content_type, n); /* cut as snprintf cut it */
+    resp->content_type[n] = '\0';
 }
 
 void gr_http_take(gr_http_response *resp, int status, const char *content_type, char *body,

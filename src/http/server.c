@@ -60,6 +60,7 @@ static enum MHD_Result send_response(struct MHD_Connection *conn, gr_http_respon
     if (resp->content_type[0])
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, resp->content_type);
     for (int i = 0; i < 2; i++) {
+        if (!resp->extra_header[i][0]) continue; /* the usual case: no printf per request */
         char line[256];
         snprintf(line, sizeof line, "%s", resp->extra_header[i]);
         char *colon = strchr(line, ':');
@@ -78,7 +79,7 @@ static void response_init(gr_http_response *resp)
 {
     memset(resp, 0, sizeof *resp);
     resp->status = 200;
-    snprintf(resp->content_type, sizeof resp->content_type, "application/json");
+    memcpy(resp->content_type, "application/json", sizeof "application/json");
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,

@@ -52,15 +52,6 @@ static void dense_put(sv_dense *d)
     }
 }
 
-static sv_dense *dense_get(gr_serve *s)
-{
-    pthread_mutex_lock(&s->mu);
-    sv_dense *d = s->dense;
-    if (d) atomic_fetch_add(&d->refs, 1);
-    pthread_mutex_unlock(&s->mu);
-    return d;
-}
-
 static void bump_version(gr_serve *s, uint64_t v)
 {
     uint64_t cur = atomic_load(&s->model_version);
@@ -202,20 +193,15 @@ int gr_serve_apply(gr_serve *s, const gr_proto_publication *p)
 
 /* ---- scoring ---- */
 
-static int ws_take(gr_serve *s, sv_ws **out)
+/* Scratch for one more request in flight (the free list was empty). */
+static int ws_new(gr_serve *s, sv_ws **out)
 {
-    pthread_mutex_lock(&s->mu);
-    sv_ws *w = s->ws_free;
-    if (w) s->ws_free = w->next;
-    pthread_mutex_unlock(&s->mu);
-    if (!w) {
-        w = calloc(1, sizeof *w);
-        if (!w) return gr_seterr(GR_ENOMEM, "out of memory for model scratch");
-        int rc = gr_score_ws_create(s->model, &w->ws);
-        if (rc) {
-            free(w);
-            return rc;
-        }
+    sv_ws *w = calloc(1, sizeof *w);
+    if (!w) return gr_seterr(GR_ENOMEM, "out of memory for model scratch");
+    int rc = gr_score_ws_create(s->model, &w->ws);
+    if (rc) {
+        free(w);
+        return rc;
     }
     *out = w;
     return GR_OK;
@@ -247,26 +233,32 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
                          s->cfg.max_batch);
     }
     uint64_t ver = atomic_load(&s->model_version);
-    sv_dense *d = dense_get(s);
+    /* One acquisition of the replica's mutex for the dense version and the scratch (four
+     * with sv_find_table and ws_take: the mutex's line went from core to core per request). */
+    pthread_mutex_lock(&s->mu);
+    sv_dense *d = s->dense;
+    if (d) atomic_fetch_add(&d->refs, 1);
+    sv_ws *w = d ? s->ws_free : NULL;
+    if (w) s->ws_free = w->next;
+    pthread_mutex_unlock(&s->mu);
     if (!d) {
         atomic_fetch_add(&s->errors, 1);
         return gr_seterr(GR_ENOENT, "the replica has no dense parameters yet");
     }
-    sv_table *t = sv_find_table(s, s->emb_table);
+    sv_table *t = s->emb;
     int rc = t ? GR_OK : gr_seterr(GR_ENOENT, "the replica has no table %u", s->emb_table);
     if (t && t->dim != gr_model_emb_dim(s->model))
         rc = gr_seterr(GR_EDIM, "table '%s' has dim %u, the model needs %u", t->name, t->dim,
                        gr_model_emb_dim(s->model));
     /* The trainer's scoring path (gr_model_score: dedup, rows of the unique ids, scatter,
      * forward pass), with the rows read from this replica's store. */
-    sv_ws *w = NULL;
-    if (!rc) rc = ws_take(s, &w);
+    if (!rc && !w) rc = ws_new(s, &w);
     if (!rc) {
         gr_score_ws_set_prepared(w->ws, d->prep);
         rc = gr_model_score(s->model, w->ws, d->params, rows_of, t, n, dense, ids, probs);
         gr_score_ws_set_prepared(w->ws, NULL);
-        ws_give(s, w);
     }
+    if (w) ws_give(s, w);
     dense_put(d);
     if (!rc) {
         atomic_fetch_add(&s->predicts, 1);
@@ -372,6 +364,7 @@ int gr_serve_create(const gr_serve_config *cfg, gr_serve **out)
     if (!rc && cfg->model_dir) rc = sv_load_model_dir(s, cfg->model_dir);
     else if (!rc) rc = gr_model_create(cfg->model, &s->model);
     if (!rc) rc = sv_add_table(s, s->emb_table, NULL, gr_model_emb_dim(s->model));
+    if (!rc) s->emb = sv_find_table(s, s->emb_table); /* before any other thread runs */
     if (rc) {
         gr_serve_destroy(s);
         return rc;

@@ -50,6 +50,7 @@ struct gr_serve {
     char *model_dir, *from, *auth_file, *http_addr, *listen_addr;
     gr_model *model;
     uint32_t emb_table; /* the table the model's categorical columns read */
+    sv_table *emb;      /* that table, set once at create (tables are never removed) */
     pthread_mutex_t mu; /* guards tables (the array, not their rows), dense, ws_free */
     sv_table **tables;
     size_t ntables;
