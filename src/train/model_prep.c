@@ -88,6 +88,9 @@ TR_TARGET void tr_gemv_exact_avx2(uint32_t in, uint32_t out, const float *x, con
 }
 
 #define TR_TARGET512 __attribute__((target("avx512f,fma")))
+#ifndef TR_PREFETCH_ROWS
+#define TR_PREFETCH_ROWS 8
+#endif
 
 /* NV registers of 16 outputs (the last one `tail` lanes wide, under a mask) over one block:
  * the same chains as the AVX2 kernel's, twice as wide, so half the instructions, and a row
@@ -102,6 +105,9 @@ gemv512_group(int nv, uint32_t k0, uint32_t k1, uint32_t out, uint32_t j, __mmas
     for (uint32_t k = k0; k < k1; k++) {
         const __m512 xk = _mm512_set1_ps(x[k]);
         const float *w = wt + (size_t)k * out + j;
+        if (TR_PREFETCH_ROWS && k + TR_PREFETCH_ROWS < k1)
+            for (int v = 0; v < nv; v++)
+                _mm_prefetch((const char *)(w + (size_t)TR_PREFETCH_ROWS * out + 16 * v), _MM_HINT_T0);
         for (int v = 0; v < nv - 1; v++)
             a[v] = _mm512_fmadd_ps(xk, _mm512_loadu_ps(w + 16 * v), a[v]);
         a[nv - 1] = _mm512_fmadd_ps(xk, _mm512_maskz_loadu_ps(tail, w + 16 * (nv - 1)), a[nv - 1]);
