@@ -60,6 +60,12 @@ typedef struct gr_server_config {
      * on this machine: the same protocol, limits and auth without the TCP stack (the embedded
      * cluster's trainer uses it). */
     bool local_socket;
+    /* Time slice (us, 100..100000; gr_thread_set_slice_us) the connection loop and the worker
+     * threads ask for; 0 = the kernel's default. A shard that shares its cores with a
+     * computing process (the embedded cluster inside the trainer) answers requests ahead of
+     * the computing threads' slices instead of behind them (docs/server.md, "Time slices").
+     * Kernels without custom slices keep the default (logged at debug). */
+    uint32_t slice_us;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */

@@ -78,6 +78,7 @@ static void queue_push(gr_server *s, srv_job *j)
 static void *worker_main(void *arg)
 {
     gr_server *s = arg;
+    srv_thread_slice(s->cfg.slice_us, "worker");
     gr_proto_buf out;
     gr_proto_buf_init(&out);
     for (;;) {
@@ -247,6 +248,9 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
         c.threads = n > 0 ? (uint32_t)n : 2;
     }
     if (c.threads > 256) return gr_seterr(GR_EINVAL, "threads must be 1..256, got %u", c.threads);
+    if (c.slice_us && (c.slice_us < 100 || c.slice_us > 100000))
+        return gr_seterr(GR_EINVAL, "slice_us must be 0 (the kernel's default) or 100..100000, "
+                         "got %u", c.slice_us);
     gr_server *s = calloc(1, sizeof *s);
     if (!s) return gr_seterr(GR_ENOMEM, "cannot allocate a server");
     s->cfg = c;
@@ -306,6 +310,7 @@ static int start_net(gr_server *s)
     nc.auth_timeout_ms = s->cfg.auth_timeout_ms;
     nc.idle_timeout_ms = s->cfg.idle_timeout_ms == UINT32_MAX ? 0 : s->cfg.idle_timeout_ms;
     nc.shard = s->cfg.shard;
+    nc.slice_us = s->cfg.slice_us;
     if (s->cfg.local_socket) {
         /* Unique on this machine: the pid, and a counter for the shards of this process. */
         static atomic_uint seq;
