@@ -66,6 +66,11 @@ typedef struct gr_server_config {
      * the computing threads' slices instead of behind them (docs/server.md, "Time slices").
      * Kernels without custom slices keep the default (logged at debug). */
     uint32_t slice_us;
+    /* Row memory handed out ahead (bytes past each growing table's rows; 0 = off): a thread of
+     * idle priority has the kernel back the pages the next rows will take, so their page
+     * faults are taken while a core would idle rather than inside the request that creates
+     * them (gr_table_prefault_ahead; docs/server.md, "Row memory ahead"). At most 1 GiB. */
+    uint64_t populate_ahead;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */

@@ -59,6 +59,10 @@ static void run_request(gr_server *s, srv_conn *c, const srv_op_row *row,
     atomic_fetch_add(&s->ops[h->op].bytes_out, w);
     if (latency) gr_metric_observe(latency, (double)(gr_now_ns() - t0) * 1e-9);
     if (stop) gr_server_request_stop(s);
+    /* After the reply: rows it created may have used up the memory handed out ahead. */
+    if (h->op == GR_OP_PULL || h->op == GR_OP_PUSH || h->op == GR_OP_PUSH_PULL ||
+        h->op == GR_OP_PUSH_STEP)
+        srv_grow_kick(s);
 }
 
 /* ---- the worker pool ---- */
@@ -248,6 +252,9 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
         c.threads = n > 0 ? (uint32_t)n : 2;
     }
     if (c.threads > 256) return gr_seterr(GR_EINVAL, "threads must be 1..256, got %u", c.threads);
+    if (c.populate_ahead > (1ull << 30))
+        return gr_seterr(GR_EINVAL, "populate_ahead must be at most 1 GiB, got %llu bytes",
+                         (unsigned long long)c.populate_ahead);
     if (c.slice_us && (c.slice_us < 100 || c.slice_us > 100000))
         return gr_seterr(GR_EINVAL, "slice_us must be 0 (the kernel's default) or 100..100000, "
                          "got %u", c.slice_us);

@@ -97,6 +97,39 @@ int gr_table_prefault_until(gr_table *t, uint64_t rows, bool (*stop)(void *arg),
     return rc;
 }
 
+int gr_table_prefault_ahead(gr_table *t, size_t ahead, uint64_t *bytes)
+{
+    *bytes = 0;
+    if (!t) return gr_seterr(GR_EINVAL, "gr_table_prefault_ahead: table is NULL");
+    gr_mem_range r;
+    int rc = gr_table_arena_ahead(t, ahead, &r);
+    if (rc || !r.len) return rc;
+    /* In pieces of one huge page, so that a stop or the caller's other tables do not wait
+     * behind a long call. Rows created meanwhile in these pages are safe: a page that is
+     * already there is left as it is. */
+    size_t done = 0;
+    while (done < r.len) {
+        size_t len = r.len - done < (2u << 20) ? r.len - done : (2u << 20);
+        rc = populate((gr_mem_range){r.p + done, len});
+        if (rc) break;
+        done += len;
+    }
+    gr_table_ahead_done(t, (size_t)(r.p - t->rowmem) + done, done);
+    *bytes = done;
+    return rc ? gr_seterr(GR_ENOMEM, "table '%s': the kernel has no memory for rows ahead",
+                          t->spec.name)
+              : GR_OK;
+}
+
+uint64_t gr_table_ahead_bytes(const gr_table *t)
+{
+    if (!t) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&t->alloc_lock);
+    uint64_t b = t->ahead_bytes;
+    pthread_mutex_unlock((pthread_mutex_t *)&t->alloc_lock);
+    return b;
+}
+
 uint64_t gr_table_prefault_bytes(const gr_table *t)
 {
     return t ? t->prefaulted : 0;
