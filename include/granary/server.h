@@ -67,9 +67,9 @@ typedef struct gr_server_config {
      * Kernels without custom slices keep the default (logged at debug). */
     uint32_t slice_us;
     /* Row memory handed out ahead (bytes past each growing table's rows; 0 = off): a thread of
-     * idle priority has the kernel back the pages the next rows will take, so their page
-     * faults are taken while a core would idle rather than inside the request that creates
-     * them (gr_table_prefault_ahead; docs/server.md, "Row memory ahead"). At most 1 GiB. */
+     * the shard's own has the kernel back the pages the next rows will take, so their page
+     * faults are taken beside the requests rather than inside the one that creates them
+     * (gr_table_prefault_ahead; docs/server.md, "Row memory ahead"). At most 1 GiB. */
     uint64_t populate_ahead;
 } gr_server_config;
 

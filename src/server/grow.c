@@ -1,18 +1,20 @@
 /* The grow thread (module): has the kernel hand out the row memory growing tables will take
- * next (gr_table_prefault_ahead), on a thread of idle priority, so that the page faults of
- * new rows are taken while a core would otherwise idle instead of inside the pull or push
- * that creates the rows. Why: in training nearly every row is created during the run, and on
- * a VM a huge page fresh from the host costs milliseconds of fault; with the shard inside the
- * trainer (the embedded cluster) the request that takes it holds up a worker's step while
- * the cores are far from busy (docs/server.md, "Row memory ahead"). A table op that ran wakes
- * the thread (srv_grow_kick); it walks the tables once and sleeps again. SCHED_IDLE: when
- * every core is busy it does not run, and the rows fault as before. Started only with
- * gr_server_config.populate_ahead. */
+ * next (gr_table_prefault_ahead) on a thread of its own, so that the page faults of new rows
+ * are taken beside the requests instead of inside the pull or push that creates the rows (and
+ * under that row's partition lock, which the shard's other worker then spins on). Why: in
+ * training nearly every row is created during the run, and on a VM a huge page fresh from the
+ * host costs milliseconds of fault; with the shard inside the trainer (the embedded cluster)
+ * the request that takes it holds up a worker's step while the cores are far from busy
+ * (docs/server.md, "Row memory ahead"). A table op that ran wakes the thread (srv_grow_kick);
+ * it walks the tables once and sleeps again. Normal priority, not SCHED_IDLE: populating holds
+ * the process's mmap lock for reading, and an idle-priority thread preempted there on busy
+ * cores would hold every mmap, munmap and mprotect of the process (a row arena's commit among
+ * them) for as long as it starves; measured no slower either (docs/train.md, "Session 8").
+ * Started only with gr_server_config.populate_ahead. */
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 
 typedef struct srv_grow {
@@ -28,9 +30,6 @@ static void *grow_main(void *arg)
 {
     gr_server *s = arg;
     srv_grow *g = s->grow;
-    struct sched_param sp = {0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
-        GR_LOGD("shard %u: the grow thread keeps its priority", s->cfg.shard);
     for (;;) {
         pthread_mutex_lock(&g->mu);
         while (!g->stop && !atomic_load(&g->kicked)) pthread_cond_wait(&g->cv, &g->mu);
