@@ -105,13 +105,21 @@ int gr_table_prefault_ahead(gr_table *t, size_t ahead, uint64_t *bytes)
     int rc = gr_table_arena_ahead(t, ahead, &r);
     if (rc || !r.len) return rc;
     /* In pieces of one huge page, so that a stop or the caller's other tables do not wait
-     * behind a long call. Rows created meanwhile in these pages are safe: a page that is
-     * already there is left as it is. */
+     * behind a long call. Only MADV_POPULATE_WRITE: rows created meanwhile in these pages are
+     * safe with it (a page that is there is left as it is), where populate()'s fallback of a
+     * write per page could put back a byte another thread just wrote. Without it (kernels
+     * before 5.14) nothing is done: the rows fault as they are created. */
     size_t done = 0;
     while (done < r.len) {
         size_t len = r.len - done < (2u << 20) ? r.len - done : (2u << 20);
-        rc = populate((gr_mem_range){r.p + done, len});
-        if (rc) break;
+#ifdef MADV_POPULATE_WRITE
+        if (madvise(r.p + done, len, MADV_POPULATE_WRITE) != 0) {
+            if (errno != EINVAL) rc = GR_ENOMEM;
+            break;
+        }
+#else
+        break;
+#endif
         done += len;
     }
     gr_table_ahead_done(t, (size_t)(r.p - t->rowmem) + done, done);
