@@ -328,7 +328,11 @@ static void test_stop_under_parked_request(void **state)
     rc = gr_client_pull(c, 1, 16, &key, 1, row);
     assert_int_equal(rc, GR_ECONN);
     fprintf(stderr, "pull after stop: %s\n", gr_errmsg());
-    assert_non_null(strstr(gr_errmsg(), "connection refused"));
+    /* Refused when the client saw the close before this call and reconnected; "Broken pipe"
+     * when the close was still in flight and the request went to the dead socket (seen once
+     * under load). Either way a connection error, at once. */
+    assert_true(strstr(gr_errmsg(), "connection refused") != NULL ||
+                strstr(gr_errmsg(), "Broken pipe") != NULL);
     assert_true((double)(gr_now_ns() - t0) * 1e-9 < 5.0);
     gr_client_destroy(c);
 }
