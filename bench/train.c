@@ -242,11 +242,13 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
         if (!servers) {
             rc = gr_local_cluster_start(2, 2, &cl);
             if (rc) return rc;
-            servers = gr_local_cluster_servers(cl);
+            /* As granary train: its own client reaches the embedded shards over AF_UNIX. */
+            servers = gr_local_cluster_local_servers(cl);
         }
         gr_client_config cc;
         gr_client_config_default(&cc);
         cc.servers = servers;
+        cc.slice_us = GR_TRAIN_IO_SLICE_US; /* as granary train's client */
         rc = gr_client_create(&cc, &client);
         if (!rc) {
             gr_ps_backend_opts po;

@@ -33,6 +33,11 @@ typedef struct gr_client_config {
     /* Admin tools: a single server, whatever shard it serves (stats, shutdown, describe).
      * Without it every server must say it is shard i of N for its position i in the list. */
     bool any_shard;
+    /* Time slice (us, 100..100000; gr_thread_set_slice_us) the reader threads (one per shard)
+     * ask for; 0 = the kernel's default. A client inside a process that computes (the
+     * trainer) then takes its replies ahead of the computing threads' slices. Kernels without
+     * custom slices keep the default. */
+    uint32_t slice_us;
 } gr_client_config;
 
 GR_API void gr_client_config_default(gr_client_config *cfg);

@@ -12,6 +12,12 @@
 #include "granary/metrics.h"
 
 typedef struct gr_local_cluster gr_local_cluster;
+/* The time slice (us) the shards' connection loop and worker threads ask for: they share the
+ * process's cores with the trainer's compute threads (gr_server_config.slice_us). */
+#define GR_LOCAL_CLUSTER_SLICE_US 200u
+/* Row memory each embedded shard has handed out ahead of its growing tables
+ * (gr_server_config.populate_ahead): two huge pages. */
+#define GR_LOCAL_CLUSTER_AHEAD (4u << 20)
 /* threads: worker threads per shard (0 = 2). */
 GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
 /* The same with every shard publishing its changed rows to serving replicas every

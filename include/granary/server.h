@@ -60,6 +60,17 @@ typedef struct gr_server_config {
      * on this machine: the same protocol, limits and auth without the TCP stack (the embedded
      * cluster's trainer uses it). */
     bool local_socket;
+    /* Time slice (us, 100..100000; gr_thread_set_slice_us) the connection loop and the worker
+     * threads ask for; 0 = the kernel's default. A shard that shares its cores with a
+     * computing process (the embedded cluster inside the trainer) answers requests ahead of
+     * the computing threads' slices instead of behind them (docs/server.md, "Time slices").
+     * Kernels without custom slices keep the default (logged at debug). */
+    uint32_t slice_us;
+    /* Row memory handed out ahead (bytes past each growing table's rows; 0 = off): a thread of
+     * the shard's own has the kernel back the pages the next rows will take, so their page
+     * faults are taken beside the requests rather than inside the one that creates them
+     * (gr_table_prefault_ahead; docs/server.md, "Row memory ahead"). At most 1 GiB. */
+    uint64_t populate_ahead;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */

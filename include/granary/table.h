@@ -253,6 +253,19 @@ GR_API int gr_table_prefault(gr_table *t, uint64_t rows);
 GR_API int gr_table_prefault_until(gr_table *t, uint64_t rows, bool (*stop)(void *arg),
                                    void *arg, bool *stopped);
 GR_API uint64_t gr_table_prefault_bytes(const gr_table *t);
+/* For a table that grows while it serves (rows created by lookups and applies): has the
+ * kernel hand out now the row memory the next rows will take, up to `ahead` bytes past the
+ * slots already carved, so the first store to a new row does not take the page fault (a huge
+ * page fresh from a VM's host costs milliseconds: docs/table.md, "Row creation while
+ * training"). Meant for a thread that would otherwise be idle (the shard's grow thread,
+ * docs/server.md): the fault's cost moves there, off the request that creates the row. Memory
+ * already handed out is not asked for again, and a table without rows is left alone. Safe
+ * while other threads create rows. Nothing the table shows changes (rows, `bytes`, values).
+ * *bytes: what this call had handed out (0: nothing to do). GR_ENOMEM when the kernel has
+ * not the memory (the table stays usable). */
+GR_API int gr_table_prefault_ahead(gr_table *t, size_t ahead, uint64_t *bytes);
+/* The bytes gr_table_prefault_ahead had handed out over the table's life. */
+GR_API uint64_t gr_table_ahead_bytes(const gr_table *t);
 
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
  * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present

@@ -776,6 +776,11 @@ GR_API void gr_follow_get_stats(gr_follow *f, gr_criteo_stats *st);
 GR_API void gr_follow_close(gr_follow *f);
 
 #define GR_TRAIN_STALENESS_DEFAULT 0u
+/* The time slice (us, gr_thread_set_slice_us) a pipelined worker's read, fetch and push threads
+ * ask for (compute keeps the kernel's default); `granary train` gives its client's readers the
+ * same (gr_client_config.slice_us). They wait more than they compute: with a short slice a
+ * woken one runs ahead of the compute threads instead of behind their slices. */
+#define GR_TRAIN_IO_SLICE_US 200u
 /* Real data has few malformed lines; a file where more than one in ten is bad is more likely
  * in the wrong format (or read with the wrong schema) than worth training on. */
 #define GR_TRAIN_MIN_VALID_DEFAULT 0.9

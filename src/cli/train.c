@@ -632,6 +632,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     /* The embedded cluster's own clients skip the TCP stack (docs/server.md, "Connections"). */
     cc.servers = cluster && *cluster ? gr_local_cluster_local_servers(*cluster) : c->servers;
     cc.auth_file = c->auth_file;
+    cc.slice_us = GR_TRAIN_IO_SLICE_US; /* its readers wait more than they compute */
     /* Under a coordinator a shard that does not answer is replaced, not waited for: give up
      * on it soon and let the layout say where its index went. */
     if (c->coord) cc.connect_timeout_ms = 1000;

@@ -145,6 +145,9 @@ int gr_client_create(const gr_client_config *cfg, gr_client **out)
     char *auth_path = NULL;
     int rc = cfg->servers ? add_shards_from_list(c, cfg->servers)
                           : load_cluster_file(c, cfg->cluster_file, &auth_path);
+    if (!rc && cfg->slice_us && (cfg->slice_us < 100 || cfg->slice_us > 100000))
+        rc = gr_seterr(GR_EINVAL, "slice_us must be 0 (the kernel's default) or 100..100000, "
+                       "got %u", cfg->slice_us);
     if (!rc && cfg->any_shard && c->link.nshards != 1)
         rc = gr_seterr(GR_EINVAL, "any_shard needs exactly one server");
     if (!rc && cfg->secret) {

@@ -55,6 +55,8 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
         cfg.publish_interval_ms = publish_interval_ms;
         cfg.metrics = metrics;
         cfg.local_socket = true;
+        cfg.slice_us = GR_LOCAL_CLUSTER_SLICE_US;
+        cfg.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;

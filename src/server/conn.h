@@ -35,6 +35,7 @@ typedef struct srv_net_config {
     /* Also listen on this abstract AF_UNIX name ("@name"; no file): clients on this machine
      * skip the TCP stack. NULL = TCP only. Copied by srv_net_create. */
     const char *unix_name;
+    uint32_t slice_us;           /* the loop thread's time slice; 0 = the kernel's default */
 } srv_net_config;
 
 /* The net's counters, read by STATS. */
@@ -55,6 +56,10 @@ typedef struct srv_net_callbacks {
      * parked for c should be cancelled now (its srv_conn_done still follows). Loop thread. */
     void (*closed)(void *ctx, srv_conn *c);
 } srv_net_callbacks;
+
+/* The calling thread (the loop or a worker, named by `who` in the debug line) asks for the
+ * time slice slice_us (0: nothing to do); a kernel without custom slices keeps its default. */
+void srv_thread_slice(uint32_t slice_us, const char *who);
 
 /* Binds host:port (0 = any free port) and creates the net, not yet running. */
 int srv_net_create(const srv_net_config *cfg, const srv_net_callbacks *cb, const char *host,

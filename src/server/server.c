@@ -59,6 +59,10 @@ static void run_request(gr_server *s, srv_conn *c, const srv_op_row *row,
     atomic_fetch_add(&s->ops[h->op].bytes_out, w);
     if (latency) gr_metric_observe(latency, (double)(gr_now_ns() - t0) * 1e-9);
     if (stop) gr_server_request_stop(s);
+    /* After the reply: rows it created may have used up the memory handed out ahead. */
+    if (h->op == GR_OP_PULL || h->op == GR_OP_PUSH || h->op == GR_OP_PUSH_PULL ||
+        h->op == GR_OP_PUSH_STEP)
+        srv_grow_kick(s);
 }
 
 /* ---- the worker pool ---- */
@@ -78,6 +82,7 @@ static void queue_push(gr_server *s, srv_job *j)
 static void *worker_main(void *arg)
 {
     gr_server *s = arg;
+    srv_thread_slice(s->cfg.slice_us, "worker");
     gr_proto_buf out;
     gr_proto_buf_init(&out);
     for (;;) {
@@ -247,6 +252,12 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
         c.threads = n > 0 ? (uint32_t)n : 2;
     }
     if (c.threads > 256) return gr_seterr(GR_EINVAL, "threads must be 1..256, got %u", c.threads);
+    if (c.populate_ahead > (1ull << 30))
+        return gr_seterr(GR_EINVAL, "populate_ahead must be at most 1 GiB, got %llu bytes",
+                         (unsigned long long)c.populate_ahead);
+    if (c.slice_us && (c.slice_us < 100 || c.slice_us > 100000))
+        return gr_seterr(GR_EINVAL, "slice_us must be 0 (the kernel's default) or 100..100000, "
+                         "got %u", c.slice_us);
     gr_server *s = calloc(1, sizeof *s);
     if (!s) return gr_seterr(GR_ENOMEM, "cannot allocate a server");
     s->cfg = c;
@@ -306,6 +317,7 @@ static int start_net(gr_server *s)
     nc.auth_timeout_ms = s->cfg.auth_timeout_ms;
     nc.idle_timeout_ms = s->cfg.idle_timeout_ms == UINT32_MAX ? 0 : s->cfg.idle_timeout_ms;
     nc.shard = s->cfg.shard;
+    nc.slice_us = s->cfg.slice_us;
     if (s->cfg.local_socket) {
         /* Unique on this machine: the pid, and a counter for the shards of this process. */
         static atomic_uint seq;

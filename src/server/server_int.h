@@ -112,7 +112,7 @@ typedef struct srv_module {
     void (*stats_json)(gr_server *s, void *root); /* adds its object to the cJSON root */
     void (*conn_closed)(gr_server *s, srv_conn *c); /* NULL: holds nothing per connection */
 } srv_module;
-extern const srv_module srv_sync_module, srv_ckpt_module, srv_publish_module;
+extern const srv_module srv_sync_module, srv_ckpt_module, srv_publish_module, srv_grow_module;
 extern const srv_module *const srv_modules[];
 extern const size_t srv_nmodules;
 
@@ -145,6 +145,7 @@ struct gr_server {
     srv_sync *sync;
     struct srv_ckpt *ckpt; /* ckpt.c: checkpoint requests and their thread */
     struct srv_publish *publish; /* publish.c: publications to serving replicas */
+    struct srv_grow *grow; /* grow.c: row memory ahead of growing tables (NULL: off) */
     atomic_uint epoch;     /* fence.c: the layout epoch this shard serves (0: not coordinated) */
     atomic_int fence;      /* fence.c: a gr_server_fence */
     atomic_uint_fast64_t lease_ns; /* fence.c: past this monotonic time, fenced (0: no lease) */
@@ -155,6 +156,9 @@ struct gr_server {
     struct srv_metrics *mx; /* the mirrored families (metrics.c) */
     bool metrics_on;
 };
+
+/* grow.c: a table operation ran; wakes the grow thread (no-op without one). */
+void srv_grow_kick(gr_server *s);
 
 /* fence.c: "epoch", "fence" and, in a coordinated job, the join's "coord" object, into the
  * STATS JSON root (a cJSON *). */

@@ -97,6 +97,47 @@ int gr_table_prefault_until(gr_table *t, uint64_t rows, bool (*stop)(void *arg),
     return rc;
 }
 
+int gr_table_prefault_ahead(gr_table *t, size_t ahead, uint64_t *bytes)
+{
+    *bytes = 0;
+    if (!t) return gr_seterr(GR_EINVAL, "gr_table_prefault_ahead: table is NULL");
+    gr_mem_range r;
+    int rc = gr_table_arena_ahead(t, ahead, &r);
+    if (rc || !r.len) return rc;
+    /* In pieces of one huge page, so that a stop or the caller's other tables do not wait
+     * behind a long call. Only MADV_POPULATE_WRITE: rows created meanwhile in these pages are
+     * safe with it (a page that is there is left as it is), where populate()'s fallback of a
+     * write per page could put back a byte another thread just wrote. Without it (kernels
+     * before 5.14) nothing is done: the rows fault as they are created. */
+    size_t done = 0;
+    while (done < r.len) {
+        size_t len = r.len - done < (2u << 20) ? r.len - done : (2u << 20);
+#ifdef MADV_POPULATE_WRITE
+        if (madvise(r.p + done, len, MADV_POPULATE_WRITE) != 0) {
+            if (errno != EINVAL) rc = GR_ENOMEM;
+            break;
+        }
+#else
+        break;
+#endif
+        done += len;
+    }
+    gr_table_ahead_done(t, (size_t)(r.p - t->rowmem) + done, done);
+    *bytes = done;
+    return rc ? gr_seterr(GR_ENOMEM, "table '%s': the kernel has no memory for rows ahead",
+                          t->spec.name)
+              : GR_OK;
+}
+
+uint64_t gr_table_ahead_bytes(const gr_table *t)
+{
+    if (!t) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&t->alloc_lock);
+    uint64_t b = t->ahead_bytes;
+    pthread_mutex_unlock((pthread_mutex_t *)&t->alloc_lock);
+    return b;
+}
+
 uint64_t gr_table_prefault_bytes(const gr_table *t)
 {
     return t ? t->prefaulted : 0;

@@ -234,6 +234,36 @@ int gr_table_arena_open(gr_table *t, uint32_t slots, gr_mem_range out[3])
     return rc;
 }
 
+int gr_table_arena_ahead(gr_table *t, size_t ahead, gr_mem_range *out)
+{
+    *out = (gr_mem_range){NULL, 0};
+    pthread_mutex_lock(&t->alloc_lock);
+    int rc = GR_OK;
+    /* Nothing before the first row: a table that never grows keeps no memory it does not use. */
+    if (t->carved) {
+        size_t carved = (size_t)t->carved * t->stride;
+        uint64_t want = (carved + ahead + t->stride - 1) / t->stride;
+        if (want > t->max_rows) want = t->max_rows;
+        if (want > atomic_load_explicit(&t->committed, memory_order_relaxed))
+            rc = arena_commit(t, (uint32_t)want);
+        size_t have = (size_t)atomic_load_explicit(&t->committed, memory_order_relaxed) * t->stride;
+        size_t from = t->ahead_end > carved ? t->ahead_end : carved & ~(size_t)4095;
+        size_t to = carved + ahead < have ? carved + ahead : have;
+        to &= ~(size_t)4095;
+        if (!rc && to > from) *out = (gr_mem_range){t->rowmem + from, to - from};
+    }
+    pthread_mutex_unlock(&t->alloc_lock);
+    return rc;
+}
+
+void gr_table_ahead_done(gr_table *t, size_t end, uint64_t bytes)
+{
+    pthread_mutex_lock(&t->alloc_lock);
+    if (end > t->ahead_end) t->ahead_end = end;
+    t->ahead_bytes += bytes;
+    pthread_mutex_unlock(&t->alloc_lock);
+}
+
 int gr_table_idx_open(gr_table *t, size_t bytes, gr_mem_range *out)
 {
     pthread_mutex_lock(&t->alloc_lock);

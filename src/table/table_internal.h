@@ -186,6 +186,10 @@ struct gr_table {
     _Alignas(64) atomic_ullong lookup_hits;
     atomic_ullong hit_streams;
     uint64_t prefaulted; /* bytes gr_table_prefault had the kernel hand out (prefault.c) */
+    /* gr_table_prefault_ahead (prefault.c): the row memory [rowmem, rowmem + ahead_end) has
+     * been handed out by the kernel, and the bytes that took (under alloc_lock). */
+    size_t ahead_end;
+    uint64_t ahead_bytes;
 };
 
 /* A lookup batch's hit-counting random stream, seeded on its first draw. */
@@ -405,6 +409,12 @@ typedef struct gr_mem_range {
     size_t len;
 } gr_mem_range;
 int gr_table_arena_open(gr_table *t, uint32_t slots, gr_mem_range out[3]);
+/* gr_table_prefault_ahead's hook: the row memory from what is already handed out (ahead_end,
+ * or the end of the carved slots' page) to `ahead` bytes past the carved slots, committed
+ * first if it is not; empty when that is done already. Takes alloc_lock. */
+int gr_table_arena_ahead(gr_table *t, size_t ahead, gr_mem_range *out);
+/* Records that [rowmem, end) is handed out (ahead_end only grows) and `bytes` more were. */
+void gr_table_ahead_done(gr_table *t, size_t end, uint64_t bytes);
 int gr_table_idx_open(gr_table *t, size_t bytes, gr_mem_range *out);
 uint64_t gr_table_reserve_each(const gr_table *t, uint64_t rows);
 

@@ -360,9 +360,22 @@ static int sequential_step(tr_worker *w, tr_item *it)
     return rc;
 }
 
+/* The time slice a pipelined worker's read, fetch and push threads ask for (compute keeps the
+ * kernel's default). Those threads do a little work and then wait on a queue, a shard or a
+ * reply; with two workers' compute threads on two cores, a woken one otherwise waits behind a
+ * compute thread's slice (1.4 ms on 2 cores) before it may hand the next batch on, and the
+ * whole step's chain of hand-offs pays that wait again at each link. With a short slice the
+ * woken thread preempts compute at once (EEVDF, Linux 6.12+); its share of the CPU is the
+ * same. Measured in docs/train.md ("Session 8"). */
+static void io_slice(void)
+{
+    if (gr_thread_set_slice_us(GR_TRAIN_IO_SLICE_US)) gr_clearerr(); /* older kernels: the default */
+}
+
 static void *reader_main(void *arg)
 {
     tr_worker *w = arg;
+    io_slice();
     int rc = tr_read_epochs(w, &w->free_q, &w->read_q, NULL, NULL);
     if (rc) tr_fail(w->tr, w, rc);
     tr_queue_close(&w->read_q);
@@ -372,6 +385,7 @@ static void *reader_main(void *arg)
 static void *fetch_main(void *arg)
 {
     tr_worker *w = arg;
+    io_slice();
     tr_item *it;
     while ((it = tr_queue_pop(&w->read_q))) {
         int rc = stage_fetch(w, it);
@@ -470,6 +484,9 @@ void *tr_pipeline_main(void *arg)
             tr_queue_close(&w->push_q);
             break;
         }
+    /* This thread runs the push stage. Asked only now: a new thread inherits its creator's
+     * slice, and compute must keep the default. */
+    io_slice();
     push_main(w);
     for (unsigned i = 0; i < started; i++) pthread_join(t[i], NULL);
     leave_job(w);

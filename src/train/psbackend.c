@@ -400,6 +400,7 @@ int gr_ps_backend_create(const gr_ps_backend_opts *o, gr_train_backend *out)
         gr_client_config_default(&cc);
         cc.servers = o->servers;
         cc.auth_file = o->auth_file;
+        cc.slice_us = GR_TRAIN_IO_SLICE_US;
         rc = gr_client_create(&cc, &p->c);
         p->own_client = rc == GR_OK;
     }

@@ -2,13 +2,18 @@
  * filled as a restore fills one (gr_table_reserve, then bulk inserts from several groups) is
  * bitwise the table an unprepared one becomes: the same partitions, index arrays, slots,
  * rows, live and dirty bits, counted bytes. Its memory is there before the fill (resident);
- * a fill past what was prepared carries on; only a new, empty table can be prepared. */
+ * a fill past what was prepared carries on; only a new, empty table can be prepared.
+ * gr_table_prefault_ahead: the row memory past a growing table's rows is resident after it,
+ * asked again it does nothing, a table without rows is left alone, and rows created while it
+ * runs on another thread give bitwise the table they give without it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,6 +258,96 @@ static void test_preparation_stops_when_asked(void **state)
     gr_table_destroy(plain);
 }
 
+/* Creates the rows of keys [from, to) by lookups of 1024, as a shard's pulls do. */
+static void grow(gr_table *t, uint64_t from, uint64_t to)
+{
+    uint64_t keys[1024];
+    float *out = malloc(sizeof keys / 8 * DIM * sizeof(float));
+    for (uint64_t k = from; k < to;) {
+        size_t n = 0;
+        for (; n < 1024 && k < to; n++, k++) keys[n] = k * 0x9e3779b97f4a7c15ull + 11;
+        assert_int_equal(gr_table_lookup(t, keys, n, out, 0), GR_OK);
+    }
+    free(out);
+}
+
+static void test_ahead_of_growing_rows(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    gr_table *a = make(&s), *b = make(&s);
+    gr_table_set_clock(a, 5);
+    gr_table_set_clock(b, 5);
+    const size_t ahead = 3u << 20;
+    uint64_t got = 1;
+    /* No rows yet: nothing is handed out (a table that never grows keeps nothing extra). */
+    assert_int_equal(gr_table_prefault_ahead(b, ahead, &got), GR_OK);
+    assert_int_equal(got, 0);
+    assert_int_equal(b->committed, 0);
+    for (uint64_t step = 0; step < 6; step++) {
+        grow(a, step * 20000, (step + 1) * 20000);
+        grow(b, step * 20000, (step + 1) * 20000);
+        size_t end = (size_t)b->carved * b->stride;
+        assert_int_equal(gr_table_prefault_ahead(b, ahead, &got), GR_OK);
+        assert_true(got > 0);
+        /* The next `ahead` bytes past the carved rows are resident now (committed first). */
+        assert_true((size_t)b->committed * b->stride >= end + ahead);
+        size_t first = (end + 4095) & ~(size_t)4095, last = (end + ahead) & ~(size_t)4095;
+        assert_int_equal(resident_pages(b->rowmem + first, last - first), (last - first) / 4096);
+        /* Asked again with nothing grown: nothing more. */
+        assert_int_equal(gr_table_prefault_ahead(b, ahead, &got), GR_OK);
+        assert_int_equal(got, 0);
+    }
+    assert_true(gr_table_ahead_bytes(b) >= ahead);
+    assert_int_equal(gr_table_ahead_bytes(a), 0);
+    assert_bitwise(a, b);
+    gr_table_destroy(a);
+    gr_table_destroy(b);
+}
+
+typedef struct grower {
+    gr_table *t;
+    atomic_bool done;
+} grower;
+
+static void *grow_main(void *arg)
+{
+    grower *g = arg;
+    grow(g->t, 0, 150000);
+    atomic_store(&g->done, true);
+    return NULL;
+}
+
+static void test_ahead_while_rows_are_created(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    gr_table *a = make(&s), *b = make(&s);
+    gr_table_set_clock(a, 5);
+    gr_table_set_clock(b, 5);
+    grow(a, 0, 150000);
+    grower g = {b, false};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, grow_main, &g), 0);
+    uint64_t total = 0, got;
+    while (!atomic_load(&g.done)) {
+        assert_int_equal(gr_table_prefault_ahead(b, 1u << 20, &got), GR_OK);
+        total += got;
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(gr_table_ahead_bytes(b), total);
+    assert_bitwise(a, b);
+    float wa[DIM], wb[DIM];
+    uint64_t key = 77777 * 0x9e3779b97f4a7c15ull + 11;
+    assert_int_equal(gr_table_lookup(a, &key, 1, wa, GR_LOOKUP_READONLY), GR_OK);
+    assert_int_equal(gr_table_lookup(b, &key, 1, wb, GR_LOOKUP_READONLY), GR_OK);
+    assert_memory_equal(wa, wb, sizeof wa);
+    gr_table_destroy(a);
+    gr_table_destroy(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +355,8 @@ int main(void)
         cmocka_unit_test(test_fill_past_the_prepared_rows),
         cmocka_unit_test(test_only_new_empty_tables),
         cmocka_unit_test(test_preparation_stops_when_asked),
+        cmocka_unit_test(test_ahead_of_growing_rows),
+        cmocka_unit_test(test_ahead_while_rows_are_created),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
