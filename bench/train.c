@@ -240,9 +240,13 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
     } else {
         const char *servers = rs->servers;
         if (!servers) {
-            rc = gr_local_cluster_start(2, 2, &cl);
+            /* As granary train: row memory ahead, and its own client reaches the embedded
+             * shards over AF_UNIX. */
+            gr_local_cluster_opts lo;
+            gr_local_cluster_opts_default(&lo, 2);
+            lo.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+            rc = gr_local_cluster_start_opts(&lo, &cl);
             if (rc) return rc;
-            /* As granary train: its own client reaches the embedded shards over AF_UNIX. */
             servers = gr_local_cluster_local_servers(cl);
         }
         gr_client_config cc;

@@ -15,8 +15,11 @@ typedef struct gr_local_cluster gr_local_cluster;
 /* The time slice (us) the shards' connection loop and worker threads ask for: they share the
  * process's cores with the trainer's compute threads (gr_server_config.slice_us). */
 #define GR_LOCAL_CLUSTER_SLICE_US 200u
-/* Row memory each embedded shard has handed out ahead of its growing tables
- * (gr_server_config.populate_ahead): two huge pages. */
+/* Row memory an embedded shard has handed out ahead of its growing tables
+ * (gr_server_config.populate_ahead), for gr_local_cluster_opts.populate_ahead: two huge pages.
+ * granary train and bench train's runs ask for it (their cores idle between a step's
+ * hand-offs); the other starts leave it off: where the callers keep both cores busy (the
+ * Python module's workers) the grow thread only adds the pages past the last rows. */
 #define GR_LOCAL_CLUSTER_AHEAD (4u << 20)
 /* threads: worker threads per shard (0 = 2). */
 GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
@@ -32,6 +35,17 @@ GR_API int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_
 GR_API int gr_local_cluster_start_with(unsigned shards, unsigned threads,
                                        uint32_t publish_interval_ms, gr_metrics *metrics,
                                        gr_local_cluster **out);
+/* Everything a local cluster can be started with; gr_local_cluster_opts_default gives what
+ * gr_local_cluster_start uses (2 threads, no publishing, no metrics, no row memory ahead). */
+typedef struct gr_local_cluster_opts {
+    unsigned shards;              /* 1..256 */
+    unsigned threads;             /* worker threads per shard (0 = 2) */
+    uint32_t publish_interval_ms; /* 0 = never */
+    gr_metrics *metrics;          /* NULL = none; must outlive the cluster */
+    uint64_t populate_ahead;      /* bytes (gr_server_config.populate_ahead); 0 = off */
+} gr_local_cluster_opts;
+GR_API void gr_local_cluster_opts_default(gr_local_cluster_opts *o, unsigned shards);
+GR_API int gr_local_cluster_start_opts(const gr_local_cluster_opts *o, gr_local_cluster **out);
 /* "127.0.0.1:PORT,..." in shard order, for any process; valid until stop. */
 GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
 /* "unix:@NAME,..." in shard order: the same shards over abstract AF_UNIX sockets, for

@@ -622,8 +622,14 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (c->local) return gr_local_backend_create(&c->bo, be);
     if (!c->servers) {
         /* The embedded cluster: S shards in this process on free loopback ports. */
-        int rc = gr_local_cluster_start_with(c->shards, c->shard_threads, c->publish_ms,
-                                             c->o.metrics, cluster);
+        gr_local_cluster_opts lo;
+        gr_local_cluster_opts_default(&lo, c->shards);
+        lo.threads = c->shard_threads;
+        lo.publish_interval_ms = c->publish_ms;
+        lo.metrics = c->o.metrics;
+        /* Its cores idle between a step's hand-offs: new rows' page faults go there. */
+        lo.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+        int rc = gr_local_cluster_start_opts(&lo, cluster);
         if (rc) return rc;
         c->servers = gr_local_cluster_servers(*cluster);
     }

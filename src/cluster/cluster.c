@@ -36,7 +36,23 @@ int gr_local_cluster_start_metrics(unsigned shards, unsigned threads, gr_metrics
 int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publish_interval_ms,
                                 gr_metrics *metrics, gr_local_cluster **out)
 {
+    gr_local_cluster_opts o;
+    gr_local_cluster_opts_default(&o, shards);
+    o.threads = threads;
+    o.publish_interval_ms = publish_interval_ms;
+    o.metrics = metrics;
+    return gr_local_cluster_start_opts(&o, out);
+}
+
+void gr_local_cluster_opts_default(gr_local_cluster_opts *o, unsigned shards)
+{
+    *o = (gr_local_cluster_opts){.shards = shards, .threads = 2};
+}
+
+int gr_local_cluster_start_opts(const gr_local_cluster_opts *o, gr_local_cluster **out)
+{
     *out = NULL;
+    const unsigned shards = o->shards, threads = o->threads;
     if (shards == 0 || shards > 256)
         return gr_seterr(GR_EINVAL, "a local cluster has 1..256 shards, not %u", shards);
     gr_local_cluster *c = calloc(1, sizeof *c);
@@ -52,11 +68,11 @@ int gr_local_cluster_start_with(unsigned shards, unsigned threads, uint32_t publ
         cfg.shard = i;
         cfg.shards = shards;
         cfg.threads = threads ? threads : 2;
-        cfg.publish_interval_ms = publish_interval_ms;
-        cfg.metrics = metrics;
+        cfg.publish_interval_ms = o->publish_interval_ms;
+        cfg.metrics = o->metrics;
         cfg.local_socket = true;
         cfg.slice_us = GR_LOCAL_CLUSTER_SLICE_US;
-        cfg.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+        cfg.populate_ahead = o->populate_ahead;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;

@@ -127,16 +127,32 @@ static void test_limits_and_cluster(void **state)
     assert_non_null(strstr(gr_errmsg(), "populate_ahead"));
     assert_null(s);
 
-    gr_local_cluster *cl;
-    assert_int_equal(gr_local_cluster_start(1, 1, &cl), 0);
-    gr_client_config cc;
-    gr_client_config_default(&cc);
-    cc.servers = gr_local_cluster_servers(cl);
-    gr_client *c;
-    assert_int_equal(gr_client_create(&cc, &c), 0);
-    assert_true(grow_stat(c, "ahead") == (double)GR_LOCAL_CLUSTER_AHEAD);
-    gr_client_destroy(c);
-    gr_local_cluster_stop(cl);
+    /* gr_local_cluster_start leaves it off (no "grow" in STATS); granary train's start asks
+     * for GR_LOCAL_CLUSTER_AHEAD; too much is refused with the server's message. */
+    gr_local_cluster_opts lo;
+    gr_local_cluster_opts_default(&lo, 1);
+    lo.populate_ahead = (1ull << 30) + 1;
+    gr_local_cluster *cl = NULL;
+    assert_int_equal(gr_local_cluster_start_opts(&lo, &cl), GR_EINVAL);
+    assert_non_null(strstr(gr_errmsg(), "populate_ahead"));
+    assert_null(cl);
+    for (int with = 0; with <= 1; with++) {
+        if (with) {
+            lo.threads = 1;
+            lo.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+            assert_int_equal(gr_local_cluster_start_opts(&lo, &cl), 0);
+        } else {
+            assert_int_equal(gr_local_cluster_start(1, 1, &cl), 0);
+        }
+        gr_client_config cc;
+        gr_client_config_default(&cc);
+        cc.servers = gr_local_cluster_servers(cl);
+        gr_client *c;
+        assert_int_equal(gr_client_create(&cc, &c), 0);
+        assert_true(grow_stat(c, "ahead") == (with ? (double)GR_LOCAL_CLUSTER_AHEAD : -1.0));
+        gr_client_destroy(c);
+        gr_local_cluster_stop(cl);
+    }
 }
 
 int main(void)
