@@ -30,21 +30,6 @@
 
 #define MAXT 512
 
-/* sched_runtime (ns) of thread tid; 0 when the call fails. */
-static uint64_t slice_of(pid_t tid)
-{
-    struct {
-        uint32_t size, policy;
-        uint64_t flags;
-        int32_t nice;
-        uint32_t prio;
-        uint64_t runtime, deadline, period;
-    } a;
-    memset(&a, 0, sizeof a);
-    if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return 0;
-    return a.runtime;
-}
-
 /* Every thread id of this process; their number. */
 static size_t threads(pid_t *out)
 {
@@ -66,7 +51,7 @@ static size_t new_threads(const pid_t *before, size_t nb, const pid_t *now, size
     for (size_t i = 0; i < nn; i++) {
         bool old = false;
         for (size_t j = 0; j < nb && !old; j++) old = now[i] == before[j];
-        if (!old) slices[k++] = slice_of(now[i]);
+        if (!old) slices[k++] = sched_probe_slice_ns_of(now[i]);
     }
     return k;
 }
