@@ -77,6 +77,9 @@ GR_API bool gr_sock_unpaced_loopback(int fd);
  * slice. 0 goes back to the kernel's default. GR_EINVAL where the kernel has no custom
  * slices (the thread runs as before). */
 GR_API int gr_thread_set_slice_us(unsigned us);
+/* The same, best effort, for threads that only prefer a short slice: 0 does nothing; where the
+ * kernel keeps its own, a debug line says that `who` does and the error is cleared. */
+GR_API void gr_thread_want_slice_us(unsigned us, const char *who);
 
 /* Time. */
 GR_API uint64_t gr_now_ns(void);   /* monotonic clock */

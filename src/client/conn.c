@@ -516,10 +516,7 @@ static void *reader_main(void *arg)
 {
     cl_conn *k = arg;
     cl_link *cl = k->link;
-    if (cl->cfg.slice_us && gr_thread_set_slice_us(cl->cfg.slice_us)) {
-        GR_LOGD("client: %s: the reader keeps the kernel's slice: %s", k->addr, gr_errmsg());
-        gr_clearerr();
-    }
+    gr_thread_want_slice_us(cl->cfg.slice_us, "client: a reader");
     int fd = k->fd; /* stable while this reader lives: only a reconnect, after joining us,
                        replaces it */
     char why[300] = "closed by the server";

@@ -54,3 +54,11 @@ int gr_thread_set_slice_us(unsigned us)
     return gr_seterr(GR_EINVAL, "this system has no sched_setattr");
 #endif
 }
+
+void gr_thread_want_slice_us(unsigned us, const char *who)
+{
+    if (us && gr_thread_set_slice_us(us)) {
+        GR_LOGD("%s keeps the kernel's slice: %s", who, gr_errmsg());
+        gr_clearerr();
+    }
+}

@@ -96,8 +96,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         static _Thread_local bool slice_asked;
         if (s->cfg.slice_us && !slice_asked) {
             slice_asked = true;
-            if (gr_thread_set_slice_us(s->cfg.slice_us))
-                GR_LOGD("http: %s (handler threads keep the default slice)", gr_errmsg());
+            gr_thread_want_slice_us(s->cfg.slice_us, "http: a handler thread");
         }
         p = calloc(1, sizeof *p);
         if (!p) return MHD_NO;

@@ -138,8 +138,7 @@ static void *conn_main(void *arg)
     sv_listen *l = a->l;
     int fd = a->fd;
     /* A connection's thread answers its requests: the same short slice as HTTP handlers. */
-    if (l->s->cfg.slice_us && gr_thread_set_slice_us(l->s->cfg.slice_us))
-        GR_LOGD("serve: %s (this connection's thread keeps the default slice)", gr_errmsg());
+    gr_thread_want_slice_us(l->s->cfg.slice_us, "serve: a connection's thread");
     uint8_t hb[GR_PROTO_HEADER_SIZE];
     gr_proto_buf out;
     gr_proto_buf_init(&out);

@@ -879,18 +879,10 @@ static void ctl_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-void srv_thread_slice(uint32_t slice_us, const char *who)
-{
-    if (slice_us && gr_thread_set_slice_us(slice_us)) {
-        GR_LOGD("server: %s thread keeps the kernel's slice: %s", who, gr_errmsg());
-        gr_clearerr();
-    }
-}
-
 static void *loop_main(void *arg)
 {
     srv_net *n = arg;
-    srv_thread_slice(n->cfg.slice_us, "connection loop");
+    gr_thread_want_slice_us(n->cfg.slice_us, "server: the connection loop");
     event_base_dispatch(n->base);
     return NULL;
 }

@@ -57,10 +57,6 @@ typedef struct srv_net_callbacks {
     void (*closed)(void *ctx, srv_conn *c);
 } srv_net_callbacks;
 
-/* The calling thread (the loop or a worker, named by `who` in the debug line) asks for the
- * time slice slice_us (0: nothing to do); a kernel without custom slices keeps its default. */
-void srv_thread_slice(uint32_t slice_us, const char *who);
-
 /* Binds host:port (0 = any free port) and creates the net, not yet running. */
 int srv_net_create(const srv_net_config *cfg, const srv_net_callbacks *cb, const char *host,
                    uint16_t port, srv_net **out);

@@ -82,7 +82,7 @@ static void queue_push(gr_server *s, srv_job *j)
 static void *worker_main(void *arg)
 {
     gr_server *s = arg;
-    srv_thread_slice(s->cfg.slice_us, "worker");
+    gr_thread_want_slice_us(s->cfg.slice_us, "server: a worker");
     gr_proto_buf out;
     gr_proto_buf_init(&out);
     for (;;) {

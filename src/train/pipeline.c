@@ -369,7 +369,7 @@ static int sequential_step(tr_worker *w, tr_item *it)
  * same. Measured in docs/train.md ("Session 8"). */
 static void io_slice(void)
 {
-    if (gr_thread_set_slice_us(GR_TRAIN_IO_SLICE_US)) gr_clearerr(); /* older kernels: the default */
+    gr_thread_want_slice_us(GR_TRAIN_IO_SLICE_US, "train: a pipeline stage");
 }
 
 static void *reader_main(void *arg)
