@@ -596,7 +596,10 @@ static int check_paths(const train_cmd *c)
     if (!bad && c->auth_file) bad = gr_cli_check_input("--auth-file", c->auth_file, err, sizeof err);
     if (!bad && c->metrics)
         bad = gr_cli_check_output_file("--metrics-out", c->metrics, err, sizeof err);
-    bool embedded = !c->local && !c->servers;
+    /* The embedded cluster's checkpoints are ours to place; under --servers or --coord the
+     * shards write them, under their own --ckpt-root, and a directory made here would be an
+     * empty stray beside the caller. */
+    bool embedded = !c->local && !c->servers && !c->coord;
     if (!bad && embedded && o->resume && !gr_cli_path_exists(o->resume) &&
         !(o->ckpt_dir && !strcmp(o->resume, o->ckpt_dir))) {
         snprintf(err, sizeof err, "--resume %s: no such checkpoint root or checkpoint (to start "

@@ -96,6 +96,7 @@ static void start_job(job *j, const char *name, bool standby)
     snprintf(path, sizeof path, "/jobs/%s", name);
     zk_test_url(&zk, path, j->url, sizeof j->url);
     snprintf(j->ck, sizeof j->ck, "ck-%s", name);
+    rmdir(j->ck); /* an empty one an older build's trainer left in this directory */
     snprintf(j->ckpath, sizeof j->ckpath, "%s/%s", tmp, j->ck);
     snprintf(j->metrics, sizeof j->metrics, "%s/metrics-%s.json", tmp, name);
     snprintf(j->log, sizeof j->log, "%s/train-%s.log", tmp, name);
@@ -110,6 +111,10 @@ static void start_job(job *j, const char *name, bool standby)
 
 static void stop_job(job *j)
 {
+    /* The shards write the checkpoints under their --ckpt-root; the trainer, given the same
+     * relative --ckpt-dir, must not have made a directory of that name where it ran. */
+    struct stat st;
+    assert_int_not_equal(stat(j->ck, &st), 0);
     for (int i = 0; i < 2; i++)
         if (j->shard[i].pid > 0) ps_test_server_stop(&j->shard[i], 0);
     if (j->with_standby) ps_test_server_stop(&j->standby, 0);

@@ -69,6 +69,7 @@ static void start_job_with(job *j, const char *name, bool with_standby)
     snprintf(path, sizeof path, "/jobs/%s", name);
     zk_test_url(&zk, path, j->url, sizeof j->url);
     snprintf(j->ck, sizeof j->ck, "ck-%s", name);
+    rmdir(j->ck); /* an empty one an older build's trainer left in this directory */
     snprintf(j->ckpath, sizeof j->ckpath, "%s/%s", tmp, j->ck);
     snprintf(j->metrics, sizeof j->metrics, "%s/metrics-%s.json", tmp, name);
     for (int i = 0; i < 2; i++) {
@@ -89,6 +90,10 @@ static void start_job(job *j, const char *name) { start_job_with(j, name, false)
 
 static void stop_job(job *j)
 {
+    /* The shards own the checkpoint directory (under their --ckpt-root): no worker process
+     * may have made one of the same relative name where it ran. */
+    struct stat st;
+    assert_int_not_equal(stat(j->ck, &st), 0);
     for (int i = 0; i < 2; i++)
         if (j->shard[i].pid > 0) ps_test_server_stop(&j->shard[i], 0);
     if (j->standby.pid > 0) ps_test_server_stop(&j->standby, 0);
