@@ -224,12 +224,69 @@ bool tr_gemv_avx512_supported(void)
     return tr_gemv_supported() && __builtin_cpu_supports("avx512f");
 }
 
-/* Without AVX-512: the one-example kernel per row (the same bits by construction). */
+/* Two examples through tr_gemv_exact_avx2's chains, each weight vector loaded once for both:
+ * outputs 32 at a time (4 registers x 2 examples: with the weights and two broadcasts within
+ * AVX2's 16 registers), then 8, then one. */
+TR_TARGET static void gemv_avx2_pair(uint32_t in, uint32_t out, const float *x, size_t ldx,
+                                     const float *wt, const float *b, uint32_t q, uint32_t u,
+                                     float *y, size_t ldy)
+{
+    const float *x1 = x + ldx;
+    float *y1 = y + ldy;
+    memcpy(y, b, out * sizeof *y);
+    memcpy(y1, b, out * sizeof *y);
+    for (uint32_t k0 = 0, len; k0 < in; k0 += len) {
+        len = block_len(in - k0, q, u);
+        const uint32_t k1 = k0 + len;
+        uint32_t j = 0;
+        for (; j + 32 <= out; j += 32) {
+            __m256 a0[4], a1[4];
+            for (int v = 0; v < 4; v++) a0[v] = a1[v] = _mm256_setzero_ps();
+            for (uint32_t k = k0; k < k1; k++) {
+                const __m256 x0k = _mm256_broadcast_ss(x + k), x1k = _mm256_broadcast_ss(x1 + k);
+                const float *w = wt + (size_t)k * out + j;
+                for (int v = 0; v < 4; v++) {
+                    const __m256 wv = _mm256_loadu_ps(w + 8 * v);
+                    a0[v] = _mm256_fmadd_ps(x0k, wv, a0[v]);
+                    a1[v] = _mm256_fmadd_ps(x1k, wv, a1[v]);
+                }
+            }
+            for (int v = 0; v < 4; v++) {
+                _mm256_storeu_ps(y + j + 8 * v, _mm256_add_ps(_mm256_loadu_ps(y + j + 8 * v), a0[v]));
+                _mm256_storeu_ps(y1 + j + 8 * v, _mm256_add_ps(_mm256_loadu_ps(y1 + j + 8 * v), a1[v]));
+            }
+        }
+        for (; j + 8 <= out; j += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (uint32_t k = k0; k < k1; k++) {
+                const __m256 wv = _mm256_loadu_ps(wt + (size_t)k * out + j);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), wv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + k), wv, a1);
+            }
+            _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), a0));
+            _mm256_storeu_ps(y1 + j, _mm256_add_ps(_mm256_loadu_ps(y1 + j), a1));
+        }
+        for (; j < out; j++) {
+            float a0 = 0.0f, a1 = 0.0f;
+            for (uint32_t k = k0; k < k1; k++) {
+                const float w = wt[(size_t)k * out + j];
+                a0 = __builtin_fmaf(x[k], w, a0);
+                a1 = __builtin_fmaf(x1[k], w, a1);
+            }
+            y[j] += a0;
+            y1[j] += a1;
+        }
+    }
+}
+
+/* Without AVX-512: examples two at a time, a last one through the one-example kernel. */
 void tr_gemv_exact_multi_avx2(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
                               const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
                               size_t ldy)
 {
-    for (size_t i = 0; i < m; i++) tr_gemv_exact_avx2(in, out, x + i * ldx, wt, b, q, u, y + i * ldy);
+    size_t i = 0;
+    for (; i + 2 <= m; i += 2) gemv_avx2_pair(in, out, x + i * ldx, ldx, wt, b, q, u, y + i * ldy, ldy);
+    if (i < m) tr_gemv_exact_avx2(in, out, x + i * ldx, wt, b, q, u, y + i * ldy);
 }
 
 /* The kernel for this CPU, looked up once (the check is a few loads; the request is ~1 us). */

@@ -24,8 +24,8 @@ void tr_gemv_exact_avx512(uint32_t in, uint32_t out, const float *x, const float
 bool tr_gemv_avx512_supported(void);
 /* tr_gemv_exact for m examples (rows of x ldx floats apart, of y ldy apart): each row of y
  * bitwise what tr_gemv_exact gives for that row alone (so no row depends on the others or on
- * m), but each weight vector loaded once for up to four examples. Its two kernels likewise;
- * the AVX2 one is tr_gemv_exact_avx2 per row. */
+ * m), but each weight vector loaded once for up to four examples (AVX-512) or two (AVX2).
+ * Its two kernels likewise (the unit tests compare them). */
 void tr_gemv_exact_multi(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
                          const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
                          size_t ldy);
