@@ -342,6 +342,15 @@ GR_API int gr_model_prepared_layers(const gr_model_prepared *p);
 GR_API int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
                                      const gr_model_prepared *prep, size_t n, const float *dense,
                                      const float *emb, float *probs);
+/* n independent examples at once, each scored as if alone: probs[i] is bitwise what
+ * gr_model_predict_prepared(m, ws, params, prep, 1, dense + i * n_dense,
+ * emb + i * n_sparse * emb_dim, probs + i) gives, for any n and whatever the other examples
+ * are (gr_model_predict with n > 1 may differ in the last bits: sgemm's rows depend on its M).
+ * Cheaper than n such calls: each weight vector is loaded once for up to four examples.
+ * GR_EINVAL when prep is NULL or was made from other parameters than `params`. */
+GR_API int gr_model_predict_each(const gr_model *m, gr_model_ws *ws, const float *params,
+                                 const gr_model_prepared *prep, size_t n, const float *dense,
+                                 const float *emb, float *probs);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Scoring: the one forward path of evaluation, saved models and serving                       */
@@ -358,6 +367,11 @@ GR_API void gr_score_ws_destroy(gr_score_ws *ws);
 /* Prepared weights (gr_model_prepare) for the scoring calls that follow with the parameters
  * they were made from; NULL clears. Bits are unchanged either way. */
 GR_API void gr_score_ws_set_prepared(gr_score_ws *ws, const gr_model_prepared *prep);
+/* With `each` (default false) and a prepared copy set, the scoring calls that follow compute
+ * every example as if it were scored alone (gr_model_predict_each): a score never depends on
+ * what else is in the batch. The prepared copy must then be made from the `params` scored
+ * with (else GR_EINVAL). Dedup, fetch and gather are unchanged. */
+GR_API void gr_score_ws_set_each(gr_score_ws *ws, bool each);
 
 /* Scores n examples (dense: n * n_dense features, ids: n * n_sparse feature ids, as gr_batch
  * holds them for a schema without list columns; Criteo: 13 and 26) into probs[n]: dedups the

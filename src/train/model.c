@@ -51,7 +51,8 @@ struct gr_model_ws {
     float *dsym;       /* one example's dot gradients as a full nvec x nvec matrix */
     float *wt;         /* training step: each layer's W transposed (in x out), dense_size */
     float *panel;      /* training step: gemm.c's scratch (64-byte aligned) */
-    const gr_model_prepared *prep; /* set by gr_model_predict_prepared for one example */
+    const gr_model_prepared *prep; /* set by the predict calls for one example, or with each */
+    bool each;         /* gr_model_predict_each: every example computed as if alone */
 };
 
 /* Weights laid out for scoring one example (model_prep.c): each layer's W transposed, and
@@ -365,7 +366,9 @@ GR_HOT_LOOPS static void bias_grad(float *restrict db, const float *restrict dy,
 }
 
 /* Y = X W^T + b, then ReLU if the layer has one. X: n x in, Y: n x out. With a prepared copy
- * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. */
+ * (one example, q != 0) the product is model_prep.c's, which gives sgemm's bits. With ws->each
+ * every row is what it is for n = 1: model_prep.c's multi-example kernel (q != 0), else sgemm
+ * with M = 1 per row (sgemm's rows depend on M, so never one call for all). */
 static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const layer *l,
                           const float *p, size_t n, const float *x, size_t ldx, float *y,
                           bool train)
@@ -374,8 +377,18 @@ static void layer_forward(const gr_model_ws *ws, uint32_t q, uint32_t u, const l
         /* The training step's own kernel (gemm.c) on W^T, transposed once per step. */
         tr_gemm_nn(n, l->out, l->in, x, ldx, ws->wt + l->w, l->out, p + l->b, y, l->out,
                    ws->panel);
+    } else if (ws->prep && q && ws->each) {
+        tr_gemv_exact_multi(l->in, l->out, n, x, ldx, ws->prep->wt + l->w, p + l->b, q, u, y,
+                            l->out);
     } else if (ws->prep && q) {
         tr_gemv_exact(l->in, l->out, x, ws->prep->wt + l->w, p + l->b, q, u, y);
+    } else if (ws->each) {
+        for (size_t i = 0; i < n; i++) {
+            float *yi = y + i * l->out;
+            memcpy(yi, p + l->b, l->out * sizeof *y);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 1, (int)l->out, (int)l->in, 1.0f,
+                        x + i * ldx, (int)ldx, p + l->w, (int)l->in, 1.0f, yi, (int)l->out);
+        }
     } else {
         for (size_t i = 0; i < n; i++) memcpy(y + i * l->out, p + l->b, l->out * sizeof *y);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)l->out, (int)l->in,
@@ -481,8 +494,14 @@ static void dlrm_forward(const gr_model *m, gr_model_ws *ws, const float *p, siz
         x = ws->bot_out[l];
     }
     ws->ldz = train ? m->ldz : m->top_in; /* predictions: sgemm's bits as they always were */
-    tr_interact_forward(ws->z, (uint32_t)ws->ldz, x, emb, n, m->c.dim, m->ns, m->nvec, ws->vt,
-                        ws->lanes);
+    if (ws->each) /* as n = 1 computes it: the one-example path, whatever n */
+        for (size_t i = 0; i < n; i++)
+            tr_interact_forward(ws->z + i * ws->ldz, (uint32_t)ws->ldz, x + i * m->c.dim,
+                                emb + i * m->ns * m->c.dim, 1, m->c.dim, m->ns, m->nvec, ws->vt,
+                                ws->lanes);
+    else
+        tr_interact_forward(ws->z, (uint32_t)ws->ldz, x, emb, n, m->c.dim, m->ns, m->nvec,
+                            ws->vt, ws->lanes);
     x = ws->z;
     for (uint32_t l = 0; l < m->ntop; l++) {
         layer_forward(ws, pr ? pr->top_q[l] : 0, pr ? pr->top_u[l] : 0, &m->top[l], p, n, x,
@@ -575,25 +594,50 @@ int gr_model_predict(const gr_model *m, gr_model_ws *ws, const float *params, si
     return gr_model_predict_prepared(m, ws, params, NULL, n, dense, emb, probs);
 }
 
-int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
-                              const gr_model_prepared *prep, size_t n, const float *dense,
-                              const float *emb, float *probs)
+/* The forward pass of both predict entry points: with `each`, every example as n = 1 computes
+ * it (prep then non-NULL and made from params). */
+static int predict(const gr_model *m, gr_model_ws *ws, const float *params,
+                   const gr_model_prepared *prep, bool each, size_t n, const float *dense,
+                   const float *emb, float *probs)
 {
     int rc = check_args(m, params, n, dense, emb);
     if (rc || n == 0) return rc;
     if ((rc = ws_reserve(m, ws, n))) return rc;
     if (m->c.kind == GR_MODEL_LR) {
+        /* Each example's logit is its own sum (lr_logits): the same bits for any n. */
         lr_logits(m, params, n, dense, emb, probs);
     } else {
         /* The prepared path is for one example (the n that makes sgemm pack a panel per call
-         * for one row of work) and only with the parameters it was made from. */
-        ws->prep = prep && n == 1 && prep->params == params ? prep : NULL;
+         * for one row of work) or examples each computed alone, and only with the parameters
+         * it was made from. */
+        ws->prep = prep && (n == 1 || each) && prep->params == params ? prep : NULL;
+        ws->each = each;
         dlrm_forward(m, ws, params, n, dense, emb, false);
         ws->prep = NULL;
+        ws->each = false;
         memcpy(probs, ws->top_out[m->ntop - 1], n * sizeof *probs);
     }
     for (size_t i = 0; i < n; i++) probs[i] = sigmoidf(probs[i]);
     return GR_OK;
+}
+
+int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,
+                              const gr_model_prepared *prep, size_t n, const float *dense,
+                              const float *emb, float *probs)
+{
+    return predict(m, ws, params, prep, false, n, dense, emb, probs);
+}
+
+int gr_model_predict_each(const gr_model *m, gr_model_ws *ws, const float *params,
+                          const gr_model_prepared *prep, size_t n, const float *dense,
+                          const float *emb, float *probs)
+{
+    if (!prep)
+        return gr_seterr(GR_EINVAL, "predict each: no prepared weights (gr_model_prepare)");
+    if (prep->params != params)
+        return gr_seterr(GR_EINVAL, "predict each: the prepared weights were made from other "
+                         "parameters than these");
+    return predict(m, ws, params, prep, true, n, dense, emb, probs);
 }
 
 /* ---- weights prepared for one example at a time (model_prep.c) ---------------------------- */

@@ -141,9 +141,95 @@ TR_TARGET512 void tr_gemv_exact_avx512(uint32_t in, uint32_t out, const float *x
     }
 }
 
+/* NE examples at once, each row's bits those of gemv512_group on that row alone: the same
+ * chain per (example, output) -- from zero over the block in input order, then added to y --
+ * but each weight vector loaded once for the NE examples. NV registers of 16 outputs (the last
+ * masked) per example: NE x NV <= 16 accumulators, the NV weight vectors and a broadcast in
+ * the 32 registers. */
+static inline __attribute__((always_inline)) TR_TARGET512 void
+gemv512_multi_group(int ne, int nv, uint32_t k0, uint32_t k1, uint32_t out, uint32_t j,
+                    __mmask16 tail, const float *x, size_t ldx, const float *wt, float *y,
+                    size_t ldy)
+{
+    __m512 a[4][8];
+    for (int e = 0; e < ne; e++)
+        for (int v = 0; v < nv; v++) a[e][v] = _mm512_setzero_ps();
+    for (uint32_t k = k0; k < k1; k++) {
+        const float *w = wt + (size_t)k * out + j;
+        if (TR_PREFETCH_ROWS && k + TR_PREFETCH_ROWS < k1)
+            for (int v = 0; v < nv; v++)
+                _mm_prefetch((const char *)(w + (size_t)TR_PREFETCH_ROWS * out + 16 * v), _MM_HINT_T0);
+        __m512 wv[8];
+        for (int v = 0; v < nv - 1; v++) wv[v] = _mm512_loadu_ps(w + 16 * v);
+        wv[nv - 1] = _mm512_maskz_loadu_ps(tail, w + 16 * (nv - 1));
+        for (int e = 0; e < ne; e++) {
+            const __m512 xk = _mm512_set1_ps(x[(size_t)e * ldx + k]);
+            for (int v = 0; v < nv; v++) a[e][v] = _mm512_fmadd_ps(xk, wv[v], a[e][v]);
+        }
+    }
+    for (int e = 0; e < ne; e++) {
+        float *ye = y + (size_t)e * ldy + j;
+        for (int v = 0; v < nv - 1; v++)
+            _mm512_storeu_ps(ye + 16 * v, _mm512_add_ps(_mm512_loadu_ps(ye + 16 * v), a[e][v]));
+        float *yl = ye + 16 * (nv - 1);
+        _mm512_mask_storeu_ps(yl, tail, _mm512_add_ps(_mm512_maskz_loadu_ps(tail, yl), a[e][nv - 1]));
+    }
+}
+
+/* Up to four examples (rows of x, ldx apart) through one layer: per K block, the outputs 128 at
+ * a time for one or two examples (a row of W^T read whole, 16 accumulators), 64 for three or
+ * four, the last group masked. */
+static inline __attribute__((always_inline)) TR_TARGET512 void
+gemv512_multi_rows(int ne, uint32_t in, uint32_t out, const float *x, size_t ldx, const float *wt,
+                   const float *b, uint32_t q, uint32_t u, float *y, size_t ldy)
+{
+    for (int e = 0; e < ne; e++) memcpy(y + (size_t)e * ldy, b, out * sizeof *y);
+    const uint32_t full = ne <= 2 ? 8 : 4, left = out % (16 * full), nv = (left + 15) / 16;
+    const uint32_t lanes = left - 16 * (nv ? nv - 1 : 0);
+    const __mmask16 tail = (__mmask16)((1u << lanes) - 1u);
+    for (uint32_t k0 = 0, len; k0 < in; k0 += len) {
+        len = block_len(in - k0, q, u);
+        const uint32_t k1 = k0 + len;
+        uint32_t j = 0;
+        for (; j + 16 * full <= out; j += 16 * full)
+            gemv512_multi_group(ne, (int)full, k0, k1, out, j, 0xffff, x, ldx, wt, y, ldy);
+        switch (nv) {
+#define TR_GROUP(n) \
+    case n: if (n <= full) gemv512_multi_group(ne, n, k0, k1, out, j, tail, x, ldx, wt, y, ldy); break;
+            TR_GROUP(1) TR_GROUP(2) TR_GROUP(3) TR_GROUP(4)
+            TR_GROUP(5) TR_GROUP(6) TR_GROUP(7) TR_GROUP(8)
+#undef TR_GROUP
+        }
+    }
+}
+
+/* The AVX-512 kernel for m examples: four at a time, then the two or three left together; a
+ * last single example takes the one-example kernel (its 128-output groups read a row of W^T
+ * whole: 16 % less CPU than 64-output groups for one example). */
+TR_TARGET512 void tr_gemv_exact_multi_avx512(uint32_t in, uint32_t out, size_t m, const float *x,
+                                             size_t ldx, const float *wt, const float *b, uint32_t q,
+                                             uint32_t u, float *y, size_t ldy)
+{
+    size_t i = 0;
+    for (; i + 4 <= m; i += 4) gemv512_multi_rows(4, in, out, x + i * ldx, ldx, wt, b, q, u, y + i * ldy, ldy);
+    switch (m - i) {
+    case 1: tr_gemv_exact_avx512(in, out, x + i * ldx, wt, b, q, u, y + i * ldy); break;
+    case 2: gemv512_multi_rows(2, in, out, x + i * ldx, ldx, wt, b, q, u, y + i * ldy, ldy); break;
+    case 3: gemv512_multi_rows(3, in, out, x + i * ldx, ldx, wt, b, q, u, y + i * ldy, ldy); break;
+    }
+}
+
 bool tr_gemv_avx512_supported(void)
 {
     return tr_gemv_supported() && __builtin_cpu_supports("avx512f");
+}
+
+/* Without AVX-512: the one-example kernel per row (the same bits by construction). */
+void tr_gemv_exact_multi_avx2(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
+                              const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
+                              size_t ldy)
+{
+    for (size_t i = 0; i < m; i++) tr_gemv_exact_avx2(in, out, x + i * ldx, wt, b, q, u, y + i * ldy);
 }
 
 /* The kernel for this CPU, looked up once (the check is a few loads; the request is ~1 us). */
@@ -155,6 +241,14 @@ void tr_gemv_exact(uint32_t in, uint32_t out, const float *x, const float *wt, c
     if (w < 0) atomic_store_explicit(&wide, w = tr_gemv_avx512_supported(), memory_order_relaxed);
     if (w) tr_gemv_exact_avx512(in, out, x, wt, b, q, u, y);
     else tr_gemv_exact_avx2(in, out, x, wt, b, q, u, y);
+}
+
+void tr_gemv_exact_multi(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
+                         const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
+                         size_t ldy)
+{
+    if (tr_gemv_avx512_supported()) tr_gemv_exact_multi_avx512(in, out, m, x, ldx, wt, b, q, u, y, ldy);
+    else tr_gemv_exact_multi_avx2(in, out, m, x, ldx, wt, b, q, u, y, ldy);
 }
 #else
 void tr_gemv_exact(uint32_t in, uint32_t out, const float *x, const float *wt, const float *b,
@@ -173,6 +267,24 @@ void tr_gemv_exact_avx512(uint32_t in, uint32_t out, const float *x, const float
     tr_gemv_exact(in, out, x, wt, b, q, u, y);
 }
 bool tr_gemv_avx512_supported(void) { return false; }
+void tr_gemv_exact_multi(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
+                         const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
+                         size_t ldy)
+{
+    for (size_t i = 0; i < m; i++) tr_gemv_exact(in, out, x + i * ldx, wt, b, q, u, y + i * ldy);
+}
+void tr_gemv_exact_multi_avx2(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
+                              const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
+                              size_t ldy)
+{
+    tr_gemv_exact_multi(in, out, m, x, ldx, wt, b, q, u, y, ldy);
+}
+void tr_gemv_exact_multi_avx512(uint32_t in, uint32_t out, size_t m, const float *x, size_t ldx,
+                                const float *wt, const float *b, uint32_t q, uint32_t u, float *y,
+                                size_t ldy)
+{
+    tr_gemv_exact_multi(in, out, m, x, ldx, wt, b, q, u, y, ldy);
+}
 #endif
 
 /* Finds the (Q, U) that makes tr_gemv_exact equal cblas_sgemm bit for bit on this layer's

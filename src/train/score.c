@@ -17,9 +17,11 @@ struct gr_score_ws {
     uint32_t *inv;
     float *rows, *emb;
     const gr_model_prepared *prep; /* gr_score_ws_set_prepared */
+    bool each;                     /* gr_score_ws_set_each */
 };
 
 void gr_score_ws_set_prepared(gr_score_ws *ws, const gr_model_prepared *prep) { ws->prep = prep; }
+void gr_score_ws_set_each(gr_score_ws *ws, bool each) { ws->each = each; }
 
 int gr_score_ws_create(const gr_model *m, gr_score_ws **out)
 {
@@ -89,6 +91,8 @@ int gr_model_score_batch(const gr_model *m, gr_score_ws *ws, const float *params
     if (nu < 0) return (int)nu;
     if ((rc = rows(ctx, ws->uniq, (size_t)nu, ws->rows))) return rc;
     tr_bags_gather(&ws->bags, b, ws->rows, ws->inv, gr_model_emb_dim(m), ws->emb);
+    if (ws->each && ws->prep)
+        return gr_model_predict_each(m, ws->mws, params, ws->prep, b->n, b->dense, ws->emb, probs);
     return gr_model_predict_prepared(m, ws->mws, params, ws->prep, b->n, b->dense, ws->emb,
                                      probs);
 }
