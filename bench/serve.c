@@ -66,6 +66,8 @@
       "saturation of each; medians reported")                                                    \
     X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
       "wrk threads at saturation")                                                             \
+    X(SB_SKIP_PINNED, "skip-pinned", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                \
+      "skip the saturation rounds with wrk on a core of its own (the servers on the others)")   \
     X(SB_SAT_ONLY, "saturation-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                 \
       "measure only the batch-1 saturation rounds (no batch 100, paced, binary or freshness)")
 
@@ -74,7 +76,7 @@ static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec serve_bench_spec = {
     .command = "bench serve",
     .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T] "
-                "[--rounds N] [--wrk-threads T] [--saturation-only] [--compare-pacers] [--pacer-other] "
+                "[--rounds N] [--wrk-threads T] [--saturation-only] [--skip-pinned] [--compare-pacers] [--pacer-other] "
                 "[--pacer-fifo]",
     .opts = serve_bench_opts,
     .n_opts = SB_COUNT,
@@ -603,6 +605,8 @@ int gr_bench_serve(int argc, char **argv)
     double fixed_p99s[2][16], rfixed_p99s[2][16]; /* each paced round's p99 and steal */
     for (unsigned k = 0; k < 16; k++)
         fixed_p99s[0][k] = fixed_p99s[1][k] = rfixed_p99s[0][k] = rfixed_p99s[1][k] = NAN;
+    load psat = sat, prsat = sat; /* the rounds with wrk on a CPU of its own */
+    int client_cpu = -1;
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     /* The Redis-backed baseline, started before anything is measured so that the saturation
@@ -639,6 +643,35 @@ int gr_bench_serve(int argc, char **argv)
         }
         sl_load_median(sr, rounds, &sat);
         if (hs) sl_load_median(rr, rounds, &rsat);
+        /* The same rounds with the client off the servers' cores: wrk on the last CPU, every
+         * thread of this process (both HTTP servers) and redis-server on the others. On the
+         * shared cores above wrk takes 40 % of the box's CPU at the replica's rate, and what
+         * it takes is the servers' (docs/serving.md, "Where the client runs"). */
+        cpu_set_t all, servers;
+        if (hs && !v[SB_SKIP_PINNED].b && sched_getaffinity(0, sizeof all, &all) == 0 &&
+            sl_split_cpus(&all, &servers, &client_cpu) == 0) {
+            if (sl_pin_threads(getpid(), &servers) < 0 || sl_pin_threads(rpid, &servers) < 0) {
+                fprintf(stderr, "bench serve: cannot pin the servers' threads; pinned rounds skipped\n");
+                client_cpu = -1;
+            }
+            sl_set_wrk_cpu(client_cpu);
+            for (unsigned k = 0; client_cpu >= 0 && k < rounds; k++) {
+                fprintf(stderr, "bench serve: pinned round %u/%u: replica, wrk on CPU %d\n", k + 1,
+                        rounds, client_cpu);
+                sl_run_wrk(hp, s1, wrk_threads, conns, secs, 0, &sr[k]);
+                fprintf(stderr, "bench serve: pinned round %u/%u: Redis-backed\n", k + 1, rounds);
+                sl_run_wrk(gr_http_port(hs), s1, wrk_threads, conns, secs, rpid, &rr[k]);
+                fprintf(stderr, "bench serve: pinned round %u/%u: %.0f / %.0f req/s = %.2fx\n",
+                        k + 1, rounds, sr[k].qps, rr[k].qps, sr[k].qps / rr[k].qps);
+            }
+            sl_set_wrk_cpu(-1);
+            sl_pin_threads(getpid(), &all);
+            sl_pin_threads(rpid, &all);
+            if (client_cpu >= 0) {
+                sl_load_median(sr, rounds, &psat);
+                sl_load_median(rr, rounds, &prsat);
+            }
+        }
         if (!v[SB_SAT_ONLY].b) {
             sl_run_wrk(hp, s100, wrk_threads, conns, secs, 0, &sat100);
             run_paced_rounds("replica, paced at half saturation", hp, &b1, sat.qps / 2, secs,
@@ -719,6 +752,13 @@ int gr_bench_serve(int argc, char **argv)
     printf("  CPU per request at saturation: replica %.1f us, Redis-backed %.1f us (server) + %.1f us "
            "(redis-server); wrk %.1f / %.1f us\n", sat.cpu_us, rsat.cpu_us, rsat.helper_cpu_us,
            sat.gen_cpu_us, rsat.gen_cpu_us);
+    if (client_cpu >= 0) {
+        printf("  wrk on CPU %d, the servers on the others:\n", client_cpu);
+        print_load("replica, batch 1, saturation (wrk pinned)", &psat);
+        print_load("Redis-backed, batch 1, saturation (pinned)", &prsat);
+        printf("  replica / Redis-backed throughput, pinned %9.2fx; CPU per request %.1f / %.1f us\n",
+               psat.qps / prsat.qps, psat.cpu_us, prsat.cpu_us + prsat.helper_cpu_us);
+    }
     printf("  freshness, publish 100 ms:  p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f100p50,
            f100p99, n100);
     printf("  freshness, publish 1000 ms: p50 %7.1f ms  p99 %7.1f ms (%zu probes)\n", f1000p50,
@@ -786,6 +826,14 @@ int gr_bench_serve(int argc, char **argv)
         json_num("redis_server_cpu_us", rsat.helper_cpu_us, true);
         json_num("redis_predict_wrk_cpu_us", rsat.gen_cpu_us, true);
         json_num("cpu_vs_redis", (rsat.cpu_us + rsat.helper_cpu_us) / sat.cpu_us, true);
+        printf("\"client_cpu\":%d,", client_cpu);
+        json_num("pinned_predict_qps", psat.qps, true);
+        json_num("pinned_redis_predict_qps", prsat.qps, true);
+        json_num("pinned_qps_vs_redis", psat.qps / prsat.qps, true);
+        json_num("pinned_predict_cpu_us", psat.cpu_us, true);
+        json_num("pinned_redis_predict_cpu_us", prsat.cpu_us + prsat.helper_cpu_us, true);
+        json_num("pinned_predict_p99_ms", psat.p99_ms, true);
+        json_num("pinned_redis_predict_p99_ms", prsat.p99_ms, true);
         json_num("freshness_p50_ms", f100p50, true);
         json_num("freshness_p99_ms", f100p99, true);
         printf("\"publish_interval_ms\":100,");

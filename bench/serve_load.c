@@ -6,6 +6,7 @@
 #include "bench/bench.h"
 #include "granary/core.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -73,6 +74,48 @@ static double wrk_ms(const char *s)
     return v;
 }
 
+/* ---- placement: the client on a core of its own ---- */
+
+/* The CPU wrk is pinned to, or -1 (it shares every CPU with the servers). */
+static int wrk_cpu = -1;
+
+void sl_set_wrk_cpu(int cpu) { wrk_cpu = cpu; }
+
+int sl_pin_threads(pid_t pid, const cpu_set_t *set)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0, failed = 0;
+    struct dirent *e;
+    /* Twice: a thread started while the first pass ran inherits its creator's old mask. */
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        n = failed = 0;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+            pid_t tid = (pid_t)atoi(e->d_name);
+            if (sched_setaffinity(tid, sizeof *set, set) == 0) n++;
+            else if (errno != ESRCH) failed++; /* ESRCH: the thread ended meanwhile */
+        }
+    }
+    closedir(d);
+    return failed ? -1 : n;
+}
+
+int sl_split_cpus(const cpu_set_t *allowed, cpu_set_t *servers, int *client)
+{
+    int last = -1, count = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, allowed)) last = c, count++;
+    if (count < 2) return -1;
+    *servers = *allowed;
+    CPU_CLR(last, servers);
+    *client = last;
+    return 0;
+}
+
 /* Writes a wrk Lua script that cycles through the bodies. */
 int sl_write_script(const char *path, const bodies *b)
 {
@@ -99,8 +142,10 @@ int sl_run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned co
     out->cpu_us = out->gen_cpu_us = out->helper_cpu_us = out->late_p99_ms = out->service_p99_ms = NAN;
     double self0 = sl_rusage_s(RUSAGE_SELF), gen0 = sl_rusage_s(RUSAGE_CHILDREN), help0 = sl_proc_cpu_s(helper);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "wrk -t%u -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
-             wthreads, conns < wthreads ? wthreads : conns, secs, script, port);
+    char pin[32] = "";
+    if (wrk_cpu >= 0) snprintf(pin, sizeof pin, "taskset -c %d ", wrk_cpu);
+    snprintf(cmd, sizeof cmd, "%swrk -t%u -c%u -d%.0fs --latency -s %s http://127.0.0.1:%u/v1/predict 2>&1",
+             pin, wthreads, conns < wthreads ? wthreads : conns, secs, script, port);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[512];

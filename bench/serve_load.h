@@ -3,6 +3,7 @@
 #ifndef GRANARY_BENCH_SERVE_LOAD_H
 #define GRANARY_BENCH_SERVE_LOAD_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +56,14 @@ int sl_write_script(const char *path, const bodies *b);
  * process whose CPU is counted with the server's (redis-server), or 0. */
 int sl_run_wrk(uint16_t port, const char *script, unsigned wthreads, unsigned conns, double secs,
                pid_t helper, load *out);
+/* Placement for the runs with the client on a core of its own, as a client on another
+ * machine loads a server without taking its CPU: wrk pinned to `cpu` from now on (-1: no pin,
+ * the default), every thread of process `pid` to `set` (0 or more threads pinned, or -1),
+ * and the allowed CPUs split into the servers' (all but the last) and the client's (the last;
+ * -1 when fewer than 2 are allowed). */
+void sl_set_wrk_cpu(int cpu);
+int sl_pin_threads(pid_t pid, const cpu_set_t *set);
+int sl_split_cpus(const cpu_set_t *allowed, cpu_set_t *servers, int *client);
 /* Medians, field by field, of n runs of the same measurement (requests and errors: sums; the
  * latencies of paced runs pooled into out->lat). */
 void sl_load_median(const load *runs, unsigned n, load *out);

@@ -38,6 +38,25 @@ typedef struct gr_http_response {
 
 typedef void (*gr_http_handler)(void *ctx, const gr_http_request *req, gr_http_response *resp);
 
+/* Coalescing (optional): requests cheaper to answer together than one by one (a serving
+ * replica's one-example predicts share one pass over the model's weights). When `park` is
+ * set, every complete request is offered to it first, on the handler thread that read it:
+ *   GR_HTTP_DECLINED   the request goes to `handler` as usual;
+ *   GR_HTTP_ANSWERED   park filled resp itself (an error found while reading it, say);
+ *   GR_HTTP_PARKED     park made a job (*job) and the response waits.
+ * After that thread has read every request that was ready (its event loop's next pass, so a
+ * job waits microseconds, not for more traffic), it calls `run` once with all the jobs it
+ * parked meanwhile (at most max_parked: a full thread runs them at once), then `reply` for
+ * each, which fills that request's
+ * response and frees the job. A job whose connection closed before its reply goes to `reply`
+ * with resp NULL: free it. park, run and reply run on handler threads, concurrently on
+ * several when threads > 1 (each thread runs only the jobs it parked). */
+enum { GR_HTTP_DECLINED = 0, GR_HTTP_ANSWERED = 1, GR_HTTP_PARKED = 2 };
+typedef int (*gr_http_park_fn)(void *ctx, const gr_http_request *req, gr_http_response *resp,
+                               void **job);
+typedef void (*gr_http_run_fn)(void *ctx, void **jobs, size_t n);
+typedef void (*gr_http_reply_fn)(void *ctx, void *job, gr_http_response *resp);
+
 typedef struct gr_http_config {
     const char *listen;     /* "HOST:PORT"; port 0 picks a free one (see gr_http_port) */
     unsigned threads;       /* handler threads; 0 = 1 */
@@ -51,6 +70,10 @@ typedef struct gr_http_config {
                                default, 32 KiB; at least 4 KiB */
     gr_http_handler handler;
     void *ctx;
+    gr_http_park_fn park;   /* optional coalescing, above: park, run and reply all, or none */
+    gr_http_run_fn run;
+    gr_http_reply_fn reply;
+    unsigned max_parked;    /* jobs one thread holds for one run; 0 = 64 */
 } gr_http_config;
 
 /* Starts serving. GR_EINVAL for a bad address, GR_EIO (naming the address) when it cannot

@@ -27,8 +27,11 @@
 
 #include "http/http_int.h"
 
+typedef struct parked_list parked_list;
+
 struct gr_http_server {
     struct MHD_Daemon **daemons; /* cfg.threads of them, each one thread */
+    parked_list *parked;         /* one per daemon (coalescing, cfg.park) */
     unsigned ndaemons;
     int lfd;           /* the listening socket */
     int wake[2];       /* a pipe: a byte written stops the acceptor */
@@ -45,7 +48,41 @@ typedef struct pending {
     size_t len, cap;
     size_t hint; /* the declared Content-Length, 0 when none */
     int too_big;
+    void *job;           /* parked (cfg.park): the job, until its reply */
+    bool ran;            /* its job was run: the reply can go */
+    parked_list *owner;  /* the list of the thread that parked it */
 } pending;
+
+/* The requests one daemon (one thread) parked and has not run yet. A daemon calls us only
+ * from its own thread, so its list needs no lock. */
+struct parked_list {
+    pending **p;
+    void **jobs;
+    size_t n, cap;
+};
+
+/* Runs every job this thread parked (one call of cfg.run); their replies go when
+ * libmicrohttpd calls for each again. */
+static void run_parked(gr_http_server *s, parked_list *l)
+{
+    if (!l->n) return;
+    for (size_t i = 0; i < l->n; i++) l->jobs[i] = l->p[i]->job;
+    s->cfg.run(s->cfg.ctx, l->jobs, l->n);
+    for (size_t i = 0; i < l->n; i++) l->p[i]->ran = true;
+    l->n = 0;
+}
+
+/* A request whose connection went away while parked: out of its list (when not run yet). */
+static void unpark(pending *p)
+{
+    parked_list *l = p->owner;
+    if (!l || p->ran) return;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->p[i] == p) {
+            l->p[i] = l->p[--l->n];
+            return;
+        }
+}
 
 static enum MHD_Result send_response(struct MHD_Connection *conn, gr_http_response *resp)
 {
@@ -80,6 +117,35 @@ static void response_init(gr_http_response *resp)
     memset(resp, 0, sizeof *resp);
     resp->status = 200;
     memcpy(resp->content_type, "application/json", sizeof "application/json");
+}
+
+/* Offers a request to cfg.park; GR_HTTP_PARKED when it now waits in this thread's list. */
+static int park_request(gr_http_server *s, struct MHD_Connection *conn, pending *p,
+                        const gr_http_request *req, gr_http_response *resp)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+    parked_list *l = NULL;
+    for (unsigned i = 0; ci && i < s->ndaemons; i++)
+        if (s->daemons[i] == ci->daemon) l = &s->parked[i];
+    if (!l) return GR_HTTP_DECLINED;
+    unsigned max = s->cfg.max_parked ? s->cfg.max_parked : 64;
+    if (l->n >= max) run_parked(s, l); /* full: run what it holds now */
+    if (l->cap < max) {
+        pending **np = realloc(l->p, max * sizeof *np);
+        if (np) l->p = np;
+        void **nj = realloc(l->jobs, max * sizeof *nj);
+        if (nj) l->jobs = nj;
+        if (!np || !nj) return GR_HTTP_DECLINED; /* no memory to park: answer it alone */
+        l->cap = max;
+    }
+    void *job = NULL;
+    int how = s->cfg.park(s->cfg.ctx, req, resp, &job);
+    if (how != GR_HTTP_PARKED) return how;
+    p->job = job;
+    p->ran = false;
+    p->owner = l;
+    l->p[l->n++] = p;
+    return GR_HTTP_PARKED;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -138,6 +204,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     gr_http_response resp;
     response_init(&resp);
+    if (p->job) {
+        /* Parked at the last pass: libmicrohttpd calls again for the response. The first of
+         * this thread's parked requests to be called runs them all (those parked earlier in
+         * this pass included). */
+        if (!p->ran) run_parked(s, p->owner);
+        void *job = p->job;
+        p->job = NULL;
+        p->ran = false;
+        p->owner = NULL;
+        s->cfg.reply(s->cfg.ctx, job, &resp);
+        return send_response(conn, &resp);
+    }
     if (p->too_big) {
         gr_http_error(&resp, 413, "request body is over the limit of %zu bytes", s->cfg.max_body);
     } else {
@@ -149,7 +227,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             .internal = conn,
         };
         if (p->body) p->body[p->len] = '\0';
-        s->cfg.handler(s->cfg.ctx, &req, &resp);
+        int how = GR_HTTP_DECLINED;
+        if (s->cfg.park && (how = park_request(s, conn, p, &req, &resp)) == GR_HTTP_PARKED)
+            return MHD_YES; /* no response yet: called again at the next pass */
+        if (how == GR_HTTP_DECLINED) s->cfg.handler(s->cfg.ctx, &req, &resp);
     }
     return send_response(conn, &resp);
 }
@@ -157,9 +238,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)conn, (void)toe;
+    (void)conn, (void)toe;
+    gr_http_server *s = cls;
     pending *p = *con_cls;
     if (p) {
+        if (p->job) { /* the connection closed while its request was parked */
+            unpark(p);
+            s->cfg.reply(s->cfg.ctx, p->job, NULL);
+        }
         free(p->body);
         free(p);
         *con_cls = NULL;
@@ -227,6 +313,11 @@ static void server_free(gr_http_server *s)
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     free(s->daemons);
+    for (unsigned i = 0; s->parked && i < s->cfg.threads; i++) {
+        free(s->parked[i].p);
+        free(s->parked[i].jobs);
+    }
+    free(s->parked);
     free(s);
 }
 
@@ -238,6 +329,8 @@ int gr_http_start(const gr_http_config *cfg, gr_http_server **out)
     if (cfg->conn_memory && cfg->conn_memory < 4096)
         return gr_seterr(GR_EINVAL, "http: a connection's memory is at least 4 KiB, not %zu bytes",
                          cfg->conn_memory);
+    if ((cfg->park || cfg->run || cfg->reply) && !(cfg->park && cfg->run && cfg->reply))
+        return gr_seterr(GR_EINVAL, "http: coalescing needs park, run and reply together");
     if (cfg->slice_us && (cfg->slice_us < 100 || cfg->slice_us > 100000))
         return gr_seterr(GR_EINVAL, "http: a time slice is 100 to 100000 us, not %u",
                          cfg->slice_us);
@@ -264,7 +357,8 @@ int gr_http_start(const gr_http_config *cfg, gr_http_server **out)
         s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                    : ((struct sockaddr_in *)&bound)->sin_port);
     s->daemons = calloc(s->cfg.threads, sizeof *s->daemons);
-    if (!s->daemons || pipe2(s->wake, O_CLOEXEC)) {
+    s->parked = calloc(s->cfg.threads, sizeof *s->parked);
+    if (!s->daemons || !s->parked || pipe2(s->wake, O_CLOEXEC)) {
         server_free(s);
         return gr_seterr(GR_ENOMEM, "http: out of memory or descriptors");
     }

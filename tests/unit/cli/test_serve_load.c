@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +153,62 @@ static void test_rounds_median_and_pool(void **state)
     assert_null(m.lat);
 }
 
+/* The split for the pinned rounds: the client gets the last allowed CPU, the servers the rest;
+ * fewer than two CPUs: no split. */
+static void test_split_cpus(void **state)
+{
+    (void)state;
+    cpu_set_t all, servers;
+    int client = -7;
+    CPU_ZERO(&all);
+    CPU_SET(3, &all);
+    assert_int_equal(sl_split_cpus(&all, &servers, &client), -1);
+    assert_int_equal(client, -7);
+    CPU_SET(1, &all);
+    CPU_SET(6, &all);
+    assert_int_equal(sl_split_cpus(&all, &servers, &client), 0);
+    assert_int_equal(client, 6);
+    assert_int_equal(CPU_COUNT(&servers), 2);
+    assert_true(CPU_ISSET(1, &servers) && CPU_ISSET(3, &servers) && !CPU_ISSET(6, &servers));
+}
+
+static atomic_int parked_go;
+
+static void *parked(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&parked_go)) usleep(1000);
+    return NULL;
+}
+
+/* Every thread of the process is moved (one started before the call included), and moved
+ * back. */
+static void test_pin_threads(void **state)
+{
+    (void)state;
+    cpu_set_t all, one, got;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+        if (CPU_ISSET(c, &all)) first = c;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    pthread_t t;
+    atomic_store(&parked_go, 0);
+    assert_int_equal(pthread_create(&t, NULL, parked, NULL), 0);
+    assert_true(sl_pin_threads(getpid(), &one) >= 2);
+    assert_int_equal(pthread_getaffinity_np(t, sizeof got, &got), 0);
+    assert_true(CPU_EQUAL(&got, &one));
+    assert_int_equal(sched_getaffinity(0, sizeof got, &got), 0);
+    assert_true(CPU_EQUAL(&got, &one));
+    assert_true(sl_pin_threads(getpid(), &all) >= 2);
+    assert_int_equal(pthread_getaffinity_np(t, sizeof got, &got), 0);
+    assert_true(CPU_EQUAL(&got, &all));
+    atomic_store(&parked_go, 1);
+    pthread_join(t, NULL);
+    assert_int_equal(sl_pin_threads(999999999, &all), -1); /* no such process */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -159,6 +217,8 @@ int main(void)
         cmocka_unit_test(test_backlog_is_charged_to_connections),
         cmocka_unit_test(test_paced_wait),
         cmocka_unit_test(test_rounds_median_and_pool),
+        cmocka_unit_test(test_split_cpus),
+        cmocka_unit_test(test_pin_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
