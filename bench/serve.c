@@ -66,6 +66,8 @@
       "saturation of each; medians reported")                                                    \
     X(SB_WRK_THREADS, "wrk-threads", GR_CLI_INT, NULL, 1, 64, NULL, "T", "2",                   \
       "wrk threads at saturation")                                                             \
+    X(SB_COALESCE, "coalesce", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                      \
+      "the replica coalesces one-example predicts (granary serve --coalesce)")                 \
     X(SB_SKIP_PINNED, "skip-pinned", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                \
       "skip the saturation rounds with wrk on a core of its own (the servers on the others)")   \
     X(SB_SAT_ONLY, "saturation-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                 \
@@ -76,7 +78,8 @@ static const gr_cli_opt serve_bench_opts[] = {SERVE_BENCH_OPTIONS(GR_CLI_ROW)};
 static const gr_cli_spec serve_bench_spec = {
     .command = "bench serve",
     .synopsis = "granary bench serve [--json] [--seconds S] [--connections C] [--threads T] "
-                "[--rounds N] [--wrk-threads T] [--saturation-only] [--skip-pinned] [--compare-pacers] [--pacer-other] "
+                "[--rounds N] [--wrk-threads T] [--saturation-only] [--skip-pinned] [--coalesce] "
+                "[--compare-pacers] [--pacer-other] "
                 "[--pacer-fifo]",
     .opts = serve_bench_opts,
     .n_opts = SB_COUNT,
@@ -561,6 +564,7 @@ int gr_bench_serve(int argc, char **argv)
     cfg.listen = "127.0.0.1:0";
     cfg.threads = threads;
     cfg.slice_us = (unsigned)v[SB_SLICE].i;
+    cfg.coalesce = v[SB_COALESCE].b;
     sl_set_pacer_slice((unsigned)v[SB_PACER_SLICE].i);
     gr_serve *rep = NULL;
     if (gr_serve_create(&cfg, &rep) || gr_serve_start(rep)) {
@@ -607,6 +611,7 @@ int gr_bench_serve(int argc, char **argv)
         fixed_p99s[0][k] = fixed_p99s[1][k] = rfixed_p99s[0][k] = rfixed_p99s[1][k] = NAN;
     load psat = sat, prsat = sat; /* the rounds with wrk on a CPU of its own */
     int client_cpu = -1;
+    double coalesced = NAN, pcoalesced = NAN; /* requests per coalesced run, mean */
     uint16_t hp = gr_serve_http_port(rep);
     if (!have_wrk) fprintf(stderr, "bench serve: wrk not found; predict figures skipped\n");
     /* The Redis-backed baseline, started before anything is measured so that the saturation
@@ -628,6 +633,8 @@ int gr_bench_serve(int argc, char **argv)
     if (have_wrk && !hs) fprintf(stderr, "bench serve: redis-server not available; the baseline is skipped\n");
     if (have_wrk) {
         load sr[16], rr[16];
+        gr_serve_stats c0, c1;
+        gr_serve_get_stats(rep, &c0);
         for (unsigned k = 0; k < rounds; k++) {
             fprintf(stderr, "bench serve: round %u/%u: replica, wrk at saturation (%u threads, %u "
                     "connections, %.0f s)\n", k + 1, rounds, wrk_threads, conns, secs);
@@ -643,6 +650,12 @@ int gr_bench_serve(int argc, char **argv)
         }
         sl_load_median(sr, rounds, &sat);
         if (hs) sl_load_median(rr, rounds, &rsat);
+        gr_serve_get_stats(rep, &c1);
+        coalesced = c1.coalesced_runs > c0.coalesced_runs
+                        ? (double)(c1.coalesced_requests - c0.coalesced_requests) /
+                              (double)(c1.coalesced_runs - c0.coalesced_runs)
+                        : NAN;
+        c0 = c1;
         /* The same rounds with the client off the servers' cores: wrk on the last CPU, every
          * thread of this process (both HTTP servers) and redis-server on the others. On the
          * shared cores above wrk takes 40 % of the box's CPU at the replica's rate, and what
@@ -667,6 +680,10 @@ int gr_bench_serve(int argc, char **argv)
             sl_set_wrk_cpu(-1);
             sl_pin_threads(getpid(), &all);
             sl_pin_threads(rpid, &all);
+            gr_serve_get_stats(rep, &c1);
+            if (c1.coalesced_runs > c0.coalesced_runs)
+                pcoalesced = (double)(c1.coalesced_requests - c0.coalesced_requests) /
+                             (double)(c1.coalesced_runs - c0.coalesced_runs);
             if (client_cpu >= 0) {
                 sl_load_median(sr, rounds, &psat);
                 sl_load_median(rr, rounds, &prsat);
@@ -749,6 +766,8 @@ int gr_bench_serve(int argc, char **argv)
     print_load("Redis-backed, batch 1, half its saturation", &rfixed);
     printf("  replica, batch 1, binary PREDICT (%u conns)    %9.0f req/s\n", threads, bin_qps);
     printf("  replica / Redis-backed throughput        %9.2fx\n", sat.qps / rsat.qps);
+    printf("  one-example predicts per coalesced run at saturation: %.2f (pinned %.2f)\n",
+           coalesced, pcoalesced);
     printf("  CPU per request at saturation: replica %.1f us, Redis-backed %.1f us (server) + %.1f us "
            "(redis-server); wrk %.1f / %.1f us\n", sat.cpu_us, rsat.cpu_us, rsat.helper_cpu_us,
            sat.gen_cpu_us, rsat.gen_cpu_us);
@@ -821,6 +840,8 @@ int gr_bench_serve(int argc, char **argv)
         json_num("qps_vs_redis", sat.qps / rsat.qps, true);
         json_num("predict_binary_qps", bin_qps, true);
         json_num("predict_cpu_us", sat.cpu_us, true);
+        json_num("predict_coalesced_batch", coalesced, true);
+        json_num("pinned_predict_coalesced_batch", pcoalesced, true);
         json_num("predict_wrk_cpu_us", sat.gen_cpu_us, true);
         json_num("redis_predict_cpu_us", rsat.cpu_us + rsat.helper_cpu_us, true);
         json_num("redis_server_cpu_us", rsat.helper_cpu_us, true);
@@ -840,8 +861,9 @@ int gr_bench_serve(int argc, char **argv)
         json_num("freshness_1000_p50_ms", f1000p50, true);
         json_num("freshness_1000_p99_ms", f1000p99, true);
         printf("\"connections\":%u,\"threads\":%u,\"slice_us\":%u,\"pacer_slice_us\":%u,"
-               "\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f}\n",
-               conns, threads, cfg.slice_us, (unsigned)v[SB_PACER_SLICE].i, wrk_threads, rounds, secs);
+               "\"wrk_threads\":%u,\"rounds\":%u,\"seconds\":%.0f,\"coalesce\":%d}\n",
+               conns, threads, cfg.slice_us, (unsigned)v[SB_PACER_SLICE].i, wrk_threads, rounds, secs,
+               cfg.coalesce ? 1 : 0);
     }
     sl_load_free(&fixed);
     sl_load_free(&rfixed);

@@ -43,6 +43,10 @@ typedef struct gr_serve_config {
     size_t conn_memory;         /* HTTP: per-connection memory, where request headers must fit
                                    (gr_http_config.conn_memory); 0 = 8 KiB */
     uint32_t max_batch;         /* examples in one predict; 0 = 10000 */
+    bool coalesce;              /* HTTP: the one-example predicts a handler thread reads in
+                                   one pass are scored together (gr_serve_predict_each: one
+                                   pass over the weights, each score what it gets alone).
+                                   Off by default: no gain measured on 2 cores (serving.md) */
 } gr_serve_config;
 
 GR_API void gr_serve_config_default(gr_serve_config *cfg);
@@ -67,6 +71,11 @@ GR_API const gr_model *gr_serve_model(const gr_serve *s);
  * the request was scored with (newest publication applied when it started). */
 GR_API int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *ids,
                             float *probs, uint64_t *version);
+/* n one-example requests scored together: probs[i] is bitwise what gr_serve_predict gives
+ * example i alone (the model's layers read once for several examples, gr_model_predict_each);
+ * counted as n predicts. */
+GR_API int gr_serve_predict_each(gr_serve *s, size_t n, const float *dense, const uint64_t *ids,
+                                 float *probs, uint64_t *version);
 /* Rows of n keys of a table (by id) into out (n * dim); found (may be NULL) per key. GR_ENOENT
  * for an unknown table. */
 GR_API int gr_serve_lookup(gr_serve *s, uint32_t table, const uint64_t *keys, size_t n,
@@ -112,6 +121,8 @@ typedef struct gr_serve_stats {
     uint64_t rows_applied, rows_ignored; /* rows written / skipped as not newer */
     uint64_t last_apply_wall_ns;   /* wall clock of the newest application (0: none) */
     uint64_t predicts, predict_examples, lookups, errors;
+    uint64_t coalesced_runs;       /* HTTP: runs of parked one-example predicts */
+    uint64_t coalesced_requests;   /* the requests those runs answered (/ runs: the mean batch) */
     uint64_t rows;                 /* rows held, all tables */
     uint32_t tables;
     uint32_t shards_connected;     /* subscriptions whose last poll succeeded */

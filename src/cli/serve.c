@@ -40,6 +40,9 @@
       "bytes per request body (larger: 413)")                                                  \
     X(SV_CONN_MEMORY, "conn-memory", GR_CLI_SIZE, "conn_memory", 4096, 1073741824.0, NULL, NULL,\
       "8k", "HTTP: memory per connection, where a request's headers must fit (larger: 431)")    \
+    X(SV_COALESCE, "coalesce", GR_CLI_FLAG, "coalesce", 0, 0, NULL, NULL, NULL,                \
+      "HTTP: score the one-example predicts a handler thread reads together in one pass\n"     \
+      "over the weights (each score the same bits as alone)")                                  \
     X(SV_MAX_BATCH, "max-batch", GR_CLI_INT, "max_batch", 1, 1000000, NULL, "N", "10000",      \
       "examples per predict request")                                                          \
     X(SV_KIND, "kind", GR_CLI_CHOICE, "kind", 0, 0, "lr|dlrm", NULL, "dlrm",                   \
@@ -120,6 +123,7 @@ int gr_cli_serve(int argc, char **argv)
     cfg.poll_wait_ms = (uint32_t)v[SV_POLL_WAIT].i;
     cfg.max_body = (size_t)v[SV_MAX_BODY].u;
     cfg.max_batch = (uint32_t)v[SV_MAX_BATCH].i;
+    cfg.coalesce = v[SV_COALESCE].b;
     status = 1;
     if (gr_serve_create(&cfg, &s) || gr_serve_start(s)) {
         fprintf(stderr, "granary serve: %s\n", gr_errmsg());

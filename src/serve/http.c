@@ -219,32 +219,122 @@ int sv_parse_predict_json(const char *body, size_t len, uint32_t max, size_t *n,
     return GR_OK;
 }
 
+/* The predict reply, or its error (counted here unless gr_serve_predict counted it). */
+static void predict_answer(gr_serve *s, int rc, bool counted, const char *err, const float *probs,
+                           size_t n, uint64_t version, gr_http_response *resp)
+{
+    if (rc) {
+        if (!counted) atomic_fetch_add(&s->errors, 1);
+        gr_http_error(resp, rc == GR_ENOENT ? 503 : status_of(rc), "%s", err);
+        return;
+    }
+    char *body;
+    size_t len;
+    if (sv_predict_reply(probs, n, version, &body, &len))
+        gr_http_error(resp, 500, "out of memory building the response");
+    else gr_http_take(resp, 200, "application/json", body, len);
+}
+
+/* Scores parsed examples now and answers. */
+static void predict_now(gr_serve *s, const examples *e, gr_http_response *resp)
+{
+    char err[512] = "";
+    float *probs = malloc(e->n * sizeof *probs);
+    uint64_t version = 0;
+    int rc = GR_OK;
+    bool counted = false; /* gr_serve_predict counts its own failures */
+    if (!probs) rc = GR_ENOMEM, snprintf(err, sizeof err, "out of memory");
+    else if ((rc = gr_serve_predict(s, e->n, e->dense, e->ids, probs, &version))) {
+        snprintf(err, sizeof err, "%s", gr_errmsg());
+        counted = true;
+    }
+    predict_answer(s, rc, counted, err, probs, e->n, version, resp);
+    free(probs);
+}
+
 static void do_predict(gr_serve *s, const gr_http_request *req, gr_http_response *resp)
 {
     examples e = {0};
     char err[512];
     int rc = gr_serve_parse_predict(req->body, req->body_len, s->cfg.max_batch, &e.n, &e.dense,
                                     &e.ids, err, sizeof err);
-    float *probs = rc ? NULL : malloc(e.n * sizeof *probs);
-    uint64_t version = 0;
-    if (!rc && !probs) rc = GR_ENOMEM, snprintf(err, sizeof err, "out of memory");
-    bool counted = false; /* gr_serve_predict counts its own failures */
-    if (!rc && (rc = gr_serve_predict(s, e.n, e.dense, e.ids, probs, &version))) {
-        snprintf(err, sizeof err, "%s", gr_errmsg());
-        counted = true;
-    }
-    if (rc) {
-        if (!counted) atomic_fetch_add(&s->errors, 1);
-        gr_http_error(resp, rc == GR_ENOENT ? 503 : status_of(rc), "%s", err);
-    } else {
-        char *body;
-        size_t len;
-        if (sv_predict_reply(probs, e.n, version, &body, &len))
-            gr_http_error(resp, 500, "out of memory building the response");
-        else gr_http_take(resp, 200, "application/json", body, len);
-    }
-    free(probs);
+    if (rc) predict_answer(s, rc, false, err, NULL, 0, 0, resp);
+    else predict_now(s, &e, resp);
     examples_free(&e);
+}
+
+/* ---- coalesced one-example predicts (gr_http park / run / reply) ----
+ * A one-example predict is parsed when its handler thread reads it and parked; at the
+ * thread's next pass every request it parked is scored in one gr_serve_predict_each (one pass
+ * over the layers' weights for several examples, each score bitwise what it gets alone), and
+ * each is answered. Everything else, predicts of several examples and bad bodies included, is
+ * answered at once as without coalescing. */
+
+typedef struct sv_job {
+    examples e; /* one example */
+    float prob;
+    uint64_t version;
+    int rc;
+    char err[256];
+} sv_job;
+
+int sv_http_park(void *ctx, const gr_http_request *req, gr_http_response *resp, void **job)
+{
+    gr_serve *s = ctx;
+    if (strcmp(req->path, "/v1/predict") || strcmp(req->method, "POST")) return GR_HTTP_DECLINED;
+    examples e = {0};
+    char err[512];
+    int rc = gr_serve_parse_predict(req->body, req->body_len, s->cfg.max_batch, &e.n, &e.dense,
+                                    &e.ids, err, sizeof err);
+    sv_job *j = !rc && e.n == 1 ? malloc(sizeof *j) : NULL;
+    if (!j) {
+        if (rc) predict_answer(s, rc, false, err, NULL, 0, 0, resp);
+        else predict_now(s, &e, resp);
+        examples_free(&e);
+        return GR_HTTP_ANSWERED;
+    }
+    j->e = e;
+    j->rc = GR_OK;
+    *job = j;
+    return GR_HTTP_PARKED;
+}
+
+void sv_http_run(void *ctx, void **jobs, size_t n)
+{
+    gr_serve *s = ctx;
+    const size_t nd = GR_CRITEO_DENSE, ns = GR_CRITEO_SPARSE;
+    atomic_fetch_add(&s->coalesced_runs, 1);
+    atomic_fetch_add(&s->coalesced_requests, n);
+    float *dense = malloc(n * nd * sizeof *dense), *probs = malloc(n * sizeof *probs);
+    uint64_t *ids = malloc(n * ns * sizeof *ids);
+    size_t chunk = s->cfg.max_batch < n ? s->cfg.max_batch : n;
+    for (size_t at = 0; at < n; at += chunk) {
+        size_t m = n - at < chunk ? n - at : chunk;
+        uint64_t version = 0;
+        int rc = dense && probs && ids ? GR_OK : gr_seterr(GR_ENOMEM, "out of memory");
+        for (size_t i = 0; !rc && i < m; i++) {
+            const sv_job *j = jobs[at + i];
+            memcpy(dense + i * nd, j->e.dense, nd * sizeof *dense);
+            memcpy(ids + i * ns, j->e.ids, ns * sizeof *ids);
+        }
+        if (!rc) rc = gr_serve_predict_each(s, m, dense, ids, probs, &version);
+        else atomic_fetch_add(&s->errors, m);
+        for (size_t i = 0; i < m; i++) {
+            sv_job *j = jobs[at + i];
+            j->rc = rc;
+            if (rc) snprintf(j->err, sizeof j->err, "%s", gr_errmsg());
+            else j->prob = probs[i], j->version = version;
+        }
+    }
+    free(dense), free(probs), free(ids);
+}
+
+void sv_http_reply(void *ctx, void *job, gr_http_response *resp)
+{
+    sv_job *j = job;
+    if (resp) predict_answer(ctx, j->rc, true, j->err, &j->prob, 1, j->version, resp);
+    examples_free(&j->e);
+    free(j);
 }
 
 /* An id as a JSON number (exact up to 2^53) or a decimal string (any u64). */
@@ -382,6 +472,11 @@ static void do_metrics(gr_serve *s, gr_http_response *resp)
     sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
     COUNTER("granary_serve_predict_requests_total", "Predict requests answered.", st.predicts);
     COUNTER("granary_serve_predict_examples_total", "Examples scored.", st.predict_examples);
+    COUNTER("granary_serve_coalesced_runs_total",
+            "Runs that scored the one-example predicts a handler thread parked together.",
+            st.coalesced_runs);
+    COUNTER("granary_serve_coalesced_requests_total", "Predict requests answered by those runs.",
+            st.coalesced_requests);
     COUNTER("granary_serve_lookup_requests_total", "Lookup requests answered.", st.lookups);
     COUNTER("granary_serve_errors_total", "Requests refused or failed.", st.errors);
     COUNTER("granary_serve_publications_applied_total", "Publications from training shards applied.",

@@ -223,12 +223,15 @@ static int rows_of(void *ctx, const uint64_t *keys, size_t n, float *rows)
     return GR_OK;
 }
 
-int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *ids, float *probs,
-                     uint64_t *version)
+/* gr_serve_predict and gr_serve_predict_each: `each` scores every example as if alone
+ * (bitwise; one predict counted per example: each was a request of its own). */
+static int predict(gr_serve *s, size_t n, const float *dense, const uint64_t *ids, float *probs,
+                   uint64_t *version, bool each)
 {
+    uint64_t requests = each ? n : 1;
     if (n == 0) return GR_OK;
     if (n > s->cfg.max_batch) {
-        atomic_fetch_add(&s->errors, 1);
+        atomic_fetch_add(&s->errors, requests);
         return gr_seterr(GR_ETOOBIG, "predict of %zu examples is over the limit of %u", n,
                          s->cfg.max_batch);
     }
@@ -242,7 +245,7 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
     if (w) s->ws_free = w->next;
     pthread_mutex_unlock(&s->mu);
     if (!d) {
-        atomic_fetch_add(&s->errors, 1);
+        atomic_fetch_add(&s->errors, requests);
         return gr_seterr(GR_ENOENT, "the replica has no dense parameters yet");
     }
     sv_table *t = s->emb;
@@ -255,19 +258,33 @@ int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *
     if (!rc && !w) rc = ws_new(s, &w);
     if (!rc) {
         gr_score_ws_set_prepared(w->ws, d->prep);
+        gr_score_ws_set_each(w->ws, each);
         rc = gr_model_score(s->model, w->ws, d->params, rows_of, t, n, dense, ids, probs);
+        gr_score_ws_set_each(w->ws, false);
         gr_score_ws_set_prepared(w->ws, NULL);
     }
     if (w) ws_give(s, w);
     dense_put(d);
     if (!rc) {
-        atomic_fetch_add(&s->predicts, 1);
+        atomic_fetch_add(&s->predicts, requests);
         atomic_fetch_add(&s->predict_examples, n);
         if (version) *version = ver;
     } else {
-        atomic_fetch_add(&s->errors, 1);
+        atomic_fetch_add(&s->errors, requests);
     }
     return rc;
+}
+
+int gr_serve_predict(gr_serve *s, size_t n, const float *dense, const uint64_t *ids, float *probs,
+                     uint64_t *version)
+{
+    return predict(s, n, dense, ids, probs, version, false);
+}
+
+int gr_serve_predict_each(gr_serve *s, size_t n, const float *dense, const uint64_t *ids,
+                          float *probs, uint64_t *version)
+{
+    return predict(s, n, dense, ids, probs, version, true);
 }
 
 int gr_serve_lookup(gr_serve *s, uint32_t table, const uint64_t *keys, size_t n, float *out,
@@ -312,6 +329,8 @@ void gr_serve_get_stats(gr_serve *s, gr_serve_stats *st)
     st->predict_examples = atomic_load(&s->predict_examples);
     st->lookups = atomic_load(&s->lookups);
     st->errors = atomic_load(&s->errors);
+    st->coalesced_runs = atomic_load(&s->coalesced_runs);
+    st->coalesced_requests = atomic_load(&s->coalesced_requests);
     st->shards_connected = atomic_load(&s->shards_connected);
     pthread_mutex_lock(&s->mu);
     st->dense_version = s->dense ? s->dense->version : 0;
@@ -384,6 +403,11 @@ int gr_serve_start(gr_serve *s)
                              .conn_memory = s->cfg.conn_memory,
                              .handler = sv_http_handle,
                              .ctx = s};
+        if (s->cfg.coalesce) {
+            hc.park = sv_http_park;
+            hc.run = sv_http_run;
+            hc.reply = sv_http_reply;
+        }
         rc = gr_http_start(&hc, &s->http);
     }
     if (!rc && s->cfg.listen) rc = sv_listen_start(s, s->cfg.listen, &s->listen);

@@ -60,7 +60,8 @@ struct gr_serve {
     struct sv_listen *listen;
     sv_follow *follow;
     atomic_uint_fast64_t model_version, publications, rows_applied, rows_ignored,
-        last_apply_wall_ns, predicts, predict_examples, lookups, errors;
+        last_apply_wall_ns, predicts, predict_examples, lookups, errors, coalesced_runs,
+        coalesced_requests;
     atomic_uint shards_connected;
 };
 
@@ -87,6 +88,10 @@ bool sv_parse_lines_fast(const char *body, size_t len, uint32_t max, size_t *n, 
 int sv_parse_predict_json(const char *body, size_t len, uint32_t max, size_t *n, float **dense,
                           uint64_t **ids, char *err, size_t errlen);
 void sv_http_handle(void *ctx, const gr_http_request *req, gr_http_response *resp);
+/* Coalescing of one-example predicts (gr_http_config.park / run / reply). */
+int sv_http_park(void *ctx, const gr_http_request *req, gr_http_response *resp, void **job);
+void sv_http_run(void *ctx, void **jobs, size_t n);
+void sv_http_reply(void *ctx, void *job, gr_http_response *resp);
 
 /* ---- listen.c: the binary protocol (HELLO, PREDICT, LOOKUP) on its own port. */
 typedef struct sv_listen sv_listen;

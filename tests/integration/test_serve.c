@@ -10,6 +10,8 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,6 +504,136 @@ static void test_http_and_binary_faces(void **state)
 }
 
 /* The command line refuses what it cannot serve, naming why. */
+/* ---- coalesced one-example predicts ---- */
+
+enum { CO_THREADS = 8, CO_EACH = 30, CO_N = CO_THREADS * CO_EACH };
+
+typedef struct co_case {
+    uint16_t port;
+    char (*lines)[1024];
+    const float *want;
+    int first, count;
+    atomic_int bad;
+} co_case;
+
+static void *co_client(void *arg)
+{
+    co_case *c = arg;
+    for (int i = c->first; i < c->first + c->count; i++) {
+        char body[1200];
+        snprintf(body, sizeof body, "{\"lines\":[\"%s\"]}", c->lines[i]);
+        gr_http_result r;
+        if (post(c->port, "/v1/predict", body, &r) || r.status != 200) {
+            atomic_fetch_add(&c->bad, 1);
+            continue;
+        }
+        const char *at = strstr(r.body, "\"predictions\":[");
+        if (!at || (float)strtod(at + 15, NULL) != c->want[i]) atomic_fetch_add(&c->bad, 1);
+        gr_http_result_free(&r);
+    }
+    return NULL;
+}
+
+/* A DLRM replica answers one-example predicts from 8 clients at once (its handler threads
+ * coalesce what they read together): every reply is the score the example gets alone, to the
+ * bit, and each request counts as one predict; gr_serve_predict_each over all of them equals
+ * gr_serve_predict one by one. */
+static void test_coalesced_predicts_equal_alone(void **state)
+{
+    (void)state;
+    gr_model_config mc;
+    gr_model_config_default(&mc, GR_MODEL_DLRM);
+    gr_serve_config cfg;
+    gr_serve_config_default(&cfg);
+    cfg.model = &mc;
+    cfg.http = "127.0.0.1:0";
+    cfg.threads = 2;
+    cfg.coalesce = true;
+    gr_serve *s = NULL;
+    assert_int_equal(gr_serve_create(&cfg, &s), 0);
+    assert_int_equal(gr_serve_start(s), 0);
+    const gr_model *m = gr_serve_model(s);
+    uint16_t hp = gr_serve_http_port(s);
+    char one[1200];
+    snprintf(one, sizeof one, "{\"lines\":[\"%s\"]}", LINE0);
+    /* Parked, then refused by the run: no model yet (503, one error). */
+    expect(hp, "POST", "/v1/predict", one, 503, "no dense parameters");
+    size_t np = gr_model_dense_size(m);
+    float *params = malloc(np * sizeof *params);
+    gr_model_init_dense(m, params);
+    assert_int_equal(gr_serve_set_dense(s, params, np, 1), 0);
+    /* Answered without parking: a bad body, and a predict of two examples. */
+    expect(hp, "POST", "/v1/predict", "{\"lines\":[\"1\\t2\"]}", 400, "has 2 fields");
+    char two[2400];
+    snprintf(two, sizeof two, "{\"lines\":[\"%s\",\"%s\"]}", LINE0, LINE0);
+    expect(hp, "POST", "/v1/predict", two, 200, "\"predictions\":[");
+    expect(hp, "GET", "/v1/predict", NULL, 405, "takes POST");
+    gr_serve_stats sb;
+    gr_serve_get_stats(s, &sb);
+    assert_int_equal(sb.coalesced_requests, 1); /* only the first */
+    assert_int_equal(sb.errors, 3);
+    gr_rng r;
+    gr_rng_seed(&r, 31);
+    char(*lines)[1024] = malloc(CO_N * sizeof *lines);
+    float *dense = malloc(CO_N * GR_CRITEO_DENSE * sizeof *dense), *want = malloc(CO_N * sizeof *want);
+    uint64_t *ids = malloc(CO_N * GR_CRITEO_SPARSE * sizeof *ids);
+    for (int i = 0; i < CO_N; i++) {
+        int len = 0;
+        for (int f = 0; f < GR_CRITEO_DENSE; f++)
+            len += snprintf(lines[i] + len, 1024 - (size_t)len, "%u\t", (unsigned)(gr_rng_next(&r) % 50));
+        for (int f = 0; f < GR_CRITEO_SPARSE; f++)
+            len += snprintf(lines[i] + len, 1024 - (size_t)len, "%x%s", (unsigned)(gr_rng_next(&r) % 40),
+                            f + 1 < GR_CRITEO_SPARSE ? "\t" : "");
+        char full[1100];
+        float label;
+        snprintf(full, sizeof full, "0\t%s", lines[i]);
+        assert_int_equal(gr_criteo_parse_line(full, strlen(full), &label, dense + i * GR_CRITEO_DENSE,
+                                              ids + i * GR_CRITEO_SPARSE), 0);
+    }
+    /* Rows for most ids (a few stay absent and read zeros). */
+    for (int i = 0; i < CO_N * GR_CRITEO_SPARSE; i += 2) {
+        float row[16];
+        for (int k = 0; k < 16; k++) row[k] = (float)(gr_rng_uniform(&r) - 0.5);
+        assert_int_equal(gr_serve_put_rows(s, GR_TRAIN_EMB_TABLE, 16, ids + i, 1, row, 1), 0);
+    }
+    for (int i = 0; i < CO_N; i++)
+        assert_int_equal(gr_serve_predict(s, 1, dense + i * GR_CRITEO_DENSE,
+                                          ids + i * GR_CRITEO_SPARSE, want + i, NULL), 0);
+    float *each = malloc(CO_N * sizeof *each);
+    uint64_t ver = 0;
+    assert_int_equal(gr_serve_predict_each(s, CO_N, dense, ids, each, &ver), 0);
+    assert_int_equal(memcmp(each, want, CO_N * sizeof *want), 0);
+    assert_int_equal(ver, 1);
+    gr_serve_stats st0, st1;
+    gr_serve_get_stats(s, &st0);
+    co_case cases[CO_THREADS];
+    pthread_t t[CO_THREADS];
+    for (int k = 0; k < CO_THREADS; k++) {
+        cases[k] = (co_case){.port = hp, .lines = lines, .want = want,
+                             .first = k * CO_EACH, .count = CO_EACH};
+        assert_int_equal(pthread_create(&t[k], NULL, co_client, &cases[k]), 0);
+    }
+    int bad = 0;
+    for (int k = 0; k < CO_THREADS; k++) {
+        pthread_join(t[k], NULL);
+        bad += atomic_load(&cases[k].bad);
+    }
+    assert_int_equal(bad, 0);
+    gr_serve_get_stats(s, &st1);
+    assert_int_equal(st1.predicts - st0.predicts, CO_N);
+    assert_int_equal(st1.predict_examples - st0.predict_examples, CO_N);
+    assert_int_equal(st1.errors, st0.errors);
+    /* Every one of them was parked; runs hold one or more. */
+    assert_int_equal(st1.coalesced_requests - st0.coalesced_requests, CO_N);
+    assert_true(st1.coalesced_runs > st0.coalesced_runs);
+    assert_true(st1.coalesced_runs - st0.coalesced_runs <= CO_N);
+    fprintf(stderr, "coalesced: %llu requests in %llu runs\n",
+            (unsigned long long)(st1.coalesced_requests - st0.coalesced_requests),
+            (unsigned long long)(st1.coalesced_runs - st0.coalesced_runs));
+    gr_serve_destroy(s);
+    free(params), free(lines), free(dense), free(want), free(ids), free(each);
+}
+
 static void test_serve_command_errors(void **state)
 {
     (void)state;
@@ -533,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_shard_restart_resubscribes),
         cmocka_unit_test(test_scores_equal_trainer),
         cmocka_unit_test(test_http_and_binary_faces),
+        cmocka_unit_test(test_coalesced_predicts_equal_alone),
         cmocka_unit_test(test_serve_command_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
