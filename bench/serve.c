@@ -539,6 +539,13 @@ static void json_num(const char *key, double v, bool comma)
     else printf("\"%s\":%.4f%s", key, v, comma ? "," : "");
 }
 
+/* Requests per coalesced run between two readings of the replica's stats; NAN for none. */
+static double mean_run(const gr_serve_stats *a, const gr_serve_stats *b)
+{
+    uint64_t runs = b->coalesced_runs - a->coalesced_runs;
+    return runs ? (double)(b->coalesced_requests - a->coalesced_requests) / (double)runs : NAN;
+}
+
 int gr_bench_serve(int argc, char **argv)
 {
     gr_cli_value v[SB_COUNT];
@@ -651,10 +658,7 @@ int gr_bench_serve(int argc, char **argv)
         sl_load_median(sr, rounds, &sat);
         if (hs) sl_load_median(rr, rounds, &rsat);
         gr_serve_get_stats(rep, &c1);
-        coalesced = c1.coalesced_runs > c0.coalesced_runs
-                        ? (double)(c1.coalesced_requests - c0.coalesced_requests) /
-                              (double)(c1.coalesced_runs - c0.coalesced_runs)
-                        : NAN;
+        coalesced = mean_run(&c0, &c1);
         c0 = c1;
         /* The same rounds with the client off the servers' cores: wrk on the last CPU, every
          * thread of this process (both HTTP servers) and redis-server on the others. On the
@@ -681,9 +685,7 @@ int gr_bench_serve(int argc, char **argv)
             sl_pin_threads(getpid(), &all);
             sl_pin_threads(rpid, &all);
             gr_serve_get_stats(rep, &c1);
-            if (c1.coalesced_runs > c0.coalesced_runs)
-                pcoalesced = (double)(c1.coalesced_requests - c0.coalesced_requests) /
-                             (double)(c1.coalesced_runs - c0.coalesced_runs);
+            pcoalesced = mean_run(&c0, &c1);
             if (client_cpu >= 0) {
                 sl_load_median(sr, rounds, &psat);
                 sl_load_median(rr, rounds, &prsat);
