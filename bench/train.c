@@ -55,6 +55,8 @@
       "skip the 4-worker straggler runs")                                                     \
     X(RB_DENSE_LAG, "dense-lag", GR_CLI_INT, NULL, 0, 64, NULL, "L", NULL,                     \
       "hybrid runs: the dense lag (default: granary train's, 1 for 2+ workers)")              \
+    X(RB_NO_DIRECT, "no-direct", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,                   \
+      "embedded runs: rows over the shards' sockets (granary train --no-direct)")             \
     X(RB_MODEL_STEP_ONLY, "model-step-only", GR_CLI_FLAG, NULL, 0, 0, NULL, NULL, NULL,         \
       "only time one DLRM training step (thread CPU per example) and exit")
 
@@ -64,7 +66,7 @@ static const gr_cli_spec train_bench_spec = {
     .command = "bench train",
     .synopsis = "granary bench train [--json] [--full] [--rows N] [--test-rows M] [--no-torch]\n"
                 "                           [--delay-us D] [--skip-link] [--skip-straggler]\n"
-                "                           [--dense-lag L] [--model-step-only]",
+                "                           [--dense-lag L] [--no-direct] [--model-step-only]",
     .opts = train_bench_opts,
     .n_opts = RB_COUNT,
 };
@@ -207,6 +209,8 @@ typedef struct run_spec {
 
 /* --dense-lag for the hybrid runs; -1: granary train's default for the worker count. */
 static long bench_dense_lag = -1;
+/* --no-direct: the embedded runs' rows over the shards' sockets, not by direct call. */
+static bool bench_no_direct = false;
 
 static uint32_t dense_lag_for(const run_spec *rs)
 {
@@ -254,6 +258,8 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
         cc.servers = servers;
         cc.slice_us = GR_TRAIN_IO_SLICE_US; /* as granary train's client */
         rc = gr_client_create(&cc, &client);
+        /* As granary train: its rows go to the embedded shards' tables by direct call. */
+        if (!rc && cl && !bench_no_direct) rc = gr_local_cluster_direct(cl, client);
         if (!rc) {
             gr_ps_backend_opts po;
             gr_ps_backend_opts_default(&po);
@@ -658,6 +664,7 @@ int gr_bench_train(int argc, char **argv)
     uint64_t rows = (uint64_t)v[RB_ROWS].i, test_rows = (uint64_t)v[RB_TEST_ROWS].i,
              delay_us = (uint64_t)v[RB_DELAY_US].i;
     bench_dense_lag = v[RB_DENSE_LAG].given ? (long)v[RB_DENSE_LAG].i : -1;
+    bench_no_direct = v[RB_NO_DIRECT].b;
     if (!rows) rows = full ? 1000000 : 200000;
     if (!test_rows) test_rows = full ? 100000 : 20000;
     double step_us, step_min_us;
@@ -945,7 +952,7 @@ int gr_bench_train(int argc, char **argv)
                "\"torch_2t_examples_per_sec\":%s,\"torch_2t_auc\":%s,"
                "\"torch_1t_examples_per_sec\":%s,\"torch_1t_auc\":%s,"
                "\"model_step_us_per_example\":%.4f,\"model_step_min_us_per_example\":%.4f,"
-               "\"dense_lag\":%u}\n",
+               "\"dense_lag\":%u,\"direct\":%s}\n",
                (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
                main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
                local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
@@ -956,7 +963,7 @@ int gr_bench_train(int argc, char **argv)
                1e3 * main_r.read_seconds / sk, 1e3 * main_r.pull_seconds / sk,
                1e3 * main_r.compute_seconds / sk, 1e3 * main_r.push_seconds / sk,
                1e3 * main_r.stage_wait_seconds / sk, t_threads, vt[0], vt[1], vt[2], vt[3], step_us,
-               step_min_us, dense_lag_for(&main_spec));
+               step_min_us, dense_lag_for(&main_spec), bench_no_direct ? "false" : "true");
     }
     status = 0;
 out:;

@@ -102,6 +102,30 @@ GR_API int gr_client_push_pull_many(gr_client *c, const gr_client_batch *b, size
 GR_API int gr_client_delete(gr_client *c, uint32_t table, uint32_t dim, const uint64_t *keys,
                             size_t n, uint64_t *deleted);
 
+/* ---- Direct shards (docs/client.md, "Direct shards") ----
+ * Table operations a caller in the shard's own process runs by function call instead of over
+ * the socket: the embedded cluster (gr_local_cluster_direct) fills this so its trainer's rows
+ * skip frames, copies through the kernel and thread hops. The client still plans the batch
+ * (dedup, routing by its slot map, duplicate gradients summed in occurrence order, every
+ * gradient checked finite before anything is applied), then calls pull or push once per
+ * table and shard with that shard's unique keys in plan order, and scatters the rows. Pull,
+ * push and push_pull batches use it, for every shard, while the client is not coordinated
+ * (no stale hook): an op started that way is already complete when the start call returns.
+ * Everything else (dense parameters, sync steps, checkpoints, table management) stays on the
+ * socket. The hooks return 0 or a gr_err with the message set. */
+typedef struct gr_client_direct {
+    void *ctx;
+    uint32_t shards; /* must equal gr_client_shards */
+    int (*pull)(void *ctx, uint32_t shard, uint32_t table, uint32_t dim, const uint64_t *keys,
+                size_t n, float *rows, bool readonly);
+    int (*push)(void *ctx, uint32_t shard, uint32_t table, uint32_t dim, const uint64_t *keys,
+                size_t n, const float *grads);
+} gr_client_direct;
+/* Installs (d non-NULL) or removes (NULL) the direct hooks; the struct is copied. Set before
+ * the client is shared between threads, and remove before what ctx points to goes away.
+ * GR_EINVAL when d's shard count is not the client's or a hook is missing. */
+GR_API int gr_client_set_direct(gr_client *c, const gr_client_direct *d);
+
 /* Table management, on every shard. spec_json is the table engine's JSON spec. An existing
  * table with an equal spec is fine; a different one is GR_EEXIST. */
 GR_API int gr_client_create_table(gr_client *c, const char *spec_json);
@@ -281,6 +305,8 @@ typedef struct gr_client_stats_t {
     uint64_t send_ns;    /* writing frames to the sockets, every frame (the kernel's copy) */
     uint64_t recv_ns;    /* reading reply bodies from the sockets, every frame (readers) */
     uint64_t scatter_ns; /* decoding replies and copying rows to the caller (reader threads) */
+    uint64_t direct_calls; /* direct hook calls (gr_client_direct), one per table and shard */
+    uint64_t direct_ns;    /* CPU time in batch calls that went direct (plan, hooks, scatter) */
 } gr_client_stats_t;
 GR_API void gr_client_get_stats(gr_client *c, gr_client_stats_t *st);
 

@@ -52,6 +52,13 @@ GR_API const char *gr_local_cluster_servers(const gr_local_cluster *c);
  * clients on this machine (the trainer embedding the cluster); no TCP stack, same protocol.
  * Valid until stop; both lists work at once. */
 GR_API const char *gr_local_cluster_local_servers(const gr_local_cluster *c);
+/* Installs direct hooks on a client of this process connected to this cluster's shards in
+ * shard order (either list): its pulls and pushes of rows then call the shards' tables on the
+ * caller's thread (gr_server_direct_pull/push, gr_client_direct), everything else stays on
+ * the socket. Remove them (gr_client_set_direct(client, NULL)) or destroy the client before
+ * the cluster stops. GR_EINVAL when the client's shard count is not the cluster's. */
+typedef struct gr_client gr_client;
+GR_API int gr_local_cluster_direct(gr_local_cluster *c, gr_client *client);
 /* Stops every shard (gracefully) and frees the cluster. NULL is a no-op. */
 GR_API void gr_local_cluster_stop(gr_local_cluster *c);
 

@@ -113,6 +113,18 @@ GR_API int gr_server_load_config(gr_server *s, const char *json);
 typedef int (*gr_server_table_fn)(void *ctx, const char *name, gr_table *table);
 GR_API int gr_server_foreach_table(gr_server *s, gr_server_table_fn fn, void *ctx);
 
+/* Direct table operations for a caller in the same process (the embedded cluster's trainer,
+ * through gr_client_direct): a PULL or PUSH of one table's rows on the caller's thread, with
+ * no frame, socket or worker hop. The same checks as the requests (started and not stopping:
+ * GR_ESHUTDOWN; fence: GR_ESTALE; unknown table: GR_ENOENT; dim: GR_EDIM; a key this shard
+ * does not own: GR_ESTALE; a non-finite gradient: GR_EINVAL with nothing applied), the same
+ * per-opcode stats, and the same table calls, so results are bitwise those of the requests.
+ * Keys of a push are unique (the client sums duplicates first). Thread-safe. */
+GR_API int gr_server_direct_pull(gr_server *s, uint32_t table, uint32_t dim,
+                                 const uint64_t *keys, size_t n, float *rows, bool readonly);
+GR_API int gr_server_direct_push(gr_server *s, uint32_t table, uint32_t dim,
+                                 const uint64_t *keys, size_t n, const float *grads);
+
 /* For /healthz: true while the server is started and not stopping; otherwise false with the
  * reason in why. */
 GR_API bool gr_server_healthy(const gr_server *s, char *why, size_t whycap);

@@ -69,6 +69,9 @@
       "shards of the embedded local cluster (0: --local)")                                     \
     X(TO_SHTHREADS, "shard-threads", GR_CLI_INT, "shard_threads", 1, 256, NULL, "T", "2",      \
       "worker threads per embedded shard")                                                     \
+    X(TO_NODIRECT, "no-direct", GR_CLI_FLAG, "no_direct", 0, 0, NULL, NULL, NULL,              \
+      "embedded cluster: send rows to the shards over their sockets instead of\n"             \
+      "calling their tables directly (docs/train.md, \"Direct shards\")")                      \
     X(TO_SERVERS, "servers", GR_CLI_STR, "servers", 0, 0, NULL, "LIST", NULL,                  \
       "use these parameter servers host:port,... instead")                                     \
     X(TO_AUTH, "auth-file", GR_CLI_STR, "auth_file", 0, 0, NULL, "F", NULL,                    \
@@ -339,6 +342,7 @@ typedef struct train_cmd {
     const char *metrics, *servers, *auth_file;
     const char *prom;                     /* --metrics HOST:PORT */
     unsigned shards, shard_threads;
+    bool no_direct; /* --no-direct: the embedded cluster's rows over its sockets */
     long aggregate, backup, staleness; /* -1: not given */
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
     long dense_lag_given;              /* --dense-lag, -1: not given */
@@ -473,6 +477,7 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     c->auth_file = v[TO_AUTH].s;
     c->shards = v[TO_LOCAL].b ? 0 : (unsigned)v[TO_SHARDS].i;
     c->shard_threads = (unsigned)v[TO_SHTHREADS].i;
+    c->no_direct = v[TO_NODIRECT].b;
     c->aggregate = v[TO_AGG].given ? (long)v[TO_AGG].i : -1;
     c->backup = v[TO_BACKUP].given ? (long)v[TO_BACKUP].i : -1;
     c->staleness = v[TO_STALE].given ? (long)v[TO_STALE].i : -1;
@@ -647,6 +652,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (c->coord) cc.connect_timeout_ms = 1000;
     int rc = gr_client_create(&cc, client);
     if (rc) return rc;
+    /* Its rows go to the shards' tables by function call (docs/train.md, "Direct shards"). */
+    if (cluster && *cluster && !c->no_direct && (rc = gr_local_cluster_direct(*cluster, *client)))
+        return rc;
     ri->shards = gr_client_shards(*client);
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);

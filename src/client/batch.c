@@ -127,6 +127,22 @@ static int batch_start(gr_client *c, uint16_t opcode, const gr_client_batch *b, 
     gr_client_op *op = cl_op_new(c, opcode);
     if (!op) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
     uint16_t wflags = (opcode == GR_OP_PULL && (flags & GR_CLIENT_READONLY)) ? GR_PROTO_F_READONLY : 0;
+    if (cl_direct_usable(c)) { /* shards in this process: done by the time this returns */
+        uint64_t t0 = gr_thread_cpu_ns();
+        int rc = cl_plan_tables(&op->plan, c->link.nshards, b, nb, rows, push);
+        count_ns(&c->plan_ns, t0);
+        if (!rc) {
+            atomic_fetch_add(&c->keys_in, op->plan.keys_in);
+            atomic_fetch_add(&c->keys_sent, op->plan.keys_sent);
+            rc = cl_direct_run(op, b, rows, push, wflags != 0);
+        }
+        if (rc) {
+            cl_op_free(op);
+            return rc;
+        }
+        *out = op;
+        return GR_OK;
+    }
     int rc = plan_batch(op, b, nb, rows, push, wflags);
     if (!rc) rc = cl_op_send(op);
     if (rc) {

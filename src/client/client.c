@@ -198,6 +198,8 @@ void gr_client_get_stats(gr_client *c, gr_client_stats_t *st)
     st->bytes_received = atomic_load(&c->link.bytes_received);
     st->keys_in = atomic_load(&c->keys_in);
     st->keys_sent = atomic_load(&c->keys_sent);
+    st->direct_calls = atomic_load(&c->direct_calls);
+    st->direct_ns = atomic_load(&c->direct_ns);
     st->reconnects = atomic_load(&c->link.reconnects);
     st->plan_ns = atomic_load(&c->plan_ns);
     st->frame_ns = atomic_load(&c->frame_ns);

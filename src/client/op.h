@@ -14,6 +14,10 @@ struct gr_client {
     cl_conn *conns;
     atomic_uint_fast64_t keys_in, keys_sent;
     atomic_uint_fast64_t plan_ns, frame_ns, scatter_ns;
+    /* direct.c: the hooks (direct_on: installed), and their counters. */
+    gr_client_direct direct;
+    bool direct_on;
+    atomic_uint_fast64_t direct_calls, direct_ns;
 };
 
 struct gr_client_op {
@@ -42,6 +46,12 @@ struct gr_client_op {
     uint64_t *cur_out;
     uint32_t *outcomes_out; /* PUSH_STEP, per shard */
 };
+
+/* direct.c: whether a batch call goes through the direct hooks, and the call itself: runs a
+ * planned batch (cl_plan_tables done) to completion on this thread. */
+bool cl_direct_usable(const gr_client *c);
+int cl_direct_run(gr_client_op *op, const gr_client_batch *b, bool rows, bool push,
+                  bool readonly);
 
 /* A new op whose deadline is the request timeout from now; NULL when out of memory. */
 gr_client_op *cl_op_new(gr_client *c, uint16_t opcode);

@@ -3,6 +3,7 @@
  * the real wire protocol and shard code with nothing to deploy. Its own part because it
  * depends on server, which train must not. */
 #include "granary/cluster.h"
+#include "granary/client.h"
 #include "granary/server.h"
 
 #include <stdio.h>
@@ -102,6 +103,29 @@ const char *gr_local_cluster_servers(const gr_local_cluster *c) { return c ? c->
 const char *gr_local_cluster_local_servers(const gr_local_cluster *c)
 {
     return c ? c->local_servers : NULL;
+}
+
+static int direct_pull(void *ctx, uint32_t shard, uint32_t table, uint32_t dim,
+                       const uint64_t *keys, size_t n, float *rows, bool readonly)
+{
+    gr_local_cluster *c = ctx;
+    if (shard >= c->n) return gr_seterr(GR_EINVAL, "no shard %u in a cluster of %u", shard, c->n);
+    return gr_server_direct_pull(c->s[shard], table, dim, keys, n, rows, readonly);
+}
+
+static int direct_push(void *ctx, uint32_t shard, uint32_t table, uint32_t dim,
+                       const uint64_t *keys, size_t n, const float *grads)
+{
+    gr_local_cluster *c = ctx;
+    if (shard >= c->n) return gr_seterr(GR_EINVAL, "no shard %u in a cluster of %u", shard, c->n);
+    return gr_server_direct_push(c->s[shard], table, dim, keys, n, grads);
+}
+
+int gr_local_cluster_direct(gr_local_cluster *c, gr_client *client)
+{
+    if (!c || !client) return gr_seterr(GR_EINVAL, "gr_local_cluster_direct: no cluster or client");
+    gr_client_direct d = {c, c->n, direct_pull, direct_push};
+    return gr_client_set_direct(client, &d);
 }
 
 void gr_local_cluster_stop(gr_local_cluster *c)

@@ -1,0 +1,130 @@
+/* Direct shards: batch calls run by function call on shards in this process (the embedded
+ * cluster's, gr_client_direct) instead of frames over their sockets. The plan is the same
+ * (plan.c: dedup, routing, unique keys grouped by shard); each table's keys of each shard go
+ * to the hook in plan order, gradients summed per key in occurrence order as the frames carry
+ * them, and pulled rows are copied to every occurrence as a reply's would be. So the tables
+ * see exactly the calls a request would make, and results are bitwise the socket path's. */
+#include "client/check.h"
+#include "client/op.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int gr_client_set_direct(gr_client *c, const gr_client_direct *d)
+{
+    if (!c) return gr_seterr(GR_EINVAL, "gr_client_set_direct: no client");
+    if (!d) {
+        c->direct_on = false;
+        memset(&c->direct, 0, sizeof c->direct);
+        return GR_OK;
+    }
+    if (!d->pull || !d->push)
+        return gr_seterr(GR_EINVAL, "direct shards need both a pull and a push hook");
+    if (d->shards != c->link.nshards)
+        return gr_seterr(GR_EINVAL, "direct hooks for %u shards, the client has %u", d->shards,
+                         c->link.nshards);
+    c->direct = *d;
+    c->direct_on = true;
+    return GR_OK;
+}
+
+bool cl_direct_usable(const gr_client *c)
+{
+    /* A coordinated client routes by a layout that may change under it: the socket path,
+     * whose refusals it knows how to follow. */
+    return c->direct_on && !c->link.stale_fn &&
+           atomic_load(&((gr_client *)c)->link.epoch) == 0;
+}
+
+/* Table t's gradients summed per unique key (unique index order), into sums; the caller's
+ * own rows when its keys are unique (no copy). */
+static const float *summed_grads(const cl_tbl *t, const float *g, float **sums)
+{
+    *sums = NULL;
+    if (t->unique) return g;
+    size_t dim = t->dim;
+    float *s = malloc((size_t)t->nuniq * dim * sizeof *s);
+    if (!s) return NULL;
+    uint32_t fresh = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const float *src = g + i * dim;
+        uint32_t u = t->inv[i];
+        float *dst = s + (size_t)u * dim;
+        if (u == fresh) {
+            fresh++;
+            memcpy(dst, src, dim * sizeof *dst);
+        } else {
+            for (size_t d = 0; d < dim; d++) dst[d] += src[d];
+        }
+    }
+    *sums = s;
+    return s;
+}
+
+/* One table's part of the batch, shard by shard. */
+static int run_table(gr_client *c, const cl_tbl *t, const float *g, bool rows, bool push,
+                     bool readonly)
+{
+    const gr_client_direct *d = &c->direct;
+    size_t dim = t->dim, rowb = dim * sizeof(float), most = 0;
+    for (uint32_t s = 0; s < d->shards; s++) {
+        size_t m = t->shard_start[s + 1] - t->shard_start[s];
+        if (m > most) most = m;
+    }
+    if (most == 0) return GR_OK;
+    float *sums = NULL;
+    const float *gs = push ? summed_grads(t, g, &sums) : NULL;
+    uint64_t *keys = malloc(most * sizeof *keys);
+    float *buf = malloc(most * rowb);
+    int rc = GR_OK;
+    if ((push && !gs) || !keys || !buf)
+        rc = gr_seterr(GR_ENOMEM, "cannot allocate a direct batch of %zu keys", most);
+    for (uint32_t s = 0; !rc && s < d->shards; s++) {
+        const uint32_t *uidx = t->order + t->shard_start[s];
+        size_t m = t->shard_start[s + 1] - t->shard_start[s];
+        if (m == 0) continue;
+        for (size_t j = 0; j < m; j++) keys[j] = t->uniq[uidx[j]];
+        if (push) {
+            for (size_t j = 0; j < m; j++) memcpy(buf + j * dim, gs + (size_t)uidx[j] * dim, rowb);
+            atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+            rc = d->push(d->ctx, s, t->table, t->dim, keys, m, buf);
+        }
+        if (!rc && rows) {
+            atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+            rc = d->pull(d->ctx, s, t->table, t->dim, keys, m, buf, readonly);
+            for (size_t j = 0; !rc && j < m; j++) {
+                const float *src = buf + j * dim;
+                if (t->unique) {
+                    memcpy(t->rows + (size_t)uidx[j] * dim, src, rowb);
+                    continue;
+                }
+                for (int32_t i = t->first[uidx[j]]; i >= 0; i = t->next[i])
+                    memcpy(t->rows + (size_t)i * dim, src, rowb);
+            }
+        }
+        if (rc) {
+            char msg[700];
+            snprintf(msg, sizeof msg, "%s", gr_errmsg());
+            rc = gr_seterr(rc, "shard %u (%s): %s", s, c->conns[s].addr, msg);
+        }
+    }
+    free(keys);
+    free(buf);
+    free(sums);
+    return rc;
+}
+
+int cl_direct_run(gr_client_op *op, const gr_client_batch *b, bool rows, bool push,
+                  bool readonly)
+{
+    gr_client *c = op->cl;
+    uint64_t t0 = gr_thread_cpu_ns();
+    /* Every gradient is checked before any is applied: a push refused for one value changes
+     * nothing anywhere, as on the socket path. */
+    int rc = push ? cl_check_grads(b, op->plan.nb) : GR_OK;
+    for (size_t bi = 0; !rc && bi < op->plan.nb; bi++)
+        rc = run_table(c, &op->plan.tb[bi], push ? b[bi].grads : NULL, rows, push, readonly);
+    atomic_fetch_add_explicit(&c->direct_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
+    return rc;
+}
