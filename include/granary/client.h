@@ -111,8 +111,10 @@ GR_API int gr_client_delete(gr_client *c, uint32_t table, uint32_t dim, const ui
  * table and shard with that shard's unique keys in plan order, and scatters the rows. Pull,
  * push and push_pull batches use it, for every shard, while the client is not coordinated
  * (no stale hook): an op started that way is already complete when the start call returns.
- * Everything else (dense parameters, sync steps, checkpoints, table management) stays on the
- * socket. The hooks return 0 or a gr_err with the message set. */
+ * So do sync acquires, step pushes and dense pulls and pushes when their optional hooks are
+ * set. Table management, checkpoints, stats and the rest stay on the socket. The hooks return
+ * 0 or a gr_err with the message set. */
+struct gr_client_dense_grad; /* below, with the step calls */
 typedef struct gr_client_direct {
     void *ctx;
     uint32_t shards; /* must equal gr_client_shards */
@@ -120,6 +122,17 @@ typedef struct gr_client_direct {
                 size_t n, float *rows, bool readonly);
     int (*push)(void *ctx, uint32_t shard, uint32_t table, uint32_t dim, const uint64_t *keys,
                 size_t n, const float *grads);
+    /* Optional (NULL: that call stays on the socket). The sync job's calls (acquire blocks
+     * until the step may start; push_step gets the shard's unique keys with their summed
+     * gradients, one gr_client_batch per table, and the dense parts the shard owns) and the
+     * dense parameters' pull and asynchronous push. */
+    int (*acquire)(void *ctx, uint32_t shard, uint32_t worker, uint64_t step,
+                   uint32_t timeout_ms, uint64_t *tag, uint64_t *current);
+    int (*push_step)(void *ctx, uint32_t shard, uint32_t worker, uint64_t step,
+                     const struct gr_client_batch *rows, size_t nrows,
+                     const struct gr_client_dense_grad *dense, size_t ndense, uint32_t *outcome);
+    int (*dense_pull)(void *ctx, uint32_t shard, const char *name, float *out, size_t n);
+    int (*dense_push)(void *ctx, uint32_t shard, const char *name, const float *grad, size_t n);
 } gr_client_direct;
 /* Installs (d non-NULL) or removes (NULL) the direct hooks; the struct is copied. Set before
  * the client is shared between threads, and remove before what ctx points to goes away.

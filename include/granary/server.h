@@ -124,6 +124,25 @@ GR_API int gr_server_direct_pull(gr_server *s, uint32_t table, uint32_t dim,
                                  const uint64_t *keys, size_t n, float *rows, bool readonly);
 GR_API int gr_server_direct_push(gr_server *s, uint32_t table, uint32_t dim,
                                  const uint64_t *keys, size_t n, const float *grads);
+/* The same for a dense parameter: its n floats (DENSE_PULL) and an asynchronous gradient
+ * (DENSE_PUSH, applied by its optimizer). */
+GR_API int gr_server_direct_dense_pull(gr_server *s, const char *name, float *out, size_t n);
+GR_API int gr_server_direct_dense_push(gr_server *s, const char *name, const float *grad,
+                                       size_t n);
+/* SYNC_ACQUIRE by direct call: blocks the caller until worker's step `step` may start (tag and
+ * current step out, as the reply's pair), or fails as the request would (no job: GR_ENOENT;
+ * timeout_ms 0 and not ready, or the timeout passed: GR_ETIMEDOUT; the job dropped or the shard
+ * stopping meanwhile: that error). The wait holds no worker thread and no connection: the
+ * caller's thread sleeps until whoever frees the step answers it. */
+GR_API int gr_server_direct_acquire(gr_server *s, uint32_t worker, uint64_t step,
+                                    uint32_t timeout_ms, uint64_t *tag, uint64_t *current);
+/* PUSH_STEP by direct call: rows (unique keys, one section per table) and dense parts for step
+ * `step` (the tag acquire gave), checked and applied exactly as the request's; *outcome is a
+ * gr_sync_outcome (GR_CLIENT_PUSH_*), *current the job's step after it. */
+GR_API int gr_server_direct_push_step(gr_server *s, uint32_t worker, uint64_t step,
+                                      const gr_proto_section *rows, uint32_t nrows,
+                                      const gr_proto_dense_part *dense, uint32_t ndense,
+                                      uint32_t *outcome, uint64_t *current);
 
 /* For /healthz: true while the server is started and not stopping; otherwise false with the
  * reason in why. */

@@ -184,6 +184,7 @@ static const gr_cli_spec train_spec = {
 /* What ran, for the metrics file. */
 typedef struct run_info {
     const char *backend; /* "cluster", "servers", "local" */
+    bool direct;         /* the embedded cluster reached by direct call */
     unsigned shards;
     uint32_t aggregate, staleness;
     uint32_t dense_lag; /* hybrid: the job's dense lag */
@@ -260,6 +261,7 @@ static int write_metrics(const char *path, const gr_train_opts *o, const gr_trai
     }
     cJSON_AddStringToObject(j, "backend", ri->backend);
     cJSON_AddNumberToObject(j, "shards", ri->shards);
+    cJSON_AddBoolToObject(j, "direct", ri->direct);
     if (o->mode == GR_MODE_SEMISYNC) cJSON_AddNumberToObject(j, "aggregate", ri->aggregate);
     if (o->mode == GR_MODE_SEMISYNC || o->mode == GR_MODE_SSP)
         cJSON_AddNumberToObject(j, "staleness", ri->staleness);
@@ -578,6 +580,9 @@ static int check_combinations(train_cmd *c)
     c->dense_lag = o->mode != GR_MODE_HYBRID ? 0
                  : c->dense_lag_given >= 0 ? (uint32_t)c->dense_lag_given
                                            : gr_train_dense_lag_default(all);
+    if (c->no_direct && (c->servers || c->shards == 0 || c->coord))
+        fprintf(stderr, "granary train: --no-direct only applies to the embedded cluster (no "
+                        "--servers, --local or --coord)\n");
     if (o->straggler_factor > 1 && o->straggler >= o->workers) {
         fprintf(stderr, "granary train: --straggler %u: there are only %u workers\n", o->straggler,
                 o->workers);
@@ -653,8 +658,10 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     int rc = gr_client_create(&cc, client);
     if (rc) return rc;
     /* Its rows go to the shards' tables by function call (docs/train.md, "Direct shards"). */
-    if (cluster && *cluster && !c->no_direct && (rc = gr_local_cluster_direct(*cluster, *client)))
-        return rc;
+    if (cluster && *cluster && !c->no_direct) {
+        if ((rc = gr_local_cluster_direct(*cluster, *client))) return rc;
+        ri->direct = true;
+    }
     ri->shards = gr_client_shards(*client);
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);

@@ -185,6 +185,7 @@ int gr_client_dense_pull(gr_client *c, const char *name, float *out, size_t n)
     int rc = cl_check_dense_name(name);
     if (rc) return rc;
     if (n && !out) return gr_seterr(GR_EINVAL, "NULL output");
+    if (cl_direct_has(c, GR_OP_DENSE_PULL)) return cl_direct_dense_pull(c, name, out, n);
     uint32_t shard = cl_dense_owner(c, name);
     gr_proto_buf body;
     gr_proto_buf_init(&body);
@@ -213,6 +214,7 @@ int gr_client_dense_push(gr_client *c, const char *name, const float *grad, size
     if (rc) return rc;
     if (n && !grad) return gr_seterr(GR_EINVAL, "NULL gradient");
     if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
+    if (cl_direct_has(c, GR_OP_DENSE_PUSH)) return cl_direct_dense_push(c, name, grad, n);
     uint32_t shard = cl_dense_owner(c, name);
     gr_proto_buf body;
     gr_proto_buf_init(&body);
@@ -339,6 +341,11 @@ int gr_client_dense_pull_start(gr_client *c, const char *name, float *out, size_
     if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
     *op = NULL;
     if (n && !out) return gr_seterr(GR_EINVAL, "NULL output");
+    if (cl_direct_has(c, GR_OP_DENSE_PULL)) { /* done by the time this returns */
+        int rc = cl_check_dense_name(name);
+        if (!rc) rc = cl_direct_dense_pull(c, name, out, n);
+        return rc ? rc : cl_direct_done_op(c, GR_OP_DENSE_PULL, op);
+    }
     gr_client_op *o;
     int rc = dense_op(c, GR_OP_DENSE_PULL, name, NULL, 0, &o);
     if (rc) return rc;
@@ -361,6 +368,11 @@ int gr_client_dense_push_start(gr_client *c, const char *name, const float *grad
     *op = NULL;
     if (!grad || !n) return gr_seterr(GR_EINVAL, "dense push needs a gradient");
     if (cl_check_dense_grads(&(gr_client_dense_grad){name, grad, n}, 1)) return GR_EINVAL;
+    if (cl_direct_has(c, GR_OP_DENSE_PUSH)) { /* done by the time this returns */
+        int rc = cl_check_dense_name(name);
+        if (!rc) rc = cl_direct_dense_push(c, name, grad, n);
+        return rc ? rc : cl_direct_done_op(c, GR_OP_DENSE_PUSH, op);
+    }
     gr_client_op *o;
     int rc = dense_op(c, GR_OP_DENSE_PUSH, name, grad, n, &o);
     if (rc) return rc;

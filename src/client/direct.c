@@ -128,3 +128,141 @@ int cl_direct_run(gr_client_op *op, const gr_client_batch *b, bool rows, bool pu
     atomic_fetch_add_explicit(&c->direct_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     return rc;
 }
+
+/* "shard S (ADDR): msg" as every socket error names its shard. */
+static int name_shard(gr_client *c, uint32_t s, int rc)
+{
+    char msg[700];
+    snprintf(msg, sizeof msg, "%s", gr_errmsg());
+    return gr_seterr(rc, "shard %u (%s): %s", s, c->conns[s].addr, msg);
+}
+
+/* An op that is already complete (remaining 0, no requests): what a direct start returns. */
+static int done_op(gr_client *c, uint16_t opcode, gr_client_op **op)
+{
+    *op = cl_op_new(c, opcode);
+    return *op ? GR_OK : gr_seterr(GR_ENOMEM, "cannot allocate an operation");
+}
+
+bool cl_direct_has(const gr_client *c, uint16_t opcode)
+{
+    if (!cl_direct_usable(c)) return false;
+    switch (opcode) {
+    case GR_OP_SYNC_ACQUIRE:
+        return c->direct.acquire != NULL;
+    case GR_OP_PUSH_STEP:
+        return c->direct.push_step != NULL;
+    case GR_OP_DENSE_PULL:
+        return c->direct.dense_pull != NULL;
+    case GR_OP_DENSE_PUSH:
+        return c->direct.dense_push != NULL;
+    default:
+        return false;
+    }
+}
+
+int cl_direct_acquire(gr_client *c, uint32_t worker, const uint64_t *want, uint32_t timeout_ms,
+                      uint64_t *tags, uint64_t *current, gr_client_op **op)
+{
+    uint64_t t0 = gr_thread_cpu_ns();
+    int rc = GR_OK;
+    /* One shard after the other: the step starts once every shard says so, in any order. */
+    for (uint32_t s = 0; !rc && s < c->link.nshards; s++) {
+        uint64_t cur = 0;
+        atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+        rc = c->direct.acquire(c->direct.ctx, s, worker, want[s], timeout_ms, &tags[s], &cur);
+        if (rc) rc = name_shard(c, s, rc);
+        else if (current) current[s] = cur;
+    }
+    atomic_fetch_add_explicit(&c->direct_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
+    return rc ? rc : done_op(c, GR_OP_SYNC_ACQUIRE, op);
+}
+
+int cl_direct_push_step(gr_client_op *o, uint32_t worker, const uint64_t *tags,
+                        const gr_client_batch *b, size_t nb, const gr_client_dense_grad *d,
+                        size_t nd, uint32_t *outcomes)
+{
+    gr_client *c = o->cl;
+    cl_plan *p = &o->plan;
+    uint64_t t0 = gr_thread_cpu_ns();
+    int rc = nb ? cl_check_grads(b, nb) : GR_OK;
+    float **sums = calloc(nb ? nb : 1, sizeof *sums);
+    const float **gs = calloc(nb ? nb : 1, sizeof *gs);
+    gr_client_batch *part = calloc(nb ? nb : 1, sizeof *part);
+    gr_client_dense_grad *mine = calloc(nd ? nd : 1, sizeof *mine);
+    uint64_t **keys = calloc(nb ? nb : 1, sizeof *keys);
+    float **grads = calloc(nb ? nb : 1, sizeof *grads);
+    if (!rc && (!sums || !gs || !part || !mine || !keys || !grads))
+        rc = gr_seterr(GR_ENOMEM, "out of memory for a direct step push");
+    for (size_t bi = 0; !rc && bi < nb; bi++) {
+        const cl_tbl *t = &p->tb[bi];
+        size_t most = 0;
+        for (uint32_t s = 0; s < c->link.nshards; s++) {
+            size_t m = t->shard_start[s + 1] - t->shard_start[s];
+            if (m > most) most = m;
+        }
+        gs[bi] = summed_grads(t, b[bi].grads, &sums[bi]);
+        keys[bi] = malloc((most ? most : 1) * sizeof **keys);
+        grads[bi] = malloc((most ? most : 1) * t->dim * sizeof **grads);
+        if ((t->n && !gs[bi]) || !keys[bi] || !grads[bi])
+            rc = gr_seterr(GR_ENOMEM, "out of memory for a direct step push");
+    }
+    /* Every shard gets its call, rows or not: each one's step advances with it. */
+    for (uint32_t s = 0; !rc && s < c->link.nshards; s++) {
+        size_t np = 0, nm = 0;
+        for (size_t bi = 0; bi < nb; bi++) {
+            const cl_tbl *t = &p->tb[bi];
+            const uint32_t *uidx = t->order + t->shard_start[s];
+            size_t m = t->shard_start[s + 1] - t->shard_start[s], rowb = t->dim * sizeof(float);
+            if (m == 0) continue;
+            for (size_t j = 0; j < m; j++) {
+                keys[bi][j] = t->uniq[uidx[j]];
+                memcpy(grads[bi] + j * t->dim, gs[bi] + (size_t)uidx[j] * t->dim, rowb);
+            }
+            part[np++] = (gr_client_batch){.table = t->table, .dim = t->dim, .n = m,
+                                           .keys = keys[bi], .grads = grads[bi],
+                                           .flags = GR_CLIENT_BATCH_UNIQUE};
+        }
+        for (size_t i = 0; i < nd; i++)
+            if (cl_dense_owner(c, d[i].name) == s) mine[nm++] = d[i];
+        uint32_t oc = 0;
+        atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+        rc = c->direct.push_step(c->direct.ctx, s, worker, tags[s], part, np, mine, nm, &oc);
+        if (rc) rc = name_shard(c, s, rc);
+        else if (outcomes) outcomes[s] = oc;
+    }
+    for (size_t bi = 0; bi < nb; bi++) {
+        if (sums) free(sums[bi]);
+        if (keys) free(keys[bi]);
+        if (grads) free(grads[bi]);
+    }
+    free(sums);
+    free(gs);
+    free(part);
+    free(mine);
+    free(keys);
+    free(grads);
+    atomic_fetch_add_explicit(&c->direct_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
+    return rc;
+}
+
+int cl_direct_dense_pull(gr_client *c, const char *name, float *out, size_t n)
+{
+    uint32_t s = cl_dense_owner(c, name);
+    atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+    int rc = c->direct.dense_pull(c->direct.ctx, s, name, out, n);
+    return rc ? name_shard(c, s, rc) : GR_OK;
+}
+
+int cl_direct_dense_push(gr_client *c, const char *name, const float *grad, size_t n)
+{
+    uint32_t s = cl_dense_owner(c, name);
+    atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
+    int rc = c->direct.dense_push(c->direct.ctx, s, name, grad, n);
+    return rc ? name_shard(c, s, rc) : GR_OK;
+}
+
+int cl_direct_done_op(gr_client *c, uint16_t opcode, gr_client_op **op)
+{
+    return done_op(c, opcode, op);
+}

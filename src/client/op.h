@@ -52,6 +52,18 @@ struct gr_client_op {
 bool cl_direct_usable(const gr_client *c);
 int cl_direct_run(gr_client_op *op, const gr_client_batch *b, bool rows, bool push,
                   bool readonly);
+/* Whether opcode's optional hook is installed (and direct calls are usable). */
+bool cl_direct_has(const gr_client *c, uint16_t opcode);
+/* The sync and dense calls by direct hook; the first two return a completed op in *op (the
+ * push_step one fills the op it is given, whose plan is made). */
+int cl_direct_acquire(gr_client *c, uint32_t worker, const uint64_t *want, uint32_t timeout_ms,
+                      uint64_t *tags, uint64_t *current, gr_client_op **op);
+int cl_direct_push_step(gr_client_op *o, uint32_t worker, const uint64_t *tags,
+                        const gr_client_batch *b, size_t nb, const gr_client_dense_grad *d,
+                        size_t nd, uint32_t *outcomes);
+int cl_direct_dense_pull(gr_client *c, const char *name, float *out, size_t n);
+int cl_direct_dense_push(gr_client *c, const char *name, const float *grad, size_t n);
+int cl_direct_done_op(gr_client *c, uint16_t opcode, gr_client_op **op);
 
 /* A new op whose deadline is the request timeout from now; NULL when out of memory. */
 gr_client_op *cl_op_new(gr_client *c, uint16_t opcode);

@@ -97,6 +97,8 @@ int gr_client_sync_acquire_start(gr_client *c, uint32_t worker, const uint64_t *
     if (!op) return gr_seterr(GR_EINVAL, "no place for the operation handle");
     *op = NULL;
     if (!want || !tags) return gr_seterr(GR_EINVAL, "acquire needs want and tags arrays");
+    if (cl_direct_has(c, GR_OP_SYNC_ACQUIRE))
+        return cl_direct_acquire(c, worker, want, timeout_ms, tags, current, op);
     gr_client_op *o = cl_op_new(c, GR_OP_SYNC_ACQUIRE);
     if (!o) return gr_seterr(GR_ENOMEM, "cannot allocate an operation");
     /* The shard may hold the request for timeout_ms: the op's own deadline comes after. */
@@ -168,6 +170,15 @@ int gr_client_push_step_start(gr_client *c, uint32_t worker, const uint64_t *tag
         atomic_fetch_add(&c->keys_in, p->keys_in);
         atomic_fetch_add(&c->keys_sent, p->keys_sent);
         p->nshards = c->link.nshards;
+        if (cl_direct_has(c, GR_OP_PUSH_STEP)) { /* done by the time this returns */
+            rc = cl_direct_push_step(o, worker, tags, b, nb, d, nd, outcomes);
+            if (rc) {
+                cl_op_free(o);
+                return rc;
+            }
+            *op = o;
+            return GR_OK;
+        }
         rc = cl_plan_per_shard(p); /* a step is one frame per shard, never split */
     }
     uint32_t *dshard = calloc(nd ? nd : 1, sizeof *dshard);

@@ -4,6 +4,7 @@
  * depends on server, which train must not. */
 #include "granary/cluster.h"
 #include "granary/client.h"
+#include "granary/proto.h"
 #include "granary/server.h"
 
 #include <stdio.h>
@@ -121,10 +122,69 @@ static int direct_push(void *ctx, uint32_t shard, uint32_t table, uint32_t dim,
     return gr_server_direct_push(c->s[shard], table, dim, keys, n, grads);
 }
 
+static gr_server *shard_of(gr_local_cluster *c, uint32_t shard)
+{
+    if (shard < c->n) return c->s[shard];
+    gr_seterr(GR_EINVAL, "no shard %u in a cluster of %u", shard, c->n);
+    return NULL;
+}
+
+static int direct_acquire(void *ctx, uint32_t shard, uint32_t worker, uint64_t step,
+                          uint32_t timeout_ms, uint64_t *tag, uint64_t *current)
+{
+    gr_server *s = shard_of(ctx, shard);
+    return s ? gr_server_direct_acquire(s, worker, step, timeout_ms, tag, current) : GR_EINVAL;
+}
+
+#define MAX_PARTS 64
+
+static int direct_push_step(void *ctx, uint32_t shard, uint32_t worker, uint64_t step,
+                            const gr_client_batch *rows, size_t nrows,
+                            const gr_client_dense_grad *dense, size_t ndense, uint32_t *outcome)
+{
+    gr_server *s = shard_of(ctx, shard);
+    if (!s) return GR_EINVAL;
+    if (nrows > MAX_PARTS || ndense > MAX_PARTS)
+        return gr_seterr(GR_ETOOBIG, "a step push of %zu tables and %zu dense parts: at most %d "
+                         "each", nrows, ndense, MAX_PARTS);
+    gr_proto_section sec[MAX_PARTS];
+    gr_proto_dense_part dp[MAX_PARTS];
+    for (size_t i = 0; i < nrows; i++) {
+        if (rows[i].n > UINT32_MAX) return gr_seterr(GR_ETOOBIG, "%zu keys in one table", rows[i].n);
+        sec[i] = (gr_proto_section){rows[i].table, rows[i].dim, (uint32_t)rows[i].n, rows[i].keys,
+                                    rows[i].grads};
+    }
+    for (size_t i = 0; i < ndense; i++)
+        dp[i] = (gr_proto_dense_part){dense[i].name, (uint32_t)strlen(dense[i].name), dense[i].n,
+                                      dense[i].grad};
+    return gr_server_direct_push_step(s, worker, step, sec, (uint32_t)nrows, dp, (uint32_t)ndense,
+                                      outcome, NULL);
+}
+
+static int direct_dense_pull(void *ctx, uint32_t shard, const char *name, float *out, size_t n)
+{
+    gr_server *s = shard_of(ctx, shard);
+    return s ? gr_server_direct_dense_pull(s, name, out, n) : GR_EINVAL;
+}
+
+static int direct_dense_push(void *ctx, uint32_t shard, const char *name, const float *grad,
+                             size_t n)
+{
+    gr_server *s = shard_of(ctx, shard);
+    return s ? gr_server_direct_dense_push(s, name, grad, n) : GR_EINVAL;
+}
+
 int gr_local_cluster_direct(gr_local_cluster *c, gr_client *client)
 {
     if (!c || !client) return gr_seterr(GR_EINVAL, "gr_local_cluster_direct: no cluster or client");
-    gr_client_direct d = {c, c->n, direct_pull, direct_push};
+    gr_client_direct d = {c,
+                          c->n,
+                          direct_pull,
+                          direct_push,
+                          direct_acquire,
+                          direct_push_step,
+                          direct_dense_pull,
+                          direct_dense_push};
     return gr_client_set_direct(client, &d);
 }
 

@@ -34,9 +34,21 @@ typedef struct sync_job {
     atomic_int refs;
 } sync_job;
 
+/* An acquire by direct call (gr_server_direct_acquire): the caller's thread waits here,
+ * on its own stack, for the answer a parked request would get as a reply. */
+typedef struct direct_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int rc;
+    uint64_t tag, cur;
+    char msg[320];
+} direct_wait;
+
 typedef struct srv_waiter {
     struct srv_waiter *next;
-    struct srv_conn *c;
+    struct srv_conn *c;  /* NULL for a direct call ... */
+    direct_wait *dw;     /* ... which waits here instead */
     sync_job *job;
     uint64_t id;
     uint32_t worker;
@@ -152,6 +164,19 @@ static int job_apply(void *ctx, uint32_t kind, uint32_t id, uint32_t dim, const 
 static void reply_acquire(srv_waiter *w, int rc, uint64_t tag, uint64_t current, const char *msg)
 {
     gr_server *s = w->job->sy->s;
+    if (w->dw) {
+        if (rc) atomic_fetch_add(&s->ops[GR_OP_SYNC_ACQUIRE].errors, 1);
+        direct_wait *dw = w->dw;
+        pthread_mutex_lock(&dw->mu);
+        dw->rc = rc;
+        dw->tag = tag;
+        dw->cur = current;
+        snprintf(dw->msg, sizeof dw->msg, "%s", rc && msg ? msg : "");
+        dw->done = true;
+        pthread_cond_signal(&dw->cv);
+        pthread_mutex_unlock(&dw->mu); /* the caller may free dw from here on */
+        return;
+    }
     gr_proto_buf b;
     gr_proto_buf_init(&b);
     if (rc) {
@@ -166,7 +191,7 @@ static void reply_acquire(srv_waiter *w, int rc, uint64_t tag, uint64_t current,
 
 static void waiter_free(srv_waiter *w)
 {
-    srv_conn_put(w->c);
+    if (w->c) srv_conn_put(w->c);
     job_put(w->job);
     free(w);
 }
@@ -380,17 +405,16 @@ static void srv_sync_destroy(gr_server *s)
 
 /* ---- SYNC_ACQUIRE (run by the connection loop) ---- */
 
-static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
-                     const uint8_t *body, bool *fatal)
+/* Polls worker's step and, when it cannot start yet, parks the acquire: for connection c
+ * (request id) or, with dw, for a caller waiting on dw. *ready says it may start now. */
+static int poll_or_park(gr_server *s, srv_conn *c, direct_wait *dw, uint64_t id,
+                        const gr_proto_sync_acquire *ap, bool *ready, uint64_t *tagp,
+                        uint64_t *curp)
 {
     srv_sync *sy = s->sync;
-    *fatal = false;
-    gr_proto_sync_acquire a;
-    int rc = gr_proto_decode_sync_acquire(body, h->body_len, &a);
-    if (rc) {
-        *fatal = true;
-        return rc;
-    }
+    gr_proto_sync_acquire a = *ap;
+    int rc;
+    *ready = false;
     if (a.timeout_ms > MAX_WAIT_MS)
         return gr_seterr(GR_EINVAL, "acquire timeout of %u ms is over the %u ms limit",
                          a.timeout_ms, MAX_WAIT_MS);
@@ -401,12 +425,12 @@ static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
         return gr_seterr(GR_ENOENT, "shard %u has no sync job: send sync_config first",
                          s->cfg.shard);
     }
-    bool ready = false;
+    bool now = false;
     uint64_t tag = 0, cur = 0;
     /* Polled and parked under sy->mu, so a step applied in between cannot be missed: its
      * notify takes sy->mu after us and finds the waiter parked. */
-    rc = gr_step_machine_poll(j->ss, a.worker, a.step, true, &ready, &tag, &cur);
-    if (!rc && !ready) {
+    rc = gr_step_machine_poll(j->ss, a.worker, a.step, true, &now, &tag, &cur);
+    if (!rc && !now) {
         if (sy->stopping) {
             rc = gr_seterr(GR_ESHUTDOWN, "shard is shutting down");
         } else if (a.timeout_ms == 0) {
@@ -423,10 +447,11 @@ static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
                 rc = gr_seterr(GR_ENOMEM, "out of memory parking an acquire");
             } else {
                 w->c = c;
-                srv_conn_get(c);
+                w->dw = dw;
+                if (c) srv_conn_get(c);
                 w->job = j;
                 atomic_fetch_add(&j->refs, 1);
-                w->id = h->id;
+                w->id = id;
                 w->worker = a.worker;
                 w->step = a.step;
                 w->timeout_ms = a.timeout_ms;
@@ -442,7 +467,26 @@ static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
         return rc;
     }
     pthread_mutex_unlock(&sy->mu);
-    if (rc) return rc;
+    *ready = !rc;
+    *tagp = tag;
+    *curp = cur;
+    return rc;
+}
+
+static int acquire(gr_server *s, srv_conn *c, const gr_proto_header *h,
+                   const uint8_t *body, bool *fatal)
+{
+    *fatal = false;
+    gr_proto_sync_acquire a;
+    int rc = gr_proto_decode_sync_acquire(body, h->body_len, &a);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    bool ready = false;
+    uint64_t tag = 0, cur = 0;
+    rc = poll_or_park(s, c, NULL, h->id, &a, &ready, &tag, &cur);
+    if (rc || !ready) return rc; /* parked: answered by whoever frees the step */
     gr_proto_buf b;
     gr_proto_buf_init(&b);
     rc = gr_proto_begin(&b, GR_PROTO_RESPONSE, GR_OP_SYNC_ACQUIRE, 0, 0, h->id);
@@ -605,17 +649,14 @@ static int op_sync_config(gr_server *s, const gr_proto_header *h, const uint8_t 
     return reply_pair(h, out, result, step);
 }
 
-static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *body,
-                        gr_proto_buf *out, bool *fatal)
+/* A decoded PUSH_STEP (from a frame, or built by a direct call): every part resolved and
+ * checked, then handed to the state machine. *oc and *step_out: the reply's pair. */
+static int push_step_run(gr_server *s, const gr_proto_push_step *psp, uint64_t *oc_out,
+                         uint64_t *step_out)
 {
     srv_sync *sy = s->sync;
-    gr_proto_push_step ps;
-    int rc = gr_proto_decode_push_step(body, h->body_len, &s->cfg.limits, &ps);
-    if (rc) {
-        *fatal = true;
-        return rc;
-    }
-    atomic_fetch_add(&s->ops[h->op].keys, ps.batch.total_keys);
+    const gr_proto_push_step ps = *psp;
+    int rc = GR_OK;
     size_t nparts = ps.batch.ntables + ps.ndense;
     srv_entry **ents = calloc(nparts ? nparts : 1, sizeof *ents);
     gr_sync_part *parts = calloc(nparts ? nparts : 1, sizeof *parts);
@@ -691,7 +732,8 @@ static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *b
     if (!rc) {
         gr_sync_stats st;
         gr_step_machine_get_stats(j->ss, &st);
-        rc = reply_pair(h, out, (uint64_t)oc, st.step);
+        *oc_out = (uint64_t)oc;
+        *step_out = st.step;
     }
 out:
     job_put(j);
@@ -705,6 +747,22 @@ out:
     free(parts);
     free(dkeys);
     free(dgrads);
+    return rc;
+}
+
+static int op_push_step(gr_server *s, const gr_proto_header *h, const uint8_t *body,
+                        gr_proto_buf *out, bool *fatal)
+{
+    gr_proto_push_step ps;
+    int rc = gr_proto_decode_push_step(body, h->body_len, &s->cfg.limits, &ps);
+    if (rc) {
+        *fatal = true;
+        return rc;
+    }
+    atomic_fetch_add(&s->ops[h->op].keys, ps.batch.total_keys);
+    uint64_t oc = 0, step = 0;
+    rc = push_step_run(s, &ps, &oc, &step);
+    if (!rc) rc = reply_pair(h, out, oc, step);
     gr_proto_push_step_fini(&ps);
     return rc;
 }
@@ -792,6 +850,90 @@ void srv_sync_acquire_take(gr_server *s, srv_conn *c, const gr_proto_header *h, 
         if (bad) atomic_fetch_add(&s->bad_frames, 1);
         srv_conn_write_error(c, h->op, h->id, rc, gr_errmsg(), bad);
     }
+}
+
+/* ---- by direct call (the embedded cluster's trainer; server.h) ---- */
+
+/* The checks a request gets on the loop before it runs: started, not stopping, the fence. */
+static int direct_admit(gr_server *s, uint16_t op)
+{
+    atomic_fetch_add(&s->ops[op].count, 1);
+    int rc = GR_OK;
+    if (!s->started || atomic_load(&s->stopping)) {
+        rc = gr_seterr(GR_ESHUTDOWN, "shard %u is %s: %s refused", s->cfg.shard,
+                       s->started ? "stopping" : "not started", gr_proto_op_name(op));
+    } else {
+        char msg[256];
+        gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, op, 0, 0, 0, 0};
+        int frc = srv_fence_check(s, srv_op_row_of(op), &h, msg, sizeof msg);
+        if (frc) rc = gr_seterr(frc, "%s", msg);
+    }
+    if (rc) atomic_fetch_add(&s->ops[op].errors, 1);
+    return rc;
+}
+
+int gr_server_direct_acquire(gr_server *s, uint32_t worker, uint64_t step, uint32_t timeout_ms,
+                             uint64_t *tag, uint64_t *current)
+{
+    if (!s) return gr_seterr(GR_EINVAL, "direct acquire: no server");
+    int rc = direct_admit(s, GR_OP_SYNC_ACQUIRE);
+    if (rc) return rc;
+    direct_wait dw;
+    memset(&dw, 0, sizeof dw);
+    pthread_mutex_init(&dw.mu, NULL);
+    pthread_cond_init(&dw.cv, NULL);
+    gr_proto_sync_acquire a = {worker, timeout_ms, step};
+    bool ready = false;
+    uint64_t t = 0, cur = 0;
+    rc = poll_or_park(s, NULL, &dw, 0, &a, &ready, &t, &cur);
+    if (!rc && !ready) { /* parked: whoever frees the step (or the timer, or a stop) answers */
+        pthread_mutex_lock(&dw.mu);
+        while (!dw.done) pthread_cond_wait(&dw.cv, &dw.mu);
+        pthread_mutex_unlock(&dw.mu);
+        rc = dw.rc;
+        t = dw.tag;
+        cur = dw.cur;
+        if (rc) gr_seterr(rc, "%s", dw.msg);
+    } else if (rc) {
+        atomic_fetch_add(&s->ops[GR_OP_SYNC_ACQUIRE].errors, 1);
+    }
+    pthread_mutex_destroy(&dw.mu);
+    pthread_cond_destroy(&dw.cv);
+    if (!rc) {
+        if (tag) *tag = t;
+        if (current) *current = cur;
+    }
+    return rc;
+}
+
+int gr_server_direct_push_step(gr_server *s, uint32_t worker, uint64_t step,
+                               const gr_proto_section *rows, uint32_t nrows,
+                               const gr_proto_dense_part *dense, uint32_t ndense,
+                               uint32_t *outcome, uint64_t *current)
+{
+    if (!s) return gr_seterr(GR_EINVAL, "direct push_step: no server");
+    int rc = direct_admit(s, GR_OP_PUSH_STEP);
+    if (rc) return rc;
+    gr_proto_push_step ps;
+    memset(&ps, 0, sizeof ps);
+    ps.worker = worker;
+    ps.step = step;
+    ps.batch.ntables = nrows;
+    ps.batch.sections = (gr_proto_section *)rows;
+    for (uint32_t i = 0; i < nrows; i++) ps.batch.total_keys += rows[i].n;
+    ps.ndense = ndense;
+    ps.dense = (gr_proto_dense_part *)dense;
+    atomic_fetch_add(&s->ops[GR_OP_PUSH_STEP].keys, ps.batch.total_keys);
+    uint64_t oc = 0, cur = 0;
+    rc = push_step_run(s, &ps, &oc, &cur);
+    if (rc) {
+        atomic_fetch_add(&s->ops[GR_OP_PUSH_STEP].errors, 1);
+        return rc;
+    }
+    if (outcome) *outcome = (uint32_t)oc;
+    if (current) *current = cur;
+    srv_grow_kick(s);
+    return GR_OK;
 }
 
 /* ---- stats ---- */

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,195 @@ static void run_rows(gr_client *c, trace *t)
     trace_add(t, r2, sizeof r2);
 }
 
+#define DENSE_N 300
+
+/* Dense pulls and pushes (blocking and started), then sync steps with rows and a dense part;
+ * what it reads goes to t. */
+static void run_steps(gr_client *c, trace *t)
+{
+    assert_int_equal(gr_client_create_table(c, specs[0]), 0);
+    assert_int_equal(gr_client_dense_create(c, "{\"name\":\"mlp\",\"size\":300,\"seed\":3,"
+                                               "\"optimizer\":{\"kind\":\"adam\",\"lr\":0.01}}"),
+                     0);
+    uint64_t keys[NKEYS];
+    static float rows[NKEYS * 16], grads[NKEYS * 16];
+    float dense[DENSE_N], dgrad[DENSE_N];
+    for (int round = 0; round < 3; round++) {
+        fill_grads(dgrad, DENSE_N, 300 + round);
+        assert_int_equal(gr_client_dense_push(c, "mlp", dgrad, DENSE_N), 0);
+        assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
+        trace_add(t, dense, sizeof dense);
+        gr_client_op *op = NULL;
+        assert_int_equal(gr_client_dense_push_start(c, "mlp", dgrad, DENSE_N, &op), 0);
+        assert_int_equal(gr_client_wait(op, -1), 0);
+        assert_int_equal(gr_client_dense_pull_start(c, "mlp", dense, DENSE_N, &op), 0);
+        assert_int_equal(gr_client_wait(op, -1), 0);
+        trace_add(t, dense, sizeof dense);
+    }
+    /* A dense pull of the wrong size, and an unknown one, fail and say why. */
+    assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N - 1), GR_EDIM);
+    assert_int_equal(gr_client_dense_pull(c, "nope", dense, DENSE_N), GR_ENOENT);
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 1, 0, 0, 0};
+    assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
+    uint32_t ns = gr_client_shards(c);
+    uint64_t want[4] = {0}, tags[4] = {0};
+    uint32_t outcomes[4];
+    for (int step = 0; step < 4; step++) {
+        assert_int_equal(gr_client_sync_acquire(c, 0, want, 5000, tags, NULL), 0);
+        trace_add(t, tags, sizeof(uint64_t) * ns);
+        fill_keys(keys, NKEYS, 400 + step);
+        fill_grads(grads, NKEYS * 16, 500 + step);
+        fill_grads(dgrad, DENSE_N, 600 + step);
+        gr_client_batch b = {.table = 1, .dim = 16, .n = NKEYS, .keys = keys, .grads = grads};
+        gr_client_dense_grad d = {.name = "mlp", .grad = dgrad, .n = DENSE_N};
+        /* The last step carries only the dense part, as hybrid's do. */
+        int rc = gr_client_push_step(c, 0, tags, &b, step == 3 ? 0 : 1, &d, 1, outcomes);
+        if (rc) fprintf(stderr, "push_step: %s\n", gr_errmsg());
+        assert_int_equal(rc, 0);
+        for (uint32_t s = 0; s < ns; s++) {
+            assert_int_equal(outcomes[s], GR_CLIENT_PUSH_APPLIED);
+            want[s] = tags[s] + 1;
+        }
+        assert_int_equal(gr_client_pull(c, 1, 16, keys, NKEYS, rows), 0);
+        trace_add(t, rows, sizeof(float) * NKEYS * 16);
+        assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
+        trace_add(t, dense, sizeof dense);
+    }
+    /* A step that is not ready, with no time to wait: refused at once, naming what it waits
+     * for. */
+    uint64_t ahead[4];
+    for (uint32_t s = 0; s < ns; s++) ahead[s] = want[s] + 5;
+    int rc = gr_client_sync_acquire(c, 0, ahead, 0, tags, NULL);
+    assert_int_equal(rc, GR_ETIMEDOUT);
+    assert_non_null(strstr(gr_errmsg(), "cannot start yet"));
+    assert_int_equal(gr_client_sync_leave(c, 0), 0);
+    assert_int_equal(gr_client_sync_configure(c, NULL, GR_CLIENT_SYNC_CLEAR, NULL), 0);
+}
+
+/* The dense and sync calls read back the same bytes by direct call as over the sockets. */
+static void test_direct_steps_match_socket(void **state)
+{
+    (void)state;
+    gr_local_cluster *ca, *cb;
+    assert_int_equal(gr_local_cluster_start(2, 2, &ca), 0);
+    assert_int_equal(gr_local_cluster_start(2, 2, &cb), 0);
+    gr_client *sock = client_for(gr_local_cluster_local_servers(ca));
+    gr_client *direct = client_for(gr_local_cluster_local_servers(cb));
+    assert_int_equal(gr_local_cluster_direct(cb, direct), 0);
+    trace a = {0}, b = {0};
+    run_steps(sock, &a);
+    run_steps(direct, &b);
+    assert_true(a.len > 100000);
+    assert_int_equal(a.len, b.len);
+    assert_true(memcmp(a.data, b.data, a.len) == 0);
+    gr_client_stats_t sb;
+    gr_client_get_stats(direct, &sb);
+    assert_true(sb.direct_calls > 30);
+    for (uint32_t s = 0; s < 2; s++) {
+        /* Successful acquires match; the refused one stops at the first shard that refuses
+         * by direct call (one after the other), at every shard over the sockets (all at once). */
+        assert_true(op_count(direct, s, "sync_acquire", "count") -
+                        op_count(direct, s, "sync_acquire", "errors") ==
+                    op_count(sock, s, "sync_acquire", "count") -
+                        op_count(sock, s, "sync_acquire", "errors"));
+        assert_true(op_count(direct, s, "push_step", "count") ==
+                    op_count(sock, s, "push_step", "count"));
+        assert_true(op_count(direct, s, "push_step", "keys") ==
+                    op_count(sock, s, "push_step", "keys"));
+    }
+    double dp = 0, sp = 0;
+    for (uint32_t s = 0; s < 2; s++) {
+        dp += op_count(direct, s, "dense_pull", "count");
+        sp += op_count(sock, s, "dense_pull", "count");
+    }
+    assert_true(dp == sp);
+    free(a.data);
+    free(b.data);
+    gr_client_destroy(sock);
+    gr_client_destroy(direct);
+    gr_local_cluster_stop(ca);
+    gr_local_cluster_stop(cb);
+}
+
+/* A direct acquire blocks its caller until the step may start: worker 0 of two waits for
+ * worker 1's push; one with a timeout fails after it naming the step; one parked when the job
+ * is dropped, or when the shard stops, fails instead of hanging. */
+typedef struct acq_arg {
+    gr_client *c;
+    uint64_t want[2], tags[2];
+    uint32_t timeout_ms;
+    int rc;
+    char msg[512];
+    atomic_bool done;
+} acq_arg;
+
+static void *acquire_thread(void *p)
+{
+    acq_arg *a = p;
+    a->rc = gr_client_sync_acquire(a->c, 0, a->want, a->timeout_ms, a->tags, NULL);
+    snprintf(a->msg, sizeof a->msg, "%s", a->rc ? gr_errmsg() : "");
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+static void test_direct_acquire_waits(void **state)
+{
+    (void)state;
+    gr_local_cluster *cl;
+    assert_int_equal(gr_local_cluster_start(2, 1, &cl), 0);
+    gr_client *c = client_for(gr_local_cluster_local_servers(cl));
+    assert_int_equal(gr_local_cluster_direct(cl, c), 0);
+    assert_int_equal(gr_client_create_table(c, specs[0]), 0);
+    gr_client_sync_config sc = {GR_CLIENT_SYNC_SYNC, 2, 0, 0, 0};
+    assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
+    uint64_t want[2] = {0, 0}, t0[2], t1[2];
+    uint32_t oc[2];
+    assert_int_equal(gr_client_sync_acquire(c, 0, want, 5000, t0, NULL), 0);
+    assert_int_equal(gr_client_sync_acquire(c, 1, want, 5000, t1, NULL), 0);
+    assert_int_equal(gr_client_push_step(c, 0, t0, NULL, 0, NULL, 0, oc), 0);
+    /* Step 1 for worker 0 waits for worker 1's push of step 0. */
+    acq_arg a = {.c = c, .want = {t0[0] + 1, t0[1] + 1}, .timeout_ms = 20000};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, acquire_thread, &a), 0);
+    gr_sleep_ms(300);
+    assert_false(atomic_load(&a.done));
+    assert_int_equal(gr_client_push_step(c, 1, t1, NULL, 0, NULL, 0, oc), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, 0);
+    assert_true(a.tags[0] == t0[0] + 1);
+    /* Worker 0 cannot have step 2 before worker 1 pushes step 1: a short timeout says so. */
+    acq_arg b = {.c = c, .want = {a.tags[0] + 1, a.tags[1] + 1}, .timeout_ms = 200};
+    assert_int_equal(pthread_create(&th, NULL, acquire_thread, &b), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, GR_ETIMEDOUT);
+    assert_non_null(strstr(b.msg, "timed out after 200 ms"));
+    /* Parked when the job is dropped: fails at once. */
+    acq_arg d = {.c = c, .want = {a.tags[0] + 1, a.tags[1] + 1}, .timeout_ms = 60000};
+    assert_int_equal(pthread_create(&th, NULL, acquire_thread, &d), 0);
+    gr_sleep_ms(200);
+    assert_false(atomic_load(&d.done));
+    assert_int_equal(gr_client_sync_configure(c, NULL, GR_CLIENT_SYNC_CLEAR, NULL), 0);
+    pthread_join(th, NULL);
+    assert_int_not_equal(d.rc, 0);
+    fprintf(stderr, "dropped job: %s\n", d.msg);
+    /* Parked when the shards stop: fails, nothing hangs. */
+    assert_int_equal(gr_client_sync_configure(c, &sc, 0, NULL), 0);
+    acq_arg e = {.c = c, .want = {3, 3}, .timeout_ms = 60000};
+    assert_int_equal(pthread_create(&th, NULL, acquire_thread, &e), 0);
+    gr_sleep_ms(200);
+    assert_false(atomic_load(&e.done));
+    /* The shard's stop answers it (the sync module fails what is parked before the server
+     * goes away); the thread touches nothing of the shard after that answer. */
+    gr_local_cluster_stop(cl);
+    cl = NULL;
+    pthread_join(th, NULL);
+    assert_int_not_equal(e.rc, 0);
+    fprintf(stderr, "stopped shard: %s\n", e.msg);
+    assert_non_null(strstr(e.msg, "shutting down"));
+    gr_client_destroy(c);
+    gr_local_cluster_stop(cl);
+}
+
 /* Socket and direct read back the same bytes; the shards count the direct calls as requests,
  * and the direct client sent no row frames. */
 static void test_direct_matches_socket_bitwise(void **state)
@@ -217,7 +407,7 @@ static void test_direct_errors(void **state)
     /* Hooks for another shard count, or missing ones. */
     assert_int_equal(gr_local_cluster_direct(one, c), GR_EINVAL);
     assert_non_null(strstr(gr_errmsg(), "1 shards, the client has 2"));
-    gr_client_direct half = {NULL, 2, NULL, NULL};
+    gr_client_direct half = {.ctx = NULL, .shards = 2};
     assert_int_equal(gr_client_set_direct(c, &half), GR_EINVAL);
     assert_int_equal(gr_local_cluster_direct(cl, c), 0);
 
@@ -366,7 +556,7 @@ static void test_direct_threads(void **state)
  * loss and parameters with its rows by direct call as over the sockets. */
 static tr_fixture fx;
 
-static void train_one(bool direct, gr_train_result *r, tr_params *params)
+static void train_one(bool direct, gr_train_mode mode, gr_train_result *r, tr_params *params)
 {
     gr_local_cluster *cl;
     assert_int_equal(gr_local_cluster_start(2, 2, &cl), 0);
@@ -375,12 +565,13 @@ static void train_one(bool direct, gr_train_result *r, tr_params *params)
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);
     po.client = c;
-    po.mode = GR_MODE_ASYNC;
+    po.mode = mode;
     po.workers = 1;
+    po.timeout_ms = 20000;
     gr_train_backend be;
     assert_int_equal(gr_ps_backend_create(&po, &be), 0);
     gr_train_opts o;
-    tr_fixture_small_dlrm(&fx, &o, GR_MODE_ASYNC, 1);
+    tr_fixture_small_dlrm(&fx, &o, mode, 1);
     o.pipeline = false;
     int rc = gr_train_run(&o, &be, r);
     if (rc) fprintf(stderr, "train: %s\n", gr_errmsg());
@@ -394,19 +585,19 @@ static void train_one(bool direct, gr_train_result *r, tr_params *params)
     gr_client_stats_t st;
     gr_client_get_stats(c, &st);
     assert_true(direct ? st.direct_calls > 0 : st.direct_calls == 0);
+    gr_ps_backend_finish(&be);
     gr_train_backend_destroy(&be);
     gr_client_destroy(c);
     gr_local_cluster_stop(cl);
 }
 
-static void test_trainer_bitwise(void **state)
+static void trainer_bitwise(gr_train_mode mode)
 {
-    (void)state;
     assert_int_equal(tr_fixture_make(&fx, "direct", 5), 0);
     gr_train_result rs, rd;
     tr_params ps, pd;
-    train_one(false, &rs, &ps);
-    train_one(true, &rd, &pd);
+    train_one(false, mode, &rs, &ps);
+    train_one(true, mode, &rd, &pd);
     fprintf(stderr, "socket AUC %.6f, direct AUC %.6f\n", rs.test_auc, rd.test_auc);
     assert_true(rs.test_auc > 0.6);
     assert_true(rs.test_auc == rd.test_auc);
@@ -421,6 +612,19 @@ static void test_trainer_bitwise(void **state)
     tr_fixture_remove(&fx);
 }
 
+static void test_trainer_bitwise_async(void **state)
+{
+    (void)state;
+    trainer_bitwise(GR_MODE_ASYNC);
+}
+
+/* Hybrid: its step tokens, dense step pushes and dense pulls go direct too. */
+static void test_trainer_bitwise_hybrid(void **state)
+{
+    (void)state;
+    trainer_bitwise(GR_MODE_HYBRID);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,7 +632,10 @@ int main(void)
         cmocka_unit_test(test_direct_errors),
         cmocka_unit_test(test_server_direct_checks),
         cmocka_unit_test(test_direct_threads),
-        cmocka_unit_test(test_trainer_bitwise),
+        cmocka_unit_test(test_direct_steps_match_socket),
+        cmocka_unit_test(test_direct_acquire_waits),
+        cmocka_unit_test(test_trainer_bitwise_async),
+        cmocka_unit_test(test_trainer_bitwise_hybrid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
