@@ -64,6 +64,12 @@ static int item_init(trainer *tr, tr_item *it)
     it->params = malloc(tr->np * sizeof *it->params);
     it->gdense = malloc(tr->np * sizeof *it->gdense);
     it->probs = malloc(b * sizeof *it->probs);
+    if (tr->dense_beside) {
+        it->common_keys = malloc((occ ? occ : 1) * sizeof *it->common_keys);
+        it->common_at = malloc((occ ? occ : 1) * sizeof *it->common_at);
+        if (!it->common_keys || !it->common_at)
+            return gr_seterr(GR_ENOMEM, "cannot allocate buffers for a batch of %zu", b);
+    }
     if (!it->uniq || !it->inv || !it->rows || !it->emb || !it->gemb || !it->params ||
         !it->gdense || !it->probs)
         return gr_seterr(GR_ENOMEM, "cannot allocate buffers for a batch of %zu", b);
@@ -81,6 +87,8 @@ static void item_fini(tr_item *it)
     free(it->params);
     free(it->gdense);
     free(it->probs);
+    free(it->common_keys);
+    free(it->common_at);
 }
 
 /* Takes the step token for it (waiting for the others as the mode says); the time counts
@@ -131,6 +139,20 @@ static int wait_inflight(tr_worker *w, tr_item *it)
     return ab ? gr_seterr(GR_ESHUTDOWN, "training stopped") : GR_OK;
 }
 
+/* dense_beside: until at most `bound` of this worker's batches before it->seq are unpushed
+ * (rows only); the time counts as waiting. */
+static int wait_pushed(tr_worker *w, tr_item *it, uint64_t bound)
+{
+    double t0 = gr_now_s();
+    pthread_mutex_lock(&w->mu);
+    while (!w->abort && it->seq - w->pushed_seq > bound)
+        pthread_cond_wait(&w->inflight_cv, &w->mu);
+    bool ab = w->abort;
+    pthread_mutex_unlock(&w->mu);
+    it->t.wait += gr_now_s() - t0;
+    return ab ? gr_seterr(GR_ESHUTDOWN, "training stopped") : GR_OK;
+}
+
 static int stage_fetch(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
@@ -141,15 +163,23 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     if (nu < 0) return (int)nu;
     it->nuniq = (size_t)nu;
     /* dense_beside: the rows the previous batch did not touch are pulled now, while it still
-     * computes (prefetch.c); only the others wait for its push, below. */
+     * computes (prefetch.c); the others wait for its push, and the compute stage fetches them
+     * once it has pushed that batch itself (fetch_common). */
     tr_prefetch *pf = tr->dense_beside ? &w->pf : NULL;
     if (pf) {
         tr_prefetch_split(pf, it->uniq, it->nuniq);
+        /* A fresh id may still be one of the batch before the previous one: its push must
+         * have landed (this stage runs a batch ahead of the compute stage, which pushes). */
+        if ((rc = wait_pushed(w, it, 1))) return rc;
         double t0 = gr_now_s();
         if (pf->nfresh &&
             (rc = be->pull(be->ctx, tr->o->emb.id, pf->fresh_keys, pf->nfresh, pf->rows, 0)))
             return rc;
         tr_prefetch_place(pf->rows, pf->fresh_at, pf->nfresh, tr->dim, it->rows);
+        memcpy(it->common_keys, pf->common_keys, pf->ncommon * sizeof *it->common_keys);
+        memcpy(it->common_at, pf->common_at, pf->ncommon * sizeof *it->common_at);
+        it->ncommon = pf->ncommon;
+        tr_prefetch_remember(pf, it->uniq, it->nuniq);
         it->t.pull += gr_now_s() - t0;
     }
     if (tr->ck.on && (rc = tr_ck_gate(w, false))) return rc;
@@ -161,25 +191,44 @@ static int stage_fetch(tr_worker *w, tr_item *it)
     bool token_here = tr->token_in_fetch;
     if (token_here && (rc = take_token(w, it))) return rc;
     if (tr->ck.on && (rc = tr_ck_gate(w, true))) return rc;
+    if (pf) {
+        it->common_pending = true;
+        return GR_OK;
+    }
     if (tr->hybrid && (rc = wait_inflight(w, it))) return rc;
     double t0 = gr_now_s();
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
-    if (pf) {
-        rc = be->steps->fetch(be->ctx, tr->o->emb.id, pf->common_keys, pf->ncommon, pf->rows,
-                              tr->dense_name, it->params, tr->np);
-        if (rc) return rc;
-        tr_prefetch_place(pf->rows, pf->common_at, pf->ncommon, tr->dim, it->rows);
-        tr_prefetch_remember(pf, it->uniq, it->nuniq);
-    } else if (token_here) {
+    if (token_here)
         rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows,
                               tr->dense_name, it->params, tr->np);
-    } else {
+    else
         rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0);
-    }
     if (rc) return rc;
     /* Each slot's row (or pooled bag), for the model. Done here rather than in compute: the
      * compute stage is the pipeline's slowest, so memory work moves to the stages around it. */
+    tr_bags_gather(&tr->bags, &it->batch, it->rows, it->inv, tr->dim, it->emb);
+    it->t.pull += gr_now_s() - t0;
+    return GR_OK;
+}
+
+/* dense_beside, on the compute thread: the rows this batch shares with the previous one and
+ * the dense parameters, fetched once this worker's push of that batch (done by this thread
+ * just before) has landed; then every slot's row for the model. Doing it here and not on the
+ * fetch thread takes two thread hand-offs out of the worker's chain from one batch's compute
+ * to the next (measured in docs/train.md, "The chain on the compute thread"). */
+static int fetch_common(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    gr_train_backend *be = tr->be;
+    it->common_pending = false;
+    int rc = wait_inflight(w, it);
+    if (rc) return rc;
+    double t0 = gr_now_s();
+    rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->common_keys, it->ncommon, w->common_rows,
+                          tr->dense_name, it->params, tr->np);
+    if (rc) return rc;
+    tr_prefetch_place(w->common_rows, it->common_at, it->ncommon, tr->dim, it->rows);
     tr_bags_gather(&tr->bags, &it->batch, it->rows, it->inv, tr->dim, it->emb);
     it->t.pull += gr_now_s() - t0;
     return GR_OK;
@@ -239,6 +288,10 @@ static int dense_out(tr_worker *w, tr_item *it)
 static int stage_compute(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
+    if (it->common_pending) {
+        int rc = fetch_common(w, it);
+        if (rc) return rc;
+    }
     double t_stage = gr_now_s(), waited = it->t.wait;
     /* Dense parameters are pulled here, not with the rows: every batch touches all of them,
      * so prefetching them would make each step several steps stale (measured: AUC 0.68 vs
@@ -298,7 +351,9 @@ static int dense_beside_wait(tr_worker *w, tr_item *it)
     return rc;
 }
 
-static int stage_push(tr_worker *w, tr_item *it)
+/* The batch's row gradients out (with its dense gradient in the sync modes); hybrid then lets
+ * the worker's next pull of the rows it shares go. */
+static int push_rows(tr_worker *w, tr_item *it)
 {
     trainer *tr = w->tr;
     gr_train_backend *be = tr->be;
@@ -319,6 +374,17 @@ static int stage_push(tr_worker *w, tr_item *it)
         pthread_cond_broadcast(&w->inflight_cv);
         pthread_mutex_unlock(&w->mu);
     }
+    return GR_OK;
+}
+
+static int stage_push(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    int rc;
+    /* dense_beside: the compute stage pushed it already (compute_main); what is left here is
+     * the bookkeeping. */
+    if (!it->pushed && (rc = push_rows(w, it))) return rc;
+    it->pushed = false;
     /* The step counts as pushed (checkpoints, leaving the job) once its dense part is out too;
      * the item goes back to the free list only after the compute thread is done with it. */
     if (tr->dense_beside && (rc = dense_beside_wait(w, it))) return rc;
@@ -409,17 +475,21 @@ static void *compute_main(void *arg)
             tr_fail(w->tr, w, rc);
             break;
         }
-        tr_queue_push(&w->push_q, it);
         if (w->tr->dense_beside) {
-            /* The row gradients go out from the push stage while this thread sends the dense
-             * step push: both are in flight at once. */
+            /* This thread pushes the batch itself, the dense step first (the other workers'
+             * tokens wait for it) and then the rows, and goes straight on to fetch the next
+             * batch's shared rows: nothing in the worker's chain waits for another thread.
+             * The push stage keeps the bookkeeping. */
             rc = dense_out(w, it);
             dense_beside_done(w, it, rc);
+            if (!rc) rc = push_rows(w, it);
+            it->pushed = true;
             if (rc) {
                 tr_fail(w->tr, w, rc);
                 break;
             }
         }
+        tr_queue_push(&w->push_q, it);
     }
     tr_queue_close(&w->push_q);
     return NULL;
@@ -506,6 +576,7 @@ void tr_worker_fini(tr_worker *w)
     gr_model_ws_destroy(w->ws);
     gr_dedup_scratch_fini(&w->dedup);
     tr_prefetch_fini(&w->pf);
+    free(w->common_rows);
     pthread_cond_destroy(&w->inflight_cv);
     pthread_mutex_destroy(&w->mu);
 }
@@ -531,6 +602,9 @@ int tr_worker_init(trainer *tr, tr_worker *w, unsigned id)
     if (rc) return rc;
     if (tr->dense_beside && (rc = tr_prefetch_init(&w->pf, tr->o->batch * tr->max_ids, tr->dim)))
         return rc;
+    if (tr->dense_beside &&
+        !(w->common_rows = malloc(tr->o->batch * tr->max_ids * tr->dim * sizeof *w->common_rows)))
+        return gr_seterr(GR_ENOMEM, "cannot allocate the common rows of a batch");
     if (tr->o->pipeline) {
         if ((rc = tr_queue_init(&w->free_q, w->nitems, &w->mu, &w->abort)) ||
             (rc = tr_queue_init(&w->read_q, depth, &w->mu, &w->abort)) ||

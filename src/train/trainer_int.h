@@ -65,6 +65,14 @@ struct tr_item {
      * compute stage's dense push is done (under the worker's mu; inflight_cv), with its rc. */
     bool dense_done;
     int dense_rc;
+    /* dense_beside: the ids this batch shares with the worker's previous one (their rows wait
+     * for its push) and their positions among uniq, as the fetch stage split them; the compute
+     * stage fetches them (common_pending) right after it pushed the previous batch itself. */
+    uint64_t *common_keys;
+    uint32_t *common_at;
+    size_t ncommon;
+    bool common_pending;
+    bool pushed; /* dense_beside: the compute stage pushed its rows and dense gradient */
     tr_stage_times t; /* seconds this batch spent in each stage */
 };
 
@@ -177,6 +185,7 @@ typedef struct tr_worker {
     uint64_t dense_pushed_seq; /* dense_beside: batches whose dense step push is done */
     pthread_cond_t inflight_cv;
     tr_prefetch pf; /* tr->dense_beside: the fetch stage's split of each batch's ids */
+    float *common_rows; /* tr->dense_beside: the compute stage's pull of the common rows */
 } tr_worker;
 
 /* Where a worker's fetch stage is, for the checkpoint coordinator. */
