@@ -67,7 +67,9 @@ static int item_init(trainer *tr, tr_item *it)
     if (tr->dense_beside) {
         it->common_keys = malloc((occ ? occ : 1) * sizeof *it->common_keys);
         it->common_at = malloc((occ ? occ : 1) * sizeof *it->common_at);
-        if (!it->common_keys || !it->common_at)
+        it->common_prev = malloc((occ ? occ : 1) * sizeof *it->common_prev);
+        it->shared = calloc(occ ? occ : 1, 1);
+        if (!it->common_keys || !it->common_at || !it->common_prev || !it->shared)
             return gr_seterr(GR_ENOMEM, "cannot allocate buffers for a batch of %zu", b);
     }
     if (!it->uniq || !it->inv || !it->rows || !it->emb || !it->gemb || !it->params ||
@@ -89,6 +91,8 @@ static void item_fini(tr_item *it)
     free(it->probs);
     free(it->common_keys);
     free(it->common_at);
+    free(it->common_prev);
+    free(it->shared);
 }
 
 /* Takes the step token for it (waiting for the others as the mode says); the time counts
@@ -129,10 +133,14 @@ static int wait_inflight(tr_worker *w, tr_item *it)
     trainer *tr = w->tr;
     double t0 = gr_now_s();
     pthread_mutex_lock(&w->mu);
-    while (!w->abort && (it->seq - w->pushed_seq > tr->emb_bound ||
+    /* dense_beside: what this batch shares with the previous one is that batch's shared part
+     * (pushed by the compute stage, which calls this); the rest of its rows are not read here,
+     * and the fetch stage saw every batch before it pushed whole (wait_pushed). */
+    uint64_t *done = tr->dense_beside ? &w->shared_pushed_seq : &w->pushed_seq;
+    while (!w->abort && (it->seq - *done > tr->emb_bound ||
                          (tr->dense_beside && w->dense_pushed_seq < it->seq)))
         pthread_cond_wait(&w->inflight_cv, &w->mu);
-    it->stale = it->seq - w->pushed_seq;
+    it->stale = it->seq - *done;
     bool ab = w->abort;
     pthread_mutex_unlock(&w->mu);
     it->t.wait += gr_now_s() - t0;
@@ -178,6 +186,7 @@ static int stage_fetch(tr_worker *w, tr_item *it)
         tr_prefetch_place(pf->rows, pf->fresh_at, pf->nfresh, tr->dim, it->rows);
         memcpy(it->common_keys, pf->common_keys, pf->ncommon * sizeof *it->common_keys);
         memcpy(it->common_at, pf->common_at, pf->ncommon * sizeof *it->common_at);
+        memcpy(it->common_prev, pf->common_prev, pf->ncommon * sizeof *it->common_prev);
         it->ncommon = pf->ncommon;
         tr_prefetch_remember(pf, it->uniq, it->nuniq);
         it->t.pull += gr_now_s() - t0;
@@ -351,6 +360,18 @@ static int dense_beside_wait(tr_worker *w, tr_item *it)
     return rc;
 }
 
+/* Marks it->seq pushed: whole (the fetch stage's fresh rows may go), and its shared part. */
+static void mark_pushed(tr_worker *w, tr_item *it, bool whole)
+{
+    pthread_mutex_lock(&w->mu);
+    /* Only forward: the push stage's rest of batch i lands after the compute stage has pushed
+     * batch i+1's shared part. */
+    if (whole && w->pushed_seq < it->seq + 1) w->pushed_seq = it->seq + 1;
+    if (w->shared_pushed_seq < it->seq + 1) w->shared_pushed_seq = it->seq + 1;
+    pthread_cond_broadcast(&w->inflight_cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 /* The batch's row gradients out (with its dense gradient in the sync modes); hybrid then lets
  * the worker's next pull of the rows it shares go. */
 static int push_rows(tr_worker *w, tr_item *it)
@@ -368,12 +389,56 @@ static int push_rows(tr_worker *w, tr_item *it)
         rc = be->push(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows);
     if (rc) return rc;
     it->t.push += gr_now_s() - t0;
-    if (tr->hybrid) {
-        pthread_mutex_lock(&w->mu);
-        w->pushed_seq = it->seq + 1;
-        pthread_cond_broadcast(&w->inflight_cv);
-        pthread_mutex_unlock(&w->mu);
+    if (tr->hybrid) mark_pushed(w, it, true);
+    return GR_OK;
+}
+
+/* dense_beside, on the compute thread: only the rows of `it` that the next batch shares
+ * (next->common_prev: their positions among it->uniq) go out now, so the next batch's compute
+ * need not wait for the rest, which the push stage sends (push_rest). A row's update does not
+ * depend on another's, so the two parts give bitwise what one push gives. */
+static int push_shared(tr_worker *w, tr_item *it, const tr_item *next)
+{
+    trainer *tr = w->tr;
+    gr_train_backend *be = tr->be;
+    double t0 = gr_now_s();
+    tr_bags_scatter(&tr->bags, &it->batch, it->gemb, it->inv, it->nuniq, tr->dim, it->rows);
+    size_t d = tr->dim, m = next->ncommon;
+    for (size_t j = 0; j < m; j++) {
+        uint32_t u = next->common_prev[j];
+        it->shared[u] = 1;
+        w->part_keys[j] = it->uniq[u];
+        memcpy(w->part_grads + j * d, it->rows + (size_t)u * d, d * sizeof(float));
     }
+    int rc = m ? be->push(be->ctx, tr->o->emb.id, w->part_keys, m, w->part_grads) : GR_OK;
+    it->rest_pending = true;
+    if (rc) return rc;
+    it->t.push += gr_now_s() - t0;
+    mark_pushed(w, it, false);
+    return GR_OK;
+}
+
+/* The push stage's part of a batch push_shared split: every row not sent yet. */
+static int push_rest(tr_worker *w, tr_item *it)
+{
+    trainer *tr = w->tr;
+    gr_train_backend *be = tr->be;
+    double t0 = gr_now_s();
+    size_t d = tr->dim, m = 0;
+    for (size_t u = 0; u < it->nuniq; u++) {
+        if (it->shared[u]) {
+            it->shared[u] = 0;
+            continue;
+        }
+        w->rest_keys[m] = it->uniq[u];
+        memcpy(w->rest_grads + m * d, it->rows + u * d, d * sizeof(float));
+        m++;
+    }
+    it->rest_pending = false;
+    int rc = m ? be->push(be->ctx, tr->o->emb.id, w->rest_keys, m, w->rest_grads) : GR_OK;
+    if (rc) return rc;
+    it->t.push += gr_now_s() - t0;
+    mark_pushed(w, it, true);
     return GR_OK;
 }
 
@@ -383,7 +448,11 @@ static int stage_push(tr_worker *w, tr_item *it)
     int rc;
     /* dense_beside: the compute stage pushed it already (compute_main); what is left here is
      * the bookkeeping. */
-    if (!it->pushed && (rc = push_rows(w, it))) return rc;
+    if (it->rest_pending) {
+        if ((rc = push_rest(w, it))) return rc;
+    } else if (!it->pushed && (rc = push_rows(w, it))) {
+        return rc;
+    }
     it->pushed = false;
     /* The step counts as pushed (checkpoints, leaving the job) once its dense part is out too;
      * the item goes back to the free list only after the compute thread is done with it. */
@@ -468,8 +537,9 @@ static void *fetch_main(void *arg)
 static void *compute_main(void *arg)
 {
     tr_worker *w = arg;
-    tr_item *it;
-    while ((it = tr_queue_pop(&w->fetch_q))) {
+    tr_item *it, *next = NULL;
+    while ((it = next ? next : tr_queue_pop(&w->fetch_q))) {
+        next = NULL;
         int rc = stage_compute(w, it);
         if (rc) {
             tr_fail(w->tr, w, rc);
@@ -482,7 +552,14 @@ static void *compute_main(void *arg)
              * The push stage keeps the bookkeeping. */
             rc = dense_out(w, it);
             dense_beside_done(w, it, rc);
-            if (!rc) rc = push_rows(w, it);
+            /* When the next batch is already fetched (the usual case: the fetch stage runs
+             * ahead), only the rows it shares go out here and the push stage sends the rest;
+             * never wait for it (a checkpoint may hold the fetch stage until this push). */
+            next = rc ? NULL : tr_queue_try_pop(&w->fetch_q);
+            if (!rc && next && next->common_pending && next->seq == it->seq + 1)
+                rc = push_shared(w, it, next);
+            else if (!rc)
+                rc = push_rows(w, it);
             it->pushed = true;
             if (rc) {
                 tr_fail(w->tr, w, rc);
@@ -577,6 +654,10 @@ void tr_worker_fini(tr_worker *w)
     gr_dedup_scratch_fini(&w->dedup);
     tr_prefetch_fini(&w->pf);
     free(w->common_rows);
+    free(w->part_keys);
+    free(w->rest_keys);
+    free(w->part_grads);
+    free(w->rest_grads);
     pthread_cond_destroy(&w->inflight_cv);
     pthread_mutex_destroy(&w->mu);
 }
@@ -602,9 +683,17 @@ int tr_worker_init(trainer *tr, tr_worker *w, unsigned id)
     if (rc) return rc;
     if (tr->dense_beside && (rc = tr_prefetch_init(&w->pf, tr->o->batch * tr->max_ids, tr->dim)))
         return rc;
-    if (tr->dense_beside &&
-        !(w->common_rows = malloc(tr->o->batch * tr->max_ids * tr->dim * sizeof *w->common_rows)))
-        return gr_seterr(GR_ENOMEM, "cannot allocate the common rows of a batch");
+    if (tr->dense_beside) {
+        size_t occ = tr->o->batch * tr->max_ids;
+        w->common_rows = malloc(occ * tr->dim * sizeof *w->common_rows);
+        w->part_keys = malloc(occ * sizeof *w->part_keys);
+        w->rest_keys = malloc(occ * sizeof *w->rest_keys);
+        w->part_grads = malloc(occ * tr->dim * sizeof *w->part_grads);
+        w->rest_grads = malloc(occ * tr->dim * sizeof *w->rest_grads);
+        if (!w->common_rows || !w->part_keys || !w->rest_keys || !w->part_grads ||
+            !w->rest_grads)
+            return gr_seterr(GR_ENOMEM, "cannot allocate the row buffers of a batch");
+    }
     if (tr->o->pipeline) {
         if ((rc = tr_queue_init(&w->free_q, w->nitems, &w->mu, &w->abort)) ||
             (rc = tr_queue_init(&w->read_q, depth, &w->mu, &w->abort)) ||

@@ -7,6 +7,7 @@
  * ids into those two parts against a set of the previous batch's ids. */
 #include "train/trainer_int.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ int tr_prefetch_init(tr_prefetch *p, size_t cap, uint32_t dim)
     while (slots < 2 * cap) slots *= 2;
     p->mask = slots - 1;
     p->keys = malloc(slots * sizeof *p->keys);
+    p->idx = malloc(slots * sizeof *p->idx);
+    p->common_prev = malloc((cap ? cap : 1) * sizeof *p->common_prev);
     p->stamp = calloc(slots, sizeof *p->stamp);
     p->fresh_keys = malloc((cap ? cap : 1) * sizeof *p->fresh_keys);
     p->common_keys = malloc((cap ? cap : 1) * sizeof *p->common_keys);
@@ -30,7 +33,7 @@ int tr_prefetch_init(tr_prefetch *p, size_t cap, uint32_t dim)
     p->common_at = malloc((cap ? cap : 1) * sizeof *p->common_at);
     p->rows = malloc((cap ? cap : 1) * dim * sizeof *p->rows);
     p->gen = 1;
-    if (!p->keys || !p->stamp || !p->fresh_keys || !p->common_keys || !p->fresh_at ||
+    if (!p->keys || !p->idx || !p->common_prev || !p->stamp || !p->fresh_keys || !p->common_keys || !p->fresh_at ||
         !p->common_at || !p->rows) {
         tr_prefetch_fini(p);
         return gr_seterr(GR_ENOMEM, "cannot allocate the row prefetch for batches of %zu ids", cap);
@@ -41,6 +44,8 @@ int tr_prefetch_init(tr_prefetch *p, size_t cap, uint32_t dim)
 void tr_prefetch_fini(tr_prefetch *p)
 {
     free(p->keys);
+    free(p->idx);
+    free(p->common_prev);
     free(p->stamp);
     free(p->fresh_keys);
     free(p->common_keys);
@@ -50,11 +55,12 @@ void tr_prefetch_fini(tr_prefetch *p)
     memset(p, 0, sizeof *p);
 }
 
-static bool remembered(const tr_prefetch *p, uint64_t key)
+/* The slot holding key in the remembered set, or SIZE_MAX. */
+static size_t remembered(const tr_prefetch *p, uint64_t key)
 {
     for (size_t s = slot_of(p, key);; s = (s + 1) & p->mask) {
-        if (p->stamp[s] != p->gen) return false;
-        if (p->keys[s] == key) return true;
+        if (p->stamp[s] != p->gen) return SIZE_MAX;
+        if (p->keys[s] == key) return s;
     }
 }
 
@@ -62,8 +68,10 @@ void tr_prefetch_split(tr_prefetch *p, const uint64_t *keys, size_t n)
 {
     p->nfresh = p->ncommon = 0;
     for (size_t i = 0; i < n; i++) {
-        if (remembered(p, keys[i])) {
+        size_t s = remembered(p, keys[i]);
+        if (s != SIZE_MAX) {
             p->common_keys[p->ncommon] = keys[i];
+            p->common_prev[p->ncommon] = p->idx[s];
             p->common_at[p->ncommon++] = (uint32_t)i;
         } else {
             p->fresh_keys[p->nfresh] = keys[i];
@@ -86,6 +94,7 @@ void tr_prefetch_remember(tr_prefetch *p, const uint64_t *keys, size_t n)
             s = (s + 1) & p->mask;
         }
         p->keys[s] = keys[i];
+        p->idx[s] = (uint32_t)i;
         p->stamp[s] = p->gen;
     }
 }

@@ -52,6 +52,20 @@ tr_item *tr_queue_pop(tr_queue *q)
     return it;
 }
 
+tr_item *tr_queue_try_pop(tr_queue *q)
+{
+    tr_item *it = NULL;
+    pthread_mutex_lock(q->mu);
+    if (q->len && !*q->abort) {
+        it = q->q[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->len--;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(q->mu);
+    return it;
+}
+
 void tr_queue_close(tr_queue *q)
 {
     pthread_mutex_lock(q->mu);

@@ -31,6 +31,8 @@ void tr_queue_fini(tr_queue *q);
 void tr_queue_push(tr_queue *q, tr_item *it);
 /* NULL when closed and empty, or aborted. */
 tr_item *tr_queue_pop(tr_queue *q);
+/* The next item if one is queued now, else NULL; never waits. */
+tr_item *tr_queue_try_pop(tr_queue *q);
 void tr_queue_close(tr_queue *q);
 
 /* ---- a batch on its way through a worker's stages ----------------------------------------- */
@@ -70,7 +72,12 @@ struct tr_item {
      * stage fetches them (common_pending) right after it pushed the previous batch itself. */
     uint64_t *common_keys;
     uint32_t *common_at;
+    uint32_t *common_prev; /* ... and their positions among the previous batch's uniq */
     size_t ncommon;
+    /* dense_beside: the compute stage pushed only the rows the next batch shares (shared[u]
+     * set); the push stage pushes the rest. */
+    uint8_t *shared;
+    bool rest_pending;
     bool common_pending;
     bool pushed; /* dense_beside: the compute stage pushed its rows and dense gradient */
     tr_stage_times t; /* seconds this batch spent in each stage */
@@ -137,8 +144,10 @@ typedef struct tr_prefetch {
     uint32_t *stamp; /* a slot holds an id of the set when its stamp is gen */
     size_t mask;
     uint32_t gen;
+    uint32_t *idx;   /* per slot: the id's position among the previous batch's unique ids */
     uint64_t *fresh_keys, *common_keys; /* the split (tr_prefetch_split) */
     uint32_t *fresh_at, *common_at;     /* their positions among the batch's unique ids */
+    uint32_t *common_prev;              /* the common ids' positions in the previous batch */
     size_t nfresh, ncommon;
     float *rows; /* one part's rows as pulled, before tr_prefetch_place */
 } tr_prefetch;
@@ -186,6 +195,12 @@ typedef struct tr_worker {
     pthread_cond_t inflight_cv;
     tr_prefetch pf; /* tr->dense_beside: the fetch stage's split of each batch's ids */
     float *common_rows; /* tr->dense_beside: the compute stage's pull of the common rows */
+    /* tr->dense_beside: a batch's rows pushed in two parts, those the next batch shares (by
+     * the compute stage, scratch part_*) and the rest (by the push stage, rest_*);
+     * shared_pushed_seq counts batches whose shared part is out. */
+    uint64_t *part_keys, *rest_keys;
+    float *part_grads, *rest_grads;
+    uint64_t shared_pushed_seq;
 } tr_worker;
 
 /* Where a worker's fetch stage is, for the checkpoint coordinator. */

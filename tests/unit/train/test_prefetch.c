@@ -1,6 +1,6 @@
 /* The hybrid row prefetch's split (src/train/prefetch.c): a batch's unique ids are split into
  * those the previous batch did not touch (fresh) and those it did (common), each part in the
- * batch's order with its positions; remembering a batch forgets the one before; id 0 and ids
+ * batch's order with its positions (and the common ones' in the previous batch); remembering a batch forgets the one before; id 0 and ids
  * that share a slot are told apart; rows land at their positions. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,10 +40,13 @@ static void test_split_against_previous_batch(void **state)
     assert_int_equal(p.ncommon, 3);
     assert_int_equal(p.common_keys[0], 9);
     assert_int_equal(p.common_at[0], 1);
+    assert_int_equal(p.common_prev[0], 2); /* a[2] */
     assert_int_equal(p.common_keys[1], 0);
     assert_int_equal(p.common_at[1], 2);
+    assert_int_equal(p.common_prev[1], 1);
     assert_int_equal(p.common_keys[2], 1ull << 40);
     assert_int_equal(p.common_at[2], 4);
+    assert_int_equal(p.common_prev[2], 3);
     assert_int_equal(p.nfresh, 2);
     assert_int_equal(p.fresh_keys[0], 7);
     assert_int_equal(p.fresh_at[0], 0);
@@ -74,7 +77,10 @@ static void test_full_set_and_generations(void **state)
         for (uint64_t i = 0; i < N; i++) odd[i] = i + (uint64_t)round * 4096;
         tr_prefetch_split(&p, odd, N);
         assert_int_equal(p.ncommon, N / 2);
-        for (size_t i = 0; i < p.ncommon; i++) assert_int_equal(p.common_keys[i] % 2, 0);
+        for (size_t i = 0; i < p.ncommon; i++) {
+            assert_int_equal(p.common_keys[i] % 2, 0);
+            assert_int_equal(k[p.common_prev[i]], p.common_keys[i]); /* its place in k */
+        }
         for (size_t i = 0; i < p.nfresh; i++) assert_int_equal(p.fresh_keys[i] % 2, 1);
     }
     tr_prefetch_fini(&p);
