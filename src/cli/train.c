@@ -65,7 +65,7 @@
     X(TO_DATA, "data", GR_CLI_CHOICE, "data", 0, 0, "static|shared", NULL, NULL,               \
       "how workers split the file (default: static for sync, hybrid and one\n"                \
       "worker, shared chunks otherwise)")                                                      \
-    X(TO_SHARDS, "shards", GR_CLI_INT, "shards", 0, 256, NULL, "S", "2",                       \
+    X(TO_SHARDS, "shards", GR_CLI_INT, "shards", 0, 256, NULL, "S", "1",                       \
       "shards of the embedded local cluster (0: --local)")                                     \
     X(TO_SHTHREADS, "shard-threads", GR_CLI_INT, "shard_threads", 1, 256, NULL, "T", "2",      \
       "worker threads per embedded shard")                                                     \

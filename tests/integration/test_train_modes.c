@@ -348,7 +348,9 @@ static void test_cli_metrics(void **state)
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "mode")->valuestring, "semisync");
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "aggregate")->valuedouble, 2);
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "examples")->valuedouble, 40000);
-    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "shards")->valuedouble, 2);
+    /* The embedded cluster's default: one shard, reached by direct call. */
+    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "shards")->valuedouble, 1);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "direct")));
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "auc")->valuedouble > 0.6);
     cJSON_Delete(j);
     /* Bad combinations are refused before anything runs. */
