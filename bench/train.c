@@ -260,7 +260,10 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
         cc.slice_us = GR_TRAIN_IO_SLICE_US; /* as granary train's client */
         rc = gr_client_create(&cc, &client);
         /* As granary train: its rows go to the embedded shards' tables by direct call. */
-        if (!rc && cl && !bench_no_direct) rc = gr_local_cluster_direct(cl, client);
+        if (!rc && cl && !bench_no_direct) {
+            rc = gr_local_cluster_direct(cl, client);
+            o.stage_slice_us = 0; /* as granary train: no socket to wait on */
+        }
         if (!rc) {
             gr_ps_backend_opts po;
             gr_ps_backend_opts_default(&po);

@@ -764,6 +764,12 @@ typedef struct gr_train_opts {
     gr_metrics *metrics;
     /* One process of a multi-process job (see gr_train_job); NULL: the job is this process. */
     const gr_train_job *job;
+    /* The time slice (us) a pipelined worker's read, fetch and push threads ask for
+     * (gr_thread_want_slice_us); 0 = the kernel's default. Default GR_TRAIN_IO_SLICE_US, for a
+     * backend whose calls wait on sockets: a woken stage thread then runs ahead of the compute
+     * threads. `granary train` sets 0 when its calls to the embedded shards are direct (they
+     * wait on nothing, and the short slices only preempt compute; docs/train.md). */
+    uint32_t stage_slice_us;
 } gr_train_opts;
 
 /* What a progress line says (gr_train_opts.on_progress). */

@@ -661,6 +661,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
     if (cluster && *cluster && !c->no_direct) {
         if ((rc = gr_local_cluster_direct(*cluster, *client))) return rc;
         ri->direct = true;
+        /* Its stage threads then wait on no socket: short slices would only preempt compute
+         * (gr_train_opts.stage_slice_us). */
+        c->o.stage_slice_us = 0;
     }
     ri->shards = gr_client_shards(*client);
     gr_ps_backend_opts po;

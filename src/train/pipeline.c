@@ -502,15 +502,16 @@ static int sequential_step(tr_worker *w, tr_item *it)
  * whole step's chain of hand-offs pays that wait again at each link. With a short slice the
  * woken thread preempts compute at once (EEVDF, Linux 6.12+); its share of the CPU is the
  * same. Measured in docs/train.md ("Session 8"). */
-static void io_slice(void)
+static void io_slice(const tr_worker *w)
 {
-    gr_thread_want_slice_us(GR_TRAIN_IO_SLICE_US, "train: a pipeline stage");
+    uint32_t us = w->tr->o->stage_slice_us;
+    if (us) gr_thread_want_slice_us(us, "train: a pipeline stage");
 }
 
 static void *reader_main(void *arg)
 {
     tr_worker *w = arg;
-    io_slice();
+    io_slice(w);
     int rc = tr_read_epochs(w, &w->free_q, &w->read_q, NULL, NULL);
     if (rc) tr_fail(w->tr, w, rc);
     tr_queue_close(&w->read_q);
@@ -520,7 +521,7 @@ static void *reader_main(void *arg)
 static void *fetch_main(void *arg)
 {
     tr_worker *w = arg;
-    io_slice();
+    io_slice(w);
     tr_item *it;
     while ((it = tr_queue_pop(&w->read_q))) {
         int rc = stage_fetch(w, it);
@@ -633,7 +634,7 @@ void *tr_pipeline_main(void *arg)
         }
     /* This thread runs the push stage. Asked only now: a new thread inherits its creator's
      * slice, and compute must keep the default. */
-    io_slice();
+    io_slice(w);
     push_main(w);
     for (unsigned i = 0; i < started; i++) pthread_join(t[i], NULL);
     leave_job(w);

@@ -56,6 +56,7 @@ void gr_train_opts_default(gr_train_opts *o, gr_model_kind kind)
     o->mode = GR_MODE_ASYNC;
     o->pipeline = true;
     o->queue_depth = 1;
+    o->stage_slice_us = GR_TRAIN_IO_SLICE_US;
     o->progress_s = 5.0;
     o->emb_staleness = GR_TRAIN_STALENESS_DEFAULT;
     o->min_valid = GR_TRAIN_MIN_VALID_DEFAULT;
