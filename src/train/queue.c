@@ -36,32 +36,31 @@ void tr_queue_push(tr_queue *q, tr_item *it)
     pthread_mutex_unlock(q->mu);
 }
 
+/* The head item, or NULL when empty or aborted (caller holds q->mu). */
+static tr_item *take_locked(tr_queue *q)
+{
+    if (!q->len || *q->abort) return NULL;
+    tr_item *it = q->q[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    pthread_cond_broadcast(&q->cv);
+    return it;
+}
+
 /* NULL when closed and empty, or aborted. */
 tr_item *tr_queue_pop(tr_queue *q)
 {
-    tr_item *it = NULL;
     pthread_mutex_lock(q->mu);
     while (q->len == 0 && !q->closed && !*q->abort) pthread_cond_wait(&q->cv, q->mu);
-    if (q->len && !*q->abort) {
-        it = q->q[q->head];
-        q->head = (q->head + 1) % q->cap;
-        q->len--;
-        pthread_cond_broadcast(&q->cv);
-    }
+    tr_item *it = take_locked(q);
     pthread_mutex_unlock(q->mu);
     return it;
 }
 
 tr_item *tr_queue_try_pop(tr_queue *q)
 {
-    tr_item *it = NULL;
     pthread_mutex_lock(q->mu);
-    if (q->len && !*q->abort) {
-        it = q->q[q->head];
-        q->head = (q->head + 1) % q->cap;
-        q->len--;
-        pthread_cond_broadcast(&q->cv);
-    }
+    tr_item *it = take_locked(q);
     pthread_mutex_unlock(q->mu);
     return it;
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "granary/client.h"
+#include "tests/support/transport_trace.h"
 #include "granary/cluster.h"
 #include "granary/server.h"
 #include "granary/train.h"
@@ -38,47 +39,9 @@ static const uint32_t dims[2] = {16, 5};
 
 static gr_client *client_for(const char *servers)
 {
-    gr_client_config cfg;
-    gr_client_config_default(&cfg);
-    cfg.servers = servers;
-    cfg.request_timeout_ms = 20000;
-    gr_client *c = NULL;
-    int rc = gr_client_create(&cfg, &c);
-    if (rc) fprintf(stderr, "client for %s: %s\n", servers, gr_errmsg());
-    assert_int_equal(rc, 0);
+    gr_client *c = tt_client(servers);
+    assert_non_null(c);
     return c;
-}
-
-typedef struct trace {
-    uint8_t *data;
-    size_t len, cap;
-} trace;
-
-static void trace_add(trace *t, const void *p, size_t n)
-{
-    if (t->len + n > t->cap) {
-        t->cap = (t->len + n) * 2;
-        t->data = realloc(t->data, t->cap);
-        assert_non_null(t->data);
-    }
-    memcpy(t->data + t->len, p, n);
-    t->len += n;
-}
-
-static void fill_keys(uint64_t *keys, size_t n, uint64_t seed)
-{
-    gr_rng r;
-    gr_rng_seed(&r, seed);
-    /* Half of them repeat a small set, so pushes sum duplicates. */
-    for (size_t i = 0; i < n; i++)
-        keys[i] = (i & 1) ? gr_rng_next(&r) % 40 : gr_hash_key(gr_rng_next(&r), seed);
-}
-
-static void fill_grads(float *g, size_t n, uint64_t seed)
-{
-    gr_rng r;
-    gr_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) g[i] = (float)((double)(gr_rng_next(&r) % 2001) / 1000.0 - 1.0);
 }
 
 /* A shard's per-opcode request counter ("requests" in STATS). */
@@ -100,22 +63,22 @@ static double op_count(gr_client *c, uint32_t shard, const char *op, const char 
 
 /* Pulls, pushes, push-pulls, read-only pulls and a two-table unique batch; what it reads goes
  * to t. */
-static void run_rows(gr_client *c, trace *t)
+static void run_rows(gr_client *c, tt_trace *t)
 {
     for (int i = 0; i < 2; i++) assert_int_equal(gr_client_create_table(c, specs[i]), 0);
     uint64_t keys[NKEYS];
     static float rows[NKEYS * 16], grads[NKEYS * 16];
     for (int round = 0; round < 4; round++) {
         for (int ti = 0; ti < 2; ti++) {
-            fill_keys(keys, NKEYS, 100 + round * 2 + ti);
-            fill_grads(grads, NKEYS * dims[ti], 200 + round * 2 + ti);
+            tt_fill_keys(keys, NKEYS, 100 + round * 2 + ti);
+            tt_fill_grads(grads, NKEYS * dims[ti], 200 + round * 2 + ti);
             assert_int_equal(gr_client_pull(c, ti + 1, dims[ti], keys, NKEYS, rows), 0);
-            trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
+            tt_trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
             assert_int_equal(gr_client_push(c, ti + 1, dims[ti], keys, NKEYS, grads), 0);
             gr_client_batch b = {.table = ti + 1, .dim = dims[ti], .n = NKEYS, .keys = keys,
                                  .rows = rows, .grads = grads};
             assert_int_equal(gr_client_push_pull_many(c, &b, 1), 0);
-            trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
+            tt_trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
         }
     }
     /* Keys never seen, read-only: the default rows, and nothing is created. */
@@ -123,17 +86,17 @@ static void run_rows(gr_client *c, trace *t)
     for (int i = 0; i < 64; i++) fresh[i] = 1000000 + (uint64_t)i * 7919;
     gr_client_batch ro = {.table = 1, .dim = 16, .n = 64, .keys = fresh, .rows = rows};
     assert_int_equal(gr_client_pull_many(c, &ro, 1, GR_CLIENT_READONLY), 0);
-    trace_add(t, rows, sizeof(float) * 64 * 16);
+    tt_trace_add(t, rows, sizeof(float) * 64 * 16);
     char *js = NULL;
     assert_int_equal(gr_client_describe_table(c, "user", &js), 0);
-    trace_add(t, js, strlen(js));
+    tt_trace_add(t, js, strlen(js));
     free(js);
     /* Unique keys over both tables in one batch, started and waited for. */
     uint64_t uk[200];
     for (int i = 0; i < 200; i++) uk[i] = 5000 + (uint64_t)i;
     static float r1[200 * 16], r2[200 * 5], g1[200 * 16], g2[200 * 5];
-    fill_grads(g1, 200 * 16, 31);
-    fill_grads(g2, 200 * 5, 32);
+    tt_fill_grads(g1, 200 * 16, 31);
+    tt_fill_grads(g2, 200 * 5, 32);
     gr_client_batch two[2] = {
         {.table = 1, .dim = 16, .n = 200, .keys = uk, .rows = r1, .grads = g1,
          .flags = GR_CLIENT_BATCH_UNIQUE},
@@ -143,15 +106,15 @@ static void run_rows(gr_client *c, trace *t)
     gr_client_op *op = NULL;
     assert_int_equal(gr_client_push_pull_start(c, two, 2, &op), 0);
     assert_int_equal(gr_client_wait(op, -1), 0);
-    trace_add(t, r1, sizeof r1);
-    trace_add(t, r2, sizeof r2);
+    tt_trace_add(t, r1, sizeof r1);
+    tt_trace_add(t, r2, sizeof r2);
 }
 
 #define DENSE_N 300
 
 /* Dense pulls and pushes (blocking and started), then sync steps with rows and a dense part;
  * what it reads goes to t. */
-static void run_steps(gr_client *c, trace *t)
+static void run_steps(gr_client *c, tt_trace *t)
 {
     assert_int_equal(gr_client_create_table(c, specs[0]), 0);
     assert_int_equal(gr_client_dense_create(c, "{\"name\":\"mlp\",\"size\":300,\"seed\":3,"
@@ -161,16 +124,16 @@ static void run_steps(gr_client *c, trace *t)
     static float rows[NKEYS * 16], grads[NKEYS * 16];
     float dense[DENSE_N], dgrad[DENSE_N];
     for (int round = 0; round < 3; round++) {
-        fill_grads(dgrad, DENSE_N, 300 + round);
+        tt_fill_grads(dgrad, DENSE_N, 300 + round);
         assert_int_equal(gr_client_dense_push(c, "mlp", dgrad, DENSE_N), 0);
         assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
-        trace_add(t, dense, sizeof dense);
+        tt_trace_add(t, dense, sizeof dense);
         gr_client_op *op = NULL;
         assert_int_equal(gr_client_dense_push_start(c, "mlp", dgrad, DENSE_N, &op), 0);
         assert_int_equal(gr_client_wait(op, -1), 0);
         assert_int_equal(gr_client_dense_pull_start(c, "mlp", dense, DENSE_N, &op), 0);
         assert_int_equal(gr_client_wait(op, -1), 0);
-        trace_add(t, dense, sizeof dense);
+        tt_trace_add(t, dense, sizeof dense);
     }
     /* A dense pull of the wrong size, and an unknown one, fail and say why. */
     assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N - 1), GR_EDIM);
@@ -182,10 +145,10 @@ static void run_steps(gr_client *c, trace *t)
     uint32_t outcomes[4];
     for (int step = 0; step < 4; step++) {
         assert_int_equal(gr_client_sync_acquire(c, 0, want, 5000, tags, NULL), 0);
-        trace_add(t, tags, sizeof(uint64_t) * ns);
-        fill_keys(keys, NKEYS, 400 + step);
-        fill_grads(grads, NKEYS * 16, 500 + step);
-        fill_grads(dgrad, DENSE_N, 600 + step);
+        tt_trace_add(t, tags, sizeof(uint64_t) * ns);
+        tt_fill_keys(keys, NKEYS, 400 + step);
+        tt_fill_grads(grads, NKEYS * 16, 500 + step);
+        tt_fill_grads(dgrad, DENSE_N, 600 + step);
         gr_client_batch b = {.table = 1, .dim = 16, .n = NKEYS, .keys = keys, .grads = grads};
         gr_client_dense_grad d = {.name = "mlp", .grad = dgrad, .n = DENSE_N};
         /* The last step carries only the dense part, as hybrid's do. */
@@ -197,9 +160,9 @@ static void run_steps(gr_client *c, trace *t)
             want[s] = tags[s] + 1;
         }
         assert_int_equal(gr_client_pull(c, 1, 16, keys, NKEYS, rows), 0);
-        trace_add(t, rows, sizeof(float) * NKEYS * 16);
+        tt_trace_add(t, rows, sizeof(float) * NKEYS * 16);
         assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
-        trace_add(t, dense, sizeof dense);
+        tt_trace_add(t, dense, sizeof dense);
     }
     /* A step that is not ready, with no time to wait: refused at once, naming what it waits
      * for. */
@@ -222,7 +185,7 @@ static void test_direct_steps_match_socket(void **state)
     gr_client *sock = client_for(gr_local_cluster_local_servers(ca));
     gr_client *direct = client_for(gr_local_cluster_local_servers(cb));
     assert_int_equal(gr_local_cluster_direct(cb, direct), 0);
-    trace a = {0}, b = {0};
+    tt_trace a = {0}, b = {0};
     run_steps(sock, &a);
     run_steps(direct, &b);
     assert_true(a.len > 100000);
@@ -347,7 +310,7 @@ static void test_direct_matches_socket_bitwise(void **state)
     gr_client *sock = client_for(gr_local_cluster_local_servers(ca));
     gr_client *direct = client_for(gr_local_cluster_local_servers(cb));
     assert_int_equal(gr_local_cluster_direct(cb, direct), 0);
-    trace a = {0}, b = {0};
+    tt_trace a = {0}, b = {0};
     run_rows(sock, &a);
     gr_client_stats_t before;
     gr_client_get_stats(direct, &before);
@@ -423,7 +386,7 @@ static void test_direct_errors(void **state)
     assert_int_equal(rc, GR_EDIM);
     assert_non_null(strstr(gr_errmsg(), "has dim 16"));
     /* One non-finite value anywhere: refused before any shard applies anything. */
-    fill_grads(grads, 64 * 16, 3);
+    tt_fill_grads(grads, 64 * 16, 3);
     grads[63 * 16 + 2] = NAN;
     rc = gr_client_push(c, 1, 16, keys, 64, grads);
     assert_int_equal(rc, GR_EINVAL);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "granary/client.h"
+#include "tests/support/transport_trace.h"
 #include "granary/cluster.h"
 #include "granary/proto.h"
 #include "tests/support/ps_harness.h"
@@ -35,52 +36,13 @@ static const uint32_t dims[2] = {16, 5};
 
 static gr_client *client_for(const char *servers)
 {
-    gr_client_config cfg;
-    gr_client_config_default(&cfg);
-    cfg.servers = servers;
-    cfg.request_timeout_ms = 20000;
-    gr_client *c = NULL;
-    int rc = gr_client_create(&cfg, &c);
-    if (rc) fprintf(stderr, "client for %s: %s\n", servers, gr_errmsg());
-    assert_int_equal(rc, 0);
+    gr_client *c = tt_client(servers);
+    assert_non_null(c);
     return c;
 }
 
-/* Everything one run read back, in order: compared bytewise between transports. */
-typedef struct trace {
-    uint8_t *data;
-    size_t len, cap;
-} trace;
-
-static void trace_add(trace *t, const void *p, size_t n)
-{
-    if (t->len + n > t->cap) {
-        t->cap = (t->len + n) * 2;
-        t->data = realloc(t->data, t->cap);
-        assert_non_null(t->data);
-    }
-    memcpy(t->data + t->len, p, n);
-    t->len += n;
-}
-
-static void fill_keys(uint64_t *keys, size_t n, uint64_t seed)
-{
-    gr_rng r;
-    gr_rng_seed(&r, seed);
-    /* Half of them repeat a small set, so pushes sum duplicates. */
-    for (size_t i = 0; i < n; i++)
-        keys[i] = (i & 1) ? gr_rng_next(&r) % 40 : gr_hash_key(gr_rng_next(&r), seed);
-}
-
-static void fill_grads(float *g, size_t n, uint64_t seed)
-{
-    gr_rng r;
-    gr_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) g[i] = (float)((double)(gr_rng_next(&r) % 2001) / 1000.0 - 1.0);
-}
-
 /* The whole contract, once, on the cluster at `servers`; what it reads goes to t. */
-static void run_contract(const char *servers, const char *ckpt_root, trace *t)
+static void run_contract(const char *servers, const char *ckpt_root, tt_trace *t)
 {
     gr_client *c = client_for(servers);
     for (int i = 0; i < 2; i++) assert_int_equal(gr_client_create_table(c, specs[i]), 0);
@@ -92,20 +54,20 @@ static void run_contract(const char *servers, const char *ckpt_root, trace *t)
     float dense[DENSE_N], dgrad[DENSE_N];
     for (int round = 0; round < 4; round++) {
         for (int ti = 0; ti < 2; ti++) {
-            fill_keys(keys, NKEYS, 100 + round * 2 + ti);
-            fill_grads(grads, NKEYS * dims[ti], 200 + round * 2 + ti);
+            tt_fill_keys(keys, NKEYS, 100 + round * 2 + ti);
+            tt_fill_grads(grads, NKEYS * dims[ti], 200 + round * 2 + ti);
             assert_int_equal(gr_client_pull(c, ti + 1, dims[ti], keys, NKEYS, rows), 0);
-            trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
+            tt_trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
             assert_int_equal(gr_client_push(c, ti + 1, dims[ti], keys, NKEYS, grads), 0);
             gr_client_batch b = {.table = ti + 1, .dim = dims[ti], .n = NKEYS, .keys = keys,
                                  .rows = rows, .grads = grads};
             assert_int_equal(gr_client_push_pull_many(c, &b, 1), 0);
-            trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
+            tt_trace_add(t, rows, sizeof(float) * NKEYS * dims[ti]);
         }
-        fill_grads(dgrad, DENSE_N, 300 + round);
+        tt_fill_grads(dgrad, DENSE_N, 300 + round);
         assert_int_equal(gr_client_dense_push(c, "mlp", dgrad, DENSE_N), 0);
         assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
-        trace_add(t, dense, sizeof dense);
+        tt_trace_add(t, dense, sizeof dense);
     }
     /* Synchronous steps: acquire (parked on the shard until the step may start), then a step
      * push with sparse and dense gradients. */
@@ -116,9 +78,9 @@ static void run_contract(const char *servers, const char *ckpt_root, trace *t)
     uint32_t outcomes[4];
     for (int step = 0; step < 3; step++) {
         assert_int_equal(gr_client_sync_acquire(c, 0, want, 5000, tags, NULL), 0);
-        fill_keys(keys, NKEYS, 400 + step);
-        fill_grads(grads, NKEYS * 16, 500 + step);
-        fill_grads(dgrad, DENSE_N, 600 + step);
+        tt_fill_keys(keys, NKEYS, 400 + step);
+        tt_fill_grads(grads, NKEYS * 16, 500 + step);
+        tt_fill_grads(dgrad, DENSE_N, 600 + step);
         gr_client_batch b = {.table = 1, .dim = 16, .n = NKEYS, .keys = keys, .grads = grads};
         gr_client_dense_grad d = {.name = "mlp", .grad = dgrad, .n = DENSE_N};
         int rc = gr_client_push_step(c, 0, tags, &b, 1, &d, 1, outcomes);
@@ -129,7 +91,7 @@ static void run_contract(const char *servers, const char *ckpt_root, trace *t)
             want[s] = tags[s] + 1;
         }
         assert_int_equal(gr_client_pull(c, 1, 16, keys, NKEYS, rows), 0);
-        trace_add(t, rows, sizeof(float) * NKEYS * 16);
+        tt_trace_add(t, rows, sizeof(float) * NKEYS * 16);
     }
     assert_int_equal(gr_client_sync_leave(c, 0), 0);
     assert_int_equal(gr_client_sync_configure(c, NULL, GR_CLIENT_SYNC_CLEAR, NULL), 0);
@@ -142,20 +104,20 @@ static void run_contract(const char *servers, const char *ckpt_root, trace *t)
     int rc = gr_client_ckpt_save(c, &o, &info);
     if (rc) fprintf(stderr, "ckpt save: %s\n", gr_errmsg());
     assert_int_equal(rc, 0);
-    trace_add(t, &info.rows, sizeof info.rows);
-    fill_keys(keys, NKEYS, 100);
-    fill_grads(grads, NKEYS * 16, 700);
+    tt_trace_add(t, &info.rows, sizeof info.rows);
+    tt_fill_keys(keys, NKEYS, 100);
+    tt_fill_grads(grads, NKEYS * 16, 700);
     assert_int_equal(gr_client_push(c, 1, 16, keys, NKEYS, grads), 0);
     gr_client_ckpt_loaded loaded;
     rc = gr_client_ckpt_load(c, ckpt_root, info.name, false, &loaded);
     if (rc) fprintf(stderr, "ckpt load: %s\n", gr_errmsg());
     assert_int_equal(rc, 0);
     free(loaded.meta);
-    trace_add(t, &loaded.rows, sizeof loaded.rows);
+    tt_trace_add(t, &loaded.rows, sizeof loaded.rows);
     assert_int_equal(gr_client_pull(c, 1, 16, keys, NKEYS, rows), 0);
-    trace_add(t, rows, sizeof(float) * NKEYS * 16);
+    tt_trace_add(t, rows, sizeof(float) * NKEYS * 16);
     assert_int_equal(gr_client_dense_pull(c, "mlp", dense, DENSE_N), 0);
-    trace_add(t, dense, sizeof dense);
+    tt_trace_add(t, dense, sizeof dense);
     gr_client_destroy(c);
 }
 
@@ -167,7 +129,7 @@ static void test_local_matches_tcp_bitwise(void **state)
     assert_int_equal(ps_test_tmpdir(dir, sizeof dir), 0);
     snprintf(root_tcp, sizeof root_tcp, "%s/tcp", dir);
     snprintf(root_local, sizeof root_local, "%s/local", dir);
-    trace a = {0}, b = {0};
+    tt_trace a = {0}, b = {0};
     gr_local_cluster *ca, *cb;
     assert_int_equal(gr_local_cluster_start(2, 2, &ca), 0);
     assert_int_equal(gr_local_cluster_start(2, 2, &cb), 0);
@@ -199,8 +161,8 @@ static void test_both_lists_at_once(void **state)
     assert_int_equal(gr_client_create_table(tcp, specs[0]), 0);
     uint64_t keys[NKEYS];
     static float grads[NKEYS * 16], r1[NKEYS * 16], r2[NKEYS * 16];
-    fill_keys(keys, NKEYS, 1);
-    fill_grads(grads, NKEYS * 16, 2);
+    tt_fill_keys(keys, NKEYS, 1);
+    tt_fill_grads(grads, NKEYS * 16, 2);
     assert_int_equal(gr_client_push(loc, 1, 16, keys, NKEYS, grads), 0);
     assert_int_equal(gr_client_pull(tcp, 1, 16, keys, NKEYS, r1), 0);
     assert_int_equal(gr_client_pull(loc, 1, 16, keys, NKEYS, r2), 0);
@@ -355,7 +317,7 @@ static void *worker(void *arg)
     float g[64 * 16];
     for (int r = 0; r < THREAD_ROUNDS && !w->rc; r++) {
         for (int i = 0; i < 64; i++) keys[i] = (uint64_t)w->id * 1000 + (uint64_t)((i * 7 + r) % 64);
-        fill_grads(g, 64 * 16, w->id * 100 + (unsigned)r);
+        tt_fill_grads(g, 64 * 16, w->id * 100 + (unsigned)r);
         gr_client_op *op = NULL;
         gr_client_batch b = {.table = 1, .dim = 16, .n = 64, .keys = keys,
                              .rows = w->out + (size_t)r * 64 * 16, .grads = g};
