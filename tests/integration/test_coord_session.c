@@ -161,6 +161,10 @@ static void test_zookeeper_restarted_mid_run(void **state)
     for (int i = 0; i < 300 && gr_coord_session_state(obs) != GR_COORD_CONNECTED; i++)
         gr_sleep_ms(100);
     assert_int_equal(gr_coord_session_state(obs), GR_COORD_CONNECTED);
+    /* The watch hears of it on the coordinator's own thread, maybe a moment after the state
+     * reads connected (seen once under ASan): wait for the call, too. */
+    for (int i = 0; i < 100 && __atomic_load_n(&log.connected, __ATOMIC_SEQ_CST) < 1; i++)
+        gr_sleep_ms(100);
     assert_true(__atomic_load_n(&log.suspended, __ATOMIC_SEQ_CST) >= 1);
     assert_true(__atomic_load_n(&log.connected, __ATOMIC_SEQ_CST) >= 1);
     /* The data survived, and compare-and-set goes on from the version we hold. */
