@@ -62,6 +62,36 @@ static const float *summed_grads(const cl_tbl *t, const float *g, float **sums)
     return s;
 }
 
+/* "shard S (ADDR): msg" as every socket error names its shard. */
+static int name_shard(gr_client *c, uint32_t s, int rc)
+{
+    char msg[700];
+    snprintf(msg, sizeof msg, "%s", gr_errmsg());
+    return gr_seterr(rc, "shard %u (%s): %s", s, c->conns[s].addr, msg);
+}
+
+/* Shard s's part of table t, in plan order: its unique keys and, with gs (per unique index),
+ * their gradients, gathered into keys and grads; the count. When the table's keys all go to
+ * s, the plan's order is the identity (a stable sort), so *kp and *gp point at t's own arrays
+ * and nothing is copied. */
+static size_t shard_part(const cl_tbl *t, uint32_t s, const float *gs, uint64_t *keys,
+                         float *grads, const uint64_t **kp, const float **gp)
+{
+    const uint32_t *uidx = t->order + t->shard_start[s];
+    size_t m = t->shard_start[s + 1] - t->shard_start[s], dim = t->dim;
+    if (m == t->nuniq) {
+        *kp = t->uniq;
+        *gp = gs;
+        return m;
+    }
+    for (size_t j = 0; j < m; j++) keys[j] = t->uniq[uidx[j]];
+    for (size_t j = 0; gs && j < m; j++)
+        memcpy(grads + j * dim, gs + (size_t)uidx[j] * dim, dim * sizeof(float));
+    *kp = keys;
+    *gp = grads;
+    return m;
+}
+
 /* One table's part of the batch, shard by shard. */
 static int run_table(gr_client *c, const cl_tbl *t, const float *g, bool rows, bool push,
                      bool readonly)
@@ -81,19 +111,21 @@ static int run_table(gr_client *c, const cl_tbl *t, const float *g, bool rows, b
     if ((push && !gs) || !keys || !buf)
         rc = gr_seterr(GR_ENOMEM, "cannot allocate a direct batch of %zu keys", most);
     for (uint32_t s = 0; !rc && s < d->shards; s++) {
-        const uint32_t *uidx = t->order + t->shard_start[s];
-        size_t m = t->shard_start[s + 1] - t->shard_start[s];
+        const uint64_t *k;
+        const float *gp;
+        size_t m = shard_part(t, s, gs, keys, buf, &k, &gp);
         if (m == 0) continue;
-        for (size_t j = 0; j < m; j++) keys[j] = t->uniq[uidx[j]];
         if (push) {
-            for (size_t j = 0; j < m; j++) memcpy(buf + j * dim, gs + (size_t)uidx[j] * dim, rowb);
             atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
-            rc = d->push(d->ctx, s, t->table, t->dim, keys, m, buf);
+            rc = d->push(d->ctx, s, t->table, t->dim, k, m, gp);
         }
         if (!rc && rows) {
+            /* Unique keys all on this shard: the rows land in the caller's array at once. */
+            bool in_place = t->unique && k == t->uniq;
             atomic_fetch_add_explicit(&c->direct_calls, 1, memory_order_relaxed);
-            rc = d->pull(d->ctx, s, t->table, t->dim, keys, m, buf, readonly);
-            for (size_t j = 0; !rc && j < m; j++) {
+            rc = d->pull(d->ctx, s, t->table, t->dim, k, m, in_place ? t->rows : buf, readonly);
+            const uint32_t *uidx = t->order + t->shard_start[s];
+            for (size_t j = 0; !rc && !in_place && j < m; j++) {
                 const float *src = buf + j * dim;
                 if (t->unique) {
                     memcpy(t->rows + (size_t)uidx[j] * dim, src, rowb);
@@ -103,11 +135,7 @@ static int run_table(gr_client *c, const cl_tbl *t, const float *g, bool rows, b
                     memcpy(t->rows + (size_t)i * dim, src, rowb);
             }
         }
-        if (rc) {
-            char msg[700];
-            snprintf(msg, sizeof msg, "%s", gr_errmsg());
-            rc = gr_seterr(rc, "shard %u (%s): %s", s, c->conns[s].addr, msg);
-        }
+        if (rc) rc = name_shard(c, s, rc);
     }
     free(keys);
     free(buf);
@@ -127,14 +155,6 @@ int cl_direct_run(gr_client_op *op, const gr_client_batch *b, bool rows, bool pu
         rc = run_table(c, &op->plan.tb[bi], push ? b[bi].grads : NULL, rows, push, readonly);
     atomic_fetch_add_explicit(&c->direct_ns, gr_thread_cpu_ns() - t0, memory_order_relaxed);
     return rc;
-}
-
-/* "shard S (ADDR): msg" as every socket error names its shard. */
-static int name_shard(gr_client *c, uint32_t s, int rc)
-{
-    char msg[700];
-    snprintf(msg, sizeof msg, "%s", gr_errmsg());
-    return gr_seterr(rc, "shard %u (%s): %s", s, c->conns[s].addr, msg);
 }
 
 /* An op that is already complete (remaining 0, no requests): what a direct start returns. */
@@ -212,16 +232,12 @@ int cl_direct_push_step(gr_client_op *o, uint32_t worker, const uint64_t *tags,
         size_t np = 0, nm = 0;
         for (size_t bi = 0; bi < nb; bi++) {
             const cl_tbl *t = &p->tb[bi];
-            const uint32_t *uidx = t->order + t->shard_start[s];
-            size_t m = t->shard_start[s + 1] - t->shard_start[s], rowb = t->dim * sizeof(float);
+            const uint64_t *k;
+            const float *gp;
+            size_t m = shard_part(t, s, gs[bi], keys[bi], grads[bi], &k, &gp);
             if (m == 0) continue;
-            for (size_t j = 0; j < m; j++) {
-                keys[bi][j] = t->uniq[uidx[j]];
-                memcpy(grads[bi] + j * t->dim, gs[bi] + (size_t)uidx[j] * t->dim, rowb);
-            }
-            part[np++] = (gr_client_batch){.table = t->table, .dim = t->dim, .n = m,
-                                           .keys = keys[bi], .grads = grads[bi],
-                                           .flags = GR_CLIENT_BATCH_UNIQUE};
+            part[np++] = (gr_client_batch){.table = t->table, .dim = t->dim, .n = m, .keys = k,
+                                           .grads = gp, .flags = GR_CLIENT_BATCH_UNIQUE};
         }
         for (size_t i = 0; i < nd; i++)
             if (cl_dense_owner(c, d[i].name) == s) mine[nm++] = d[i];

@@ -12,31 +12,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+int srv_direct_admit(gr_server *s, uint16_t op)
+{
+    atomic_fetch_add(&s->ops[op].count, 1);
+    int rc = GR_OK;
+    if (!s->started || atomic_load(&s->stopping)) {
+        rc = gr_seterr(GR_ESHUTDOWN, "shard %u is %s: %s refused", s->cfg.shard,
+                       s->started ? "stopping" : "not started", gr_proto_op_name(op));
+    } else {
+        char msg[256];
+        gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, op, 0, 0, 0, 0};
+        int frc = srv_fence_check(s, srv_op_row_of(op), &h, msg, sizeof msg);
+        if (frc) rc = gr_seterr(frc, "%s", msg);
+    }
+    if (rc) atomic_fetch_add(&s->ops[op].errors, 1);
+    return rc;
+}
+
 /* Everything checked before the table is touched; a reference to the table on success. */
 static srv_entry *direct_begin(gr_server *s, uint16_t op, uint32_t table, uint32_t dim,
                                const uint64_t *keys, size_t n, int *rc)
 {
     const char *opname = gr_proto_op_name(op);
-    *rc = GR_OK;
     if (!s) {
         *rc = gr_seterr(GR_EINVAL, "direct %s: no server", opname);
         return NULL;
     }
-    atomic_fetch_add(&s->ops[op].count, 1);
-    if (!s->started || atomic_load(&s->stopping)) {
-        *rc = gr_seterr(GR_ESHUTDOWN, "shard %u is %s: %s refused", s->cfg.shard,
-                        s->started ? "stopping" : "not started", opname);
-        goto fail;
-    }
+    if ((*rc = srv_direct_admit(s, op))) return NULL;
     if (n > UINT32_MAX) {
         *rc = gr_seterr(GR_ETOOBIG, "direct %s of %zu keys: at most %u", opname, n, UINT32_MAX);
-        goto fail;
-    }
-    char msg[256];
-    gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, op, 0, 0, 0, 0};
-    int frc = srv_fence_check(s, srv_op_row_of(op), &h, msg, sizeof msg);
-    if (frc) {
-        *rc = gr_seterr(frc, "%s", msg);
         goto fail;
     }
     srv_entry *e = srv_registry_get(&s->reg, false, NULL, table);
@@ -99,21 +103,13 @@ int gr_server_direct_push(gr_server *s, uint32_t table, uint32_t dim, const uint
 /* The dense parameter `name` of n floats, with a reference, after the request checks. */
 static srv_entry *direct_dense(gr_server *s, uint16_t op, const char *name, size_t n, int *rc)
 {
-    *rc = GR_OK;
     if (!s) {
         *rc = gr_seterr(GR_EINVAL, "direct %s: no server", gr_proto_op_name(op));
         return NULL;
     }
-    atomic_fetch_add(&s->ops[op].count, 1);
+    if ((*rc = srv_direct_admit(s, op))) return NULL;
     srv_entry *e = NULL;
-    char msg[256];
-    gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, op, 0, 0, 0, 0};
-    if (!s->started || atomic_load(&s->stopping)) {
-        *rc = gr_seterr(GR_ESHUTDOWN, "shard %u is %s: %s refused", s->cfg.shard,
-                        s->started ? "stopping" : "not started", gr_proto_op_name(op));
-    } else if ((*rc = srv_fence_check(s, srv_op_row_of(op), &h, msg, sizeof msg))) {
-        gr_seterr(*rc, "%s", msg);
-    } else if (!name || !*name || strlen(name) >= GR_TABLE_NAME_MAX) {
+    if (!name || !*name || strlen(name) >= GR_TABLE_NAME_MAX) {
         *rc = gr_seterr(GR_EINVAL, "bad dense parameter name");
     } else if ((e = srv_get_dense(s, name, rc)) && e->dense_size != n) {
         *rc = gr_seterr(GR_EDIM, "dense parameter '%s' has %llu floats, %s carried %zu", name,
@@ -134,19 +130,14 @@ int gr_server_direct_dense_pull(gr_server *s, const char *name, float *out, size
     int rc;
     srv_entry *e = direct_dense(s, GR_OP_DENSE_PULL, name, n, &rc);
     if (!e) return rc;
-    uint64_t chunks = (n + e->chunk - 1) / e->chunk;
-    uint64_t *keys = malloc(chunks * sizeof *keys);
     /* The last chunk may run past the array: whole chunks into room, then n floats out. */
-    float *room = n % e->chunk ? malloc(chunks * e->chunk * sizeof *room) : out;
-    if (!keys || !room) {
-        rc = gr_seterr(GR_ENOMEM, "cannot allocate a dense pull of %zu floats", n);
-    } else {
-        for (uint64_t i = 0; i < chunks; i++) keys[i] = i;
-        rc = gr_table_lookup(e->table, keys, chunks, room, 0);
-        if (!rc && room != out) memcpy(out, room, n * sizeof *out);
+    float *room = n % e->chunk ? malloc((n / e->chunk + 1) * e->chunk * sizeof *room) : out;
+    rc = room ? srv_dense_lookup(e, room)
+              : gr_seterr(GR_ENOMEM, "cannot allocate a dense pull of %zu floats", n);
+    if (room && room != out) {
+        if (!rc) memcpy(out, room, n * sizeof *out);
+        free(room);
     }
-    if (room != out) free(room);
-    free(keys);
     return direct_end(s, GR_OP_DENSE_PULL, e, rc);
 }
 
@@ -155,22 +146,5 @@ int gr_server_direct_dense_push(gr_server *s, const char *name, const float *gra
     int rc;
     srv_entry *e = direct_dense(s, GR_OP_DENSE_PUSH, name, n, &rc);
     if (!e) return rc;
-    uint64_t chunks = (n + e->chunk - 1) / e->chunk;
-    uint64_t *keys = malloc(chunks * sizeof *keys);
-    float *padded = NULL;
-    const float *g = grad;
-    if (n % e->chunk) { /* the last chunk's gradient padded with zeros */
-        padded = calloc(chunks * e->chunk, sizeof *padded);
-        if (padded) memcpy(padded, grad, n * sizeof *padded);
-        g = padded;
-    }
-    if (!keys || !g) {
-        rc = gr_seterr(GR_ENOMEM, "cannot allocate a dense push of %zu floats", n);
-    } else {
-        for (uint64_t i = 0; i < chunks; i++) keys[i] = i;
-        rc = gr_table_apply(e->table, keys, chunks, g);
-    }
-    free(keys);
-    free(padded);
-    return direct_end(s, GR_OP_DENSE_PUSH, e, rc);
+    return direct_end(s, GR_OP_DENSE_PUSH, e, srv_dense_apply(e, grad));
 }

@@ -404,6 +404,45 @@ int srv_op_dense_create(req *r)
     return rc;
 }
 
+/* Keys 0 .. chunks - 1 of a dense parameter's chunk rows (malloc'd; NULL when out of memory). */
+static uint64_t *chunk_keys(const srv_entry *e, uint64_t *chunks)
+{
+    *chunks = (e->dense_size + e->chunk - 1) / e->chunk;
+    uint64_t *keys = malloc((*chunks ? *chunks : 1) * sizeof *keys);
+    for (uint64_t i = 0; keys && i < *chunks; i++) keys[i] = i;
+    return keys;
+}
+
+int srv_dense_lookup(srv_entry *e, float *room)
+{
+    uint64_t chunks;
+    uint64_t *keys = chunk_keys(e, &chunks);
+    int rc = keys ? gr_table_lookup(e->table, keys, chunks, room, 0)
+                  : gr_seterr(GR_ENOMEM, "cannot allocate dense chunk keys");
+    free(keys);
+    return rc;
+}
+
+int srv_dense_apply(srv_entry *e, const float *grad)
+{
+    uint64_t chunks, size = e->dense_size;
+    uint64_t *keys = chunk_keys(e, &chunks);
+    float *padded = NULL;
+    const float *g = grad;
+    if (size % e->chunk) {
+        /* Pad the last chunk's gradient with zeros. */
+        padded = calloc(chunks * e->chunk, sizeof *padded);
+        if (padded) memcpy(padded, grad, size * sizeof *padded);
+        g = padded;
+    }
+    int rc = keys && g ? gr_table_apply(e->table, keys, chunks, g)
+                       : gr_seterr(GR_ENOMEM, "cannot allocate a dense push of %llu floats",
+                                   (unsigned long long)size);
+    free(keys);
+    free(padded);
+    return rc;
+}
+
 int srv_op_dense_pull(req *r)
 {
     char name[GR_TABLE_NAME_MAX];
@@ -413,17 +452,14 @@ int srv_op_dense_pull(req *r)
     if (!e) return rc;
     uint64_t chunks = (e->dense_size + e->chunk - 1) / e->chunk;
     size_t room = (size_t)chunks * e->chunk * 4;
-    uint64_t *keys = malloc(chunks * sizeof *keys);
-    rc = keys ? gr_proto_buf_reserve(r->out, GR_PROTO_HEADER_SIZE + 8 + room + 8)
-              : gr_seterr(GR_ENOMEM, "cannot allocate dense chunk keys");
+    rc = gr_proto_buf_reserve(r->out, GR_PROTO_HEADER_SIZE + 8 + room + 8);
     if (!rc) rc = begin_reply(r);
     if (!rc) rc = gr_proto_put_u64(r->out, e->dense_size);
     if (!rc) {
-        for (uint64_t i = 0; i < chunks; i++) keys[i] = i;
         /* The last chunk may be longer than the array: look up into the reserved room, then
          * trim the frame to the array's size and zero its padding. */
         float *vals = (float *)(void *)(r->out->data + r->out->len);
-        rc = gr_table_lookup(e->table, keys, chunks, vals, 0);
+        rc = srv_dense_lookup(e, vals);
         if (!rc) {
             size_t used = (size_t)e->dense_size * 4, padded = (used + 7) & ~(size_t)7;
             memset((uint8_t *)vals + used, 0, padded - used);
@@ -431,7 +467,6 @@ int srv_op_dense_pull(req *r)
             rc = end_reply(r);
         }
     }
-    free(keys);
     srv_entry_put(e);
     return rc;
 }
@@ -458,25 +493,7 @@ int srv_op_dense_push(req *r)
         srv_entry_put(e);
         return rc;
     }
-    uint64_t chunks = (size + e->chunk - 1) / e->chunk;
-    uint64_t *keys = malloc(chunks * sizeof *keys);
-    float *padded = NULL;
-    const float *g = grad;
-    if (size % e->chunk) {
-        /* Pad the last chunk's gradient with zeros. */
-        padded = calloc(chunks * e->chunk, sizeof *padded);
-        if (padded) memcpy(padded, grad, size * sizeof *padded);
-        g = padded;
-    }
-    if (!keys || !g) {
-        rc = gr_seterr(GR_ENOMEM, "cannot allocate a dense push of %llu floats",
-                       (unsigned long long)size);
-    } else {
-        for (uint64_t i = 0; i < chunks; i++) keys[i] = i;
-        rc = gr_table_apply(e->table, keys, chunks, g);
-    }
-    free(keys);
-    free(padded);
+    rc = srv_dense_apply(e, grad);
     srv_entry_put(e);
     return rc ? rc : empty_reply(r);
 }

@@ -181,6 +181,17 @@ srv_entry *srv_get_dense(gr_server *s, const char *name, int *rc);
 size_t srv_first_nonfinite(const float *v, size_t n);
 int srv_check_finite(const float *v, size_t n, const char *what);
 
+/* dispatch.c: a dense parameter's values through its chunk rows: all of them into room
+ * (chunks x chunk floats, the last chunk's padding included), and a gradient of its
+ * dense_size floats applied by its optimizer (the last chunk padded with zeros). */
+int srv_dense_lookup(srv_entry *e, float *room);
+int srv_dense_apply(srv_entry *e, const float *grad);
+
+/* direct.c: what a direct call is checked for before it runs, as a request is on the loop:
+ * counted as a request of op, the shard started and not stopping (GR_ESHUTDOWN), its fence
+ * (GR_ESTALE); a refusal is counted as an error. */
+int srv_direct_admit(gr_server *s, uint16_t op);
+
 /* stats.c: the STATS document (a cJSON object to delete; NULL when out of memory), its text
  * (the STATS body, malloc'd) and the STATS handler. */
 void *srv_stats_build(gr_server *s);

@@ -854,29 +854,11 @@ void srv_sync_acquire_take(gr_server *s, srv_conn *c, const gr_proto_header *h, 
 
 /* ---- by direct call (the embedded cluster's trainer; server.h) ---- */
 
-/* The checks a request gets on the loop before it runs: started, not stopping, the fence. */
-static int direct_admit(gr_server *s, uint16_t op)
-{
-    atomic_fetch_add(&s->ops[op].count, 1);
-    int rc = GR_OK;
-    if (!s->started || atomic_load(&s->stopping)) {
-        rc = gr_seterr(GR_ESHUTDOWN, "shard %u is %s: %s refused", s->cfg.shard,
-                       s->started ? "stopping" : "not started", gr_proto_op_name(op));
-    } else {
-        char msg[256];
-        gr_proto_header h = {GR_PROTO_VERSION, GR_PROTO_REQUEST, op, 0, 0, 0, 0};
-        int frc = srv_fence_check(s, srv_op_row_of(op), &h, msg, sizeof msg);
-        if (frc) rc = gr_seterr(frc, "%s", msg);
-    }
-    if (rc) atomic_fetch_add(&s->ops[op].errors, 1);
-    return rc;
-}
-
 int gr_server_direct_acquire(gr_server *s, uint32_t worker, uint64_t step, uint32_t timeout_ms,
                              uint64_t *tag, uint64_t *current)
 {
     if (!s) return gr_seterr(GR_EINVAL, "direct acquire: no server");
-    int rc = direct_admit(s, GR_OP_SYNC_ACQUIRE);
+    int rc = srv_direct_admit(s, GR_OP_SYNC_ACQUIRE);
     if (rc) return rc;
     direct_wait dw;
     memset(&dw, 0, sizeof dw);
@@ -912,7 +894,7 @@ int gr_server_direct_push_step(gr_server *s, uint32_t worker, uint64_t step,
                                uint32_t *outcome, uint64_t *current)
 {
     if (!s) return gr_seterr(GR_EINVAL, "direct push_step: no server");
-    int rc = direct_admit(s, GR_OP_PUSH_STEP);
+    int rc = srv_direct_admit(s, GR_OP_PUSH_STEP);
     if (rc) return rc;
     gr_proto_push_step ps;
     memset(&ps, 0, sizeof ps);
