@@ -337,6 +337,12 @@ GR_API void gr_model_prepared_destroy(gr_model_prepared *p);
 /* How many layers take the fast path (0 on a CPU without FMA or an OpenBLAS that computes
  * otherwise); for tests and benchmarks. */
 GR_API int gr_model_prepared_layers(const gr_model_prepared *p);
+
+/* OpenBLAS (the predict paths' sgemm) on one thread for the whole process, and its idle thread
+ * pool stopped; once per process, later calls return at once. The trainer, evaluation, saved
+ * models and replicas call it; a program that calls openblas_set_num_threads itself restarts
+ * the pool (src/train/blas.c). */
+GR_API void gr_blas_one_thread(void);
 /* gr_model_predict using prep (NULL, or made from other parameters than `params`: ignored)
  * when n == 1. */
 GR_API int gr_model_predict_prepared(const gr_model *m, gr_model_ws *ws, const float *params,

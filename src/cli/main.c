@@ -1,6 +1,7 @@
 /* The single `granary` program: git-style subcommands. Each subcommand lives in its own file
  * and is listed once in the table below. */
 #include "cli/cli.h"
+#include "granary/train.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -46,6 +47,9 @@ int main(int argc, char **argv)
      * supervisor's log pipe): a peer that hangs up must give EPIPE to the write, never kill
      * the process (a trainer killed so loses its final checkpoint). */
     signal(SIGPIPE, SIG_IGN);
+    /* OpenBLAS's pool spins for 0.1 s of a core after the library loads: stop it before any
+     * command's work starts. */
+    gr_blas_one_thread();
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "granary: unknown command '%s' (see granary --help)\n", argv[1]);

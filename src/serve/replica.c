@@ -356,7 +356,7 @@ int gr_serve_create(const gr_serve_config *cfg, gr_serve **out)
     /* The request threads are the parallelism, as the trainer's workers are: OpenBLAS threads
      * on top would fight them for cores, and a forward pass split over a varying number of
      * BLAS threads need not give the trainer's bits. */
-    openblas_set_num_threads(1);
+    gr_blas_one_thread();
     s->cfg = *cfg;
     gr_serve_config def;
     gr_serve_config_default(&def);

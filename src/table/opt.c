@@ -5,7 +5,9 @@
 
 #include <float.h>
 #include <math.h>
-#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -39,20 +41,26 @@ __attribute__((constructor)) static void detect_prefetchw(void)
 
 void gr_spin_lock_slow(gr_spin *l)
 {
-    unsigned spins = 0;
-    for (;;) {
-        while (atomic_load_explicit(&l->v, memory_order_relaxed)) {
-            if (++spins < 128) {
+    /* About 3.6 us of pause on Zen 5 (28 ns each): a row's step or a lookup is far shorter. */
+    for (unsigned spins = 0; spins < 128; spins++) {
 #if defined(__x86_64__) || defined(__i386__)
-                __builtin_ia32_pause();
+        __builtin_ia32_pause();
 #endif
-            } else {
-                /* The holder may have been preempted (more threads than cores). */
-                sched_yield();
-            }
-        }
-        if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return;
+        unsigned free = 0;
+        if (atomic_load_explicit(&l->v, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_weak_explicit(&l->v, &free, 1, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return;
     }
+    /* Held with the sleeper mark (2) from here on: whoever takes it this way may leave a
+     * sleeper behind, so it unlocks with a wake, which costs one futex call at most. */
+    while (atomic_exchange_explicit(&l->v, 2, memory_order_acquire) != 0)
+        syscall(SYS_futex, &l->v, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
+}
+
+void gr_spin_wake(gr_spin *l)
+{
+    syscall(SYS_futex, &l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* ---- initializers ---- */

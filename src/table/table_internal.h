@@ -49,13 +49,16 @@ typedef struct gr_row_hdr {
     gr_row_meta meta;
 } gr_row_hdr;
 
-/* Test-and-test-and-set spinlock with pause, falling back to sched_yield so that oversubscribed
- * threads (more threads than cores) do not burn their time slice against a preempted holder. */
+/* A partition's lock: test-and-test-and-set with pause for the short waits (a row's step, a
+ * lookup), then asleep on a futex for the long ones, so that a waiter whose holder was
+ * preempted or is faulting in memory (more threads than cores) gives its core to someone who
+ * can use it. v: 0 free, 1 held, 2 held and someone may be asleep on it (the unlock wakes one). */
 typedef struct gr_spin {
     atomic_uint v;
 } gr_spin;
 
 void gr_spin_lock_slow(gr_spin *l);
+void gr_spin_wake(gr_spin *l);
 
 /* Prefetch for writing where the CPU has it (PREFETCHW), else a plain prefetch; used on lock
  * lines about to be taken so they arrive owned instead of shared. */
@@ -72,17 +75,22 @@ static inline void gr_prefetch_w(const void *p)
 }
 static inline void gr_spin_lock(gr_spin *l)
 {
-    if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return;
+    unsigned free = 0;
+    if (atomic_compare_exchange_strong_explicit(&l->v, &free, 1, memory_order_acquire,
+                                                memory_order_relaxed))
+        return;
     gr_spin_lock_slow(l);
 }
 static inline bool gr_spin_trylock(gr_spin *l)
 {
+    unsigned free = 0;
     return atomic_load_explicit(&l->v, memory_order_relaxed) == 0 &&
-           !atomic_exchange_explicit(&l->v, 1, memory_order_acquire);
+           atomic_compare_exchange_strong_explicit(&l->v, &free, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
 }
 static inline void gr_spin_unlock(gr_spin *l)
 {
-    atomic_store_explicit(&l->v, 0, memory_order_release);
+    if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2) gr_spin_wake(l);
 }
 
 /* One partition: its lock, its index, its row slots and its counters. Everything but `seq`

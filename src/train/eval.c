@@ -101,7 +101,7 @@ int tr_eval_file(const gr_model *m, const float *params, gr_rows_fn rows, void *
     /* One BLAS thread, as in training: the ranges are the parallelism, and a multi-threaded
      * sgemm may sum in another order, so `granary eval` (a process that never trained) would
      * score a few probabilities an ulp away from the trainer's own evaluation. */
-    openblas_set_num_threads(1);
+    gr_blas_one_thread();
     if (!threads) threads = 1;
     if (threads > 64) threads = 64;
     if (!batch) batch = 1024;

@@ -119,7 +119,7 @@ int gr_saved_model_open(const char *path, gr_saved_model **out)
      * single-threaded BLAS; a threaded sgemm splits the work differently and changes the last
      * bits of the scores (measured: `granary eval` differed from the trainer's AUC by 1.5e-7
      * until this). */
-    openblas_set_num_threads(1);
+    gr_blas_one_thread();
     gr_saved_model *sm = calloc(1, sizeof *sm);
     if (!sm) return gr_seterr(GR_ENOMEM, "out of memory");
     gr_saved_model_info *in = &sm->info;

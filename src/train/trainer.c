@@ -290,7 +290,7 @@ int gr_train_run(const gr_train_opts *o, gr_train_backend *be, gr_train_result *
     int rc = check_opts(o, be);
     if (rc) return rc;
     /* The workers are the parallelism; OpenBLAS threads on top would fight them for cores. */
-    openblas_set_num_threads(1);
+    gr_blas_one_thread();
 
     trainer tr = {.o = o, .be = be, .res = res, .window_loss = NAN};
     cJSON *resumed = NULL;
