@@ -54,6 +54,7 @@ struct tr_item {
     float *rows;   /* nuniq x dim: pulled rows, later the summed gradients */
     float *emb;    /* n x 26 x dim: per occurrence */
     float *gemb;   /* its gradient */
+    bool compute_shared; /* emb, gemb, params and gdense are the worker's (dense_beside) */
     float *params; /* dense parameters as pulled */
     float *gdense;
     float *probs;  /* the model's predictions for the batch, before it trains on it */
@@ -195,6 +196,9 @@ typedef struct tr_worker {
     pthread_cond_t inflight_cv;
     tr_prefetch pf; /* tr->dense_beside: the fetch stage's split of each batch's ids */
     float *common_rows; /* tr->dense_beside: the compute stage's pull of the common rows */
+    /* tr->dense_beside: every item's emb, gemb, params and gdense (pipeline.c,
+     * compute_bufs_alloc); only they are set. */
+    tr_item compute;
     /* tr->dense_beside: a batch's rows pushed in two parts, those the next batch shares (by
      * the compute stage, scratch part_*) and the rest (by the push stage, rest_*);
      * shared_pushed_seq counts batches whose shared part is out. */

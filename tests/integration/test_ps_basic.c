@@ -416,6 +416,15 @@ static void test_dense(void **state)
     char *json;
     assert_int_equal(gr_client_describe_table(f.c, "mlp", &json), 0);
     assert_non_null(strstr(json, "\"size\":2500"));
+    /* One partition unless the spec asks: each partition takes the arena 64 chunk rows at a
+     * time, and chunk rows are wide: 3 rows of 1024 floats with their state in one chunk
+     * (528 KB counted; with 256 partitions each row could take a chunk of its own). */
+    assert_non_null(strstr(json, "\"partitions\":1}"));
+    free(json);
+    const char *parted = "{\"name\":\"mlp4\",\"size\":5000,\"partitions\":4}";
+    assert_int_equal(gr_client_dense_create(f.c, parted), 0);
+    assert_int_equal(gr_client_describe_table(f.c, "mlp4", &json), 0);
+    assert_non_null(strstr(json, "\"partitions\":4}"));
     free(json);
     gr_table_destroy(ref);
     free(want);
