@@ -202,7 +202,7 @@ typedef struct run_spec {
     gr_train_mode mode;
     unsigned workers;
     uint32_t aggregate;
-    bool pipeline;
+    int pipeline;        /* 1 on, 0 off, -1 granary train's default (gr_train_default_pipeline) */
     bool local;          /* the in-process local backend instead of the PS */
     const char *servers; /* use these shards instead of an embedded cluster */
     int straggler;       /* -1: none */
@@ -229,7 +229,11 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
     o.train_path = train;
     o.test_path = test;
     o.workers = rs->workers;
-    o.pipeline = rs->pipeline;
+    /* As granary train: a pipeline unless the shards are called in process and the workers
+     * keep the cores busy between them. */
+    bool direct = !rs->local && !rs->servers && !bench_no_direct;
+    o.pipeline = rs->pipeline >= 0 ? rs->pipeline != 0
+                                   : gr_train_default_pipeline(rs->workers, direct);
     o.mode = rs->mode;
     o.progress_s = 0;
     if (rs->straggler >= 0) {
@@ -724,11 +728,11 @@ int gr_bench_train(int argc, char **argv)
     char main_label[64];
     snprintf(main_label, sizeof main_label, "default (%s), 2 workers", gr_train_mode_name(def_mode));
     gr_train_result single_r, async2_r, hybrid_r;
-    run_spec main_spec = {main_label, def_mode, 2, 0, true, false, NULL, -1};
-    run_spec single_spec = {"default, 1 worker", gr_train_default_mode(1), 1, 0, true, false, NULL, -1};
-    run_spec async2_spec = {"async, 2 workers", GR_MODE_ASYNC, 2, 0, true, false, NULL, -1};
-    run_spec hybrid_spec = {"hybrid, 2 workers", GR_MODE_HYBRID, 2, 0, true, false, NULL, -1};
-    run_spec local_spec = {"local backend, 2 workers", GR_MODE_ASYNC, 2, 0, true, true, NULL, -1};
+    run_spec main_spec = {main_label, def_mode, 2, 0, -1, false, NULL, -1};
+    run_spec single_spec = {"default, 1 worker", gr_train_default_mode(1), 1, 0, -1, false, NULL, -1};
+    run_spec async2_spec = {"async, 2 workers", GR_MODE_ASYNC, 2, 0, -1, false, NULL, -1};
+    run_spec hybrid_spec = {"hybrid, 2 workers", GR_MODE_HYBRID, 2, 0, -1, false, NULL, -1};
+    run_spec local_spec = {"local backend, 2 workers", GR_MODE_ASYNC, 2, 0, 1, true, NULL, -1};
     if (run_granary(dir, &main_spec, &main_r) || run_granary(dir, &single_spec, &single_r) ||
         run_granary(dir, &async2_spec, &async2_r) ||
         (def_mode != GR_MODE_HYBRID && run_granary(dir, &hybrid_spec, &hybrid_r)) ||
@@ -738,9 +742,9 @@ int gr_bench_train(int argc, char **argv)
     }
     if (def_mode == GR_MODE_HYBRID) hybrid_r = main_r; /* the same run */
     if (strag) {
-        run_spec a = {"straggler: sync, 4 workers", GR_MODE_SYNC, 4, 0, true, false, NULL, 3};
-        run_spec b = {"straggler: semisync K=3, 4 workers", GR_MODE_SEMISYNC, 4, 3, true, false, NULL, 3};
-        run_spec c = {"straggler: async, 4 workers", GR_MODE_ASYNC, 4, 0, true, false, NULL, 3};
+        run_spec a = {"straggler: sync, 4 workers", GR_MODE_SYNC, 4, 0, -1, false, NULL, 3};
+        run_spec b = {"straggler: semisync K=3, 4 workers", GR_MODE_SEMISYNC, 4, 3, -1, false, NULL, 3};
+        run_spec c = {"straggler: async, 4 workers", GR_MODE_ASYNC, 4, 0, -1, false, NULL, 3};
         if (run_granary(dir, &a, &s_sync) || run_granary(dir, &b, &s_semi) ||
             run_granary(dir, &c, &s_async)) {
             fprintf(stderr, "granary bench train: %s\n", gr_errmsg());
@@ -792,12 +796,12 @@ int gr_bench_train(int argc, char **argv)
              * overlap compute entirely (async keeps its dense round trips in compute, for
              * accuracy: docs/train.md). */
             run_spec specs[6] = {
-                {"delayed link: async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, true, false, servers, -1},
-                {"delayed link: async, 2 workers, --no-pipeline", GR_MODE_ASYNC, 2, 0, false, false, servers, -1},
-                {"delayed link: async, 1 worker, pipelined", GR_MODE_ASYNC, 1, 0, true, false, servers, -1},
-                {"delayed link: async, 1 worker, --no-pipeline", GR_MODE_ASYNC, 1, 0, false, false, servers, -1},
-                {"delayed link: ssp, 1 worker, pipelined", GR_MODE_SSP, 1, 0, true, false, servers, -1},
-                {"delayed link: ssp, 1 worker, --no-pipeline", GR_MODE_SSP, 1, 0, false, false, servers, -1},
+                {"delayed link: async, 2 workers, pipelined", GR_MODE_ASYNC, 2, 0, 1, false, servers, -1},
+                {"delayed link: async, 2 workers, --no-pipeline", GR_MODE_ASYNC, 2, 0, 0, false, servers, -1},
+                {"delayed link: async, 1 worker, pipelined", GR_MODE_ASYNC, 1, 0, 1, false, servers, -1},
+                {"delayed link: async, 1 worker, --no-pipeline", GR_MODE_ASYNC, 1, 0, 0, false, servers, -1},
+                {"delayed link: ssp, 1 worker, pipelined", GR_MODE_SSP, 1, 0, 1, false, servers, -1},
+                {"delayed link: ssp, 1 worker, --no-pipeline", GR_MODE_SSP, 1, 0, 0, false, servers, -1},
             };
             gr_train_result *outs[6] = {&l_pipe, &l_seq, &l1_pipe, &l1_seq, &lp_pipe, &lp_seq};
             int rc = 0;
@@ -956,7 +960,7 @@ int gr_bench_train(int argc, char **argv)
                "\"torch_2t_examples_per_sec\":%s,\"torch_2t_auc\":%s,"
                "\"torch_1t_examples_per_sec\":%s,\"torch_1t_auc\":%s,"
                "\"model_step_us_per_example\":%.4f,\"model_step_min_us_per_example\":%.4f,"
-               "\"dense_lag\":%u,\"direct\":%s}\n",
+               "\"dense_lag\":%u,\"direct\":%s,\"default_pipeline\":%s}\n",
                (unsigned long long)rows, (unsigned long long)test_rows, main_r.examples_per_sec,
                main_r.test_auc, main_r.test_logloss, v[0], v[1], local_r.examples_per_sec,
                local_r.test_auc, v[2], v[3], v[4], v[5], v[6], v[7], v[10], v[8], v[9], v[11], v[12], link_kind,
@@ -967,7 +971,8 @@ int gr_bench_train(int argc, char **argv)
                1e3 * main_r.read_seconds / sk, 1e3 * main_r.pull_seconds / sk,
                1e3 * main_r.compute_seconds / sk, 1e3 * main_r.push_seconds / sk,
                1e3 * main_r.stage_wait_seconds / sk, t_threads, vt[0], vt[1], vt[2], vt[3], step_us,
-               step_min_us, dense_lag_for(&main_spec), bench_no_direct ? "false" : "true");
+               step_min_us, dense_lag_for(&main_spec), bench_no_direct ? "false" : "true",
+               gr_train_default_pipeline(2, !bench_no_direct) ? "true" : "false");
     }
     status = 0;
 out:;

@@ -814,6 +814,14 @@ GR_API void gr_follow_close(gr_follow *f);
 /* The mode `granary train` picks for W workers when none is given: async for one worker
  * (nothing to synchronise), hybrid for more (dense parameters exact, as with one worker). */
 GR_API gr_train_mode gr_train_default_mode(unsigned workers);
+/* Whether `granary train` pipelines its workers (gr_train_opts.pipeline) when neither
+ * --pipeline nor --no-pipeline is given: yes, unless its shards are called in process
+ * (`direct`: the embedded cluster's direct calls, where a step waits on no socket) and the
+ * workers are at least as many as the CPUs this process may run on. The workers then keep
+ * the cores busy between them, and a pipeline's three more threads per worker, their
+ * hand-offs (each a wake-up: about 30 us on the VMs we measure) and its seven batches of
+ * buffers only cost CPU (docs/train.md, "Pipeline or not"). */
+GR_API bool gr_train_default_pipeline(unsigned workers, bool direct);
 /* The dense learning rate for a mode and worker count, from the one-worker rate: the modes
  * that average W workers' dense gradients per step (sync, hybrid) take W times fewer dense
  * steps with a W times larger batch, so the rate grows with sqrt(W) (Adam's usual scaling

@@ -98,6 +98,9 @@
       "dense init and embedding init seed")                                                    \
     X(TO_NOPIPE, "no-pipeline", GR_CLI_FLAG, "no_pipeline", 0, 0, NULL, NULL, NULL,            \
       "read, pull, compute and push in turn instead of overlapped")                            \
+    X(TO_PIPE, "pipeline", GR_CLI_FLAG, "pipeline", 0, 0, NULL, NULL, NULL,                    \
+      "overlap read, pull, compute and push (default: on, but off with the embedded\n"        \
+      "cluster's direct calls and at least as many workers as CPUs)")                         \
     X(TO_DEPTH, "queue-depth", GR_CLI_INT, "queue_depth", 1, 64, NULL, "N", "1",               \
       "batches between pipeline stages")                                                       \
     X(TO_PARSE, "parse-threads", GR_CLI_INT, "parse_threads", 0, 64, NULL, "T", "0",           \
@@ -345,6 +348,7 @@ typedef struct train_cmd {
     const char *prom;                     /* --metrics HOST:PORT */
     unsigned shards, shard_threads;
     bool no_direct; /* --no-direct: the embedded cluster's rows over its sockets */
+    bool pipeline_given; /* --pipeline or --no-pipeline */
     long aggregate, backup, staleness; /* -1: not given */
     uint32_t k, stale;                 /* semisync K and the staleness the job runs with */
     long dense_lag_given;              /* --dense-lag, -1: not given */
@@ -393,7 +397,14 @@ static int apply_opts(const gr_cli_value *v, train_cmd *c)
     o->epochs = (unsigned)v[TO_EPOCHS].i;
     o->workers = (unsigned)v[TO_WORKERS].i;
     o->emb_staleness = (uint32_t)v[TO_EMBSTALE].i;
+    if (v[TO_PIPE].b && v[TO_NOPIPE].b) {
+        fprintf(stderr, "granary train: --pipeline and --no-pipeline contradict each other\n");
+        return 2;
+    }
+    /* Settled in make_backend when neither is given: it depends on the shards being called
+     * in process (gr_train_default_pipeline). */
     o->pipeline = !v[TO_NOPIPE].b;
+    c->pipeline_given = v[TO_PIPE].b || v[TO_NOPIPE].b;
     o->queue_depth = (unsigned)v[TO_DEPTH].i;
     o->parse_threads = (unsigned)v[TO_PARSE].i;
     o->strict = v[TO_STRICT].b;
@@ -665,6 +676,7 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
          * (gr_train_opts.stage_slice_us). */
         c->o.stage_slice_us = 0;
     }
+    if (!c->pipeline_given) c->o.pipeline = gr_train_default_pipeline(c->o.workers, ri->direct);
     ri->shards = gr_client_shards(*client);
     gr_ps_backend_opts po;
     gr_ps_backend_opts_default(&po);

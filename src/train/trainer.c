@@ -4,12 +4,13 @@
  * and eval.c. */
 #include "train/trainer_int.h"
 
-#include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *gr_train_mode_name(gr_train_mode m)
 {
@@ -32,6 +33,15 @@ int gr_train_mode_parse(const char *s, gr_train_mode *out)
 gr_train_mode gr_train_default_mode(unsigned workers)
 {
     return workers > 1 ? GR_MODE_HYBRID : GR_MODE_ASYNC;
+}
+
+bool gr_train_default_pipeline(unsigned workers, bool direct)
+{
+    if (!direct) return true;
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                            : sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 1 || (long)workers < cpus;
 }
 
 uint32_t gr_train_dense_lag_default(unsigned workers)

@@ -351,8 +351,34 @@ static void test_cli_metrics(void **state)
     /* The embedded cluster's default: one shard, reached by direct call. */
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "shards")->valuedouble, 1);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "direct")));
+    /* With direct calls the pipeline is on only for fewer workers than CPUs. */
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    long cpus = CPU_COUNT(&set); /* the CPUs this process may run on */
+    assert_int_equal(gr_train_default_pipeline(3, true), cpus > 3);
+    assert_int_equal(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "pipeline")), cpus > 3);
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "auc")->valuedouble > 0.6);
     cJSON_Delete(j);
+    /* --pipeline asks for it whatever the rule says; --no-pipeline with it is refused. */
+    const char *piped[] = {"train", "--train", fx.train, "--workers", "3", "--batch", "512",
+                           "--dim", "8", "--bottom", "16", "--top", "32", "--progress", "0",
+                           "--pipeline", "--metrics-out", metrics, NULL};
+    rc = ps_test_run_granary(piped, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(gr_read_file(metrics, &txt, NULL), 0);
+    j = cJSON_Parse(txt);
+    free(txt);
+    assert_non_null(j);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "pipeline")));
+    cJSON_Delete(j);
+    const char *both[] = {"train", "--train", fx.train, "--pipeline", "--no-pipeline", NULL};
+    assert_int_equal(ps_test_run_granary(both, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--pipeline and --no-pipeline contradict each other"));
+    /* Without direct calls (remote shards, --no-direct) it is always on. */
+    assert_true(gr_train_default_pipeline(256, false));
+    assert_false(gr_train_default_pipeline(256, true));
+    assert_true(gr_train_default_pipeline(1, true) == (cpus > 1));
     /* Bad combinations are refused before anything runs. */
     const char *bad1[] = {"train", "--train", fx.train, "--mode", "sync", "--local", NULL};
     assert_int_equal(ps_test_run_granary(bad1, out, sizeof out), 2);
