@@ -118,14 +118,80 @@ interact_forward_one(float *restrict zs, uint32_t top_in, const float *restrict 
  * dz. Vector c's gradient is its start (dz's bottom part for c = 0, else 0) plus
  * sum over j != c, in order of j, of ddot(c, j) v_j: the order in which the pair loop
  * (a > b: g_a += ddot v_b, g_b += ddot v_a) added them, so the same gradients, but summed
- * IA_LANES elements at a time in registers rather than read and written per pair. The loop
- * over j has no branch: the diagonal of dsym is 0, and adding 0 * v_j changes nothing (but
- * the sign of a zero). */
+ * IA_LANES elements at a time in registers rather than read and written per pair. The sum also
+ * takes j == c with a coefficient of 0: adding 0 * v_c changes nothing but the sign of a zero,
+ * which it keeps as it always was. */
+
+/* ddot(a, j), the coefficient of v_j in g_a: dot (max, min) at its a-major place; 0 for
+ * j == a. */
+static inline __attribute__((always_inline)) float dd_coef(const float *ddots, uint32_t a,
+                                                            uint32_t j)
+{
+    if (j == a) return 0.0f;
+    return j < a ? ddots[(size_t)a * (a - 1) / 2 + j] : ddots[(size_t)j * (j - 1) / 2 + a];
+}
+
+/* G vectors' gradients, c .. c + G - 1, IA_LANES elements (t0) at a time, with G independent
+ * chains of adds (one chain waited on each add's latency). The coefficients are read from
+ * ddots where they lie, in three runs of j: below c (row a of the triangle, contiguous in j),
+ * the G x G block around the diagonal, and above (column a: for each j, G neighbours). Until
+ * session 11 every example first copied ddots into a full nvec x nvec matrix (dsym), 40 % of
+ * this function's time. */
+static inline __attribute__((always_inline)) void
+backward_group(uint32_t G, uint32_t c, uint32_t t0, const float *restrict dz,
+               const float *restrict ddots, const float *restrict bi, const float *restrict ei,
+               uint32_t d, uint32_t nvec, float *restrict dbot, float *restrict gi)
+{
+    ia_vec acc[IA_GROUP] = {{0}}, v;
+    if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
+    const float *lo[IA_GROUP];
+    for (uint32_t q = 0; q < G; q++) lo[q] = ddots + (size_t)(c + q) * (c + q - 1) / 2;
+    uint32_t j = 0;
+    for (; j < c; j++) { /* j < c <= a: the triangle's row a */
+        memcpy(&v, j == 0 ? bi + t0 : ei + (size_t)(j - 1) * d + t0, sizeof v);
+        for (uint32_t q = 0; q < G; q++) acc[q] += lo[q][j] * v;
+    }
+    for (; j < c + G; j++) {
+        memcpy(&v, j == 0 ? bi + t0 : ei + (size_t)(j - 1) * d + t0, sizeof v);
+        for (uint32_t q = 0; q < G; q++) acc[q] += dd_coef(ddots, c + q, j) * v;
+    }
+    for (; j < nvec; j++) { /* j > a: column a of the triangle, G neighbours per j */
+        const float *up = ddots + (size_t)j * (j - 1) / 2 + c;
+        memcpy(&v, ei + (size_t)(j - 1) * d + t0, sizeof v);
+        for (uint32_t q = 0; q < G; q++) acc[q] += up[q] * v;
+    }
+    for (uint32_t q = 0; q < G; q++) {
+        float *gc = c + q == 0 ? dbot : gi + (size_t)(c + q - 1) * d;
+        memcpy(gc + t0, &acc[q], sizeof acc[q]);
+    }
+}
+
 static inline __attribute__((always_inline)) void
 interact_backward(const float *restrict dzs, uint32_t top_in, const float *restrict bot,
                   const float *restrict emb, size_t n, uint32_t d, uint32_t ns, uint32_t nvec,
                   float *restrict dbots, float *restrict gemb, float *restrict dsym)
 {
+    if (d % IA_LANES == 0) {
+        for (size_t i = 0; i < n; i++) {
+            const float *dz = dzs + i * top_in, *ddots = dz + d;
+            const float *bi = bot + i * d, *ei = emb + i * ns * d;
+            float *gi = gemb + i * ns * d, *dbot = dbots + i * d;
+            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
+                uint32_t c = 0;
+                for (; c + IA_GROUP <= nvec; c += IA_GROUP)
+                    backward_group(IA_GROUP, c, t0, dz, ddots, bi, ei, d, nvec, dbot, gi);
+                switch (nvec - c) {
+                case 3: backward_group(3, c, t0, dz, ddots, bi, ei, d, nvec, dbot, gi); break;
+                case 2: backward_group(2, c, t0, dz, ddots, bi, ei, d, nvec, dbot, gi); break;
+                case 1: backward_group(1, c, t0, dz, ddots, bi, ei, d, nvec, dbot, gi); break;
+                default: break;
+                }
+            }
+        }
+        return;
+    }
+    /* Other widths: the coefficients as a full nvec x nvec matrix first (dsym, diagonal 0),
+     * then each vector's gradient over j, element by element past the last whole vector. */
     for (uint32_t c = 0; c < nvec; c++) dsym[c * nvec + c] = 0.0f;
     for (size_t i = 0; i < n; i++) {
         const float *dz = dzs + i * top_in, *ddots = dz + d;
@@ -134,29 +200,7 @@ interact_backward(const float *restrict dzs, uint32_t top_in, const float *restr
         uint32_t k = 0;
         for (uint32_t a = 1; a < nvec; a++)
             for (uint32_t b = 0; b < a; b++, k++) dsym[a * nvec + b] = dsym[b * nvec + a] = ddots[k];
-        uint32_t c = 0;
-        /* Four vectors' gradients at a time: four independent chains of adds over j where one
-         * chain waited on each add's latency (the loop was latency-bound); each chain keeps
-         * its order, so the same bits. */
-        for (; c + IA_GROUP <= nvec && d % IA_LANES == 0; c += IA_GROUP) {
-            const float *rows = dsym + (size_t)c * nvec;
-            for (uint32_t t0 = 0; t0 < d; t0 += IA_LANES) {
-                ia_vec acc[IA_GROUP] = {{0}}, v;
-                if (c == 0) memcpy(&acc[0], dz + t0, sizeof acc[0]);
-                memcpy(&v, bi + t0, sizeof v);
-                for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec] * v;
-                const float *vj = ei + t0;
-                for (uint32_t j = 1; j < nvec; j++, vj += d) {
-                    memcpy(&v, vj, sizeof v);
-                    for (uint32_t q = 0; q < IA_GROUP; q++) acc[q] += rows[q * nvec + j] * v;
-                }
-                for (uint32_t q = 0; q < IA_GROUP; q++) {
-                    float *gc = c + q == 0 ? dbots + i * d : gi + (size_t)(c + q - 1) * d;
-                    memcpy(gc + t0, &acc[q], sizeof acc[q]);
-                }
-            }
-        }
-        for (; c < nvec; c++) {
+        for (uint32_t c = 0; c < nvec; c++) {
             float *gc = c == 0 ? dbots + i * d : gi + (size_t)(c - 1) * d;
             const float *row = dsym + (size_t)c * nvec;
             uint32_t t0 = 0;
