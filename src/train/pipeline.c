@@ -226,17 +226,34 @@ static int stage_fetch(tr_worker *w, tr_item *it)
      * here, early (the shard answers once the step is complete, while the previous batch is
      * still being pushed), and the dense parameters come with the rows. */
     bool token_here = tr->token_in_fetch;
+    /* Hybrid without the pipeline: the rows first, then the token and the dense parameters
+     * alone. The rows wait only for this worker's own previous push, done already (one
+     * thread does it all, in turn); the token waits for the other workers, and a worker whose
+     * token is not ready has nothing else to do: the rows' pull now fills part of that wait
+     * instead of following it (session 11). One more call per batch, which with the embedded
+     * cluster's direct calls costs no round trip. */
+    const bool rows_first = !pf && tr->hybrid && token_here && !tr->o->pipeline;
+    if (rows_first) {
+        if ((rc = wait_inflight(w, it))) return rc;
+        double t0 = gr_now_s();
+        if ((rc = be->pull(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows, 0)))
+            return rc;
+        it->t.pull += gr_now_s() - t0;
+    }
     if (token_here && (rc = take_token(w, it))) return rc;
     if (tr->ck.on && (rc = tr_ck_gate(w, true))) return rc;
     if (pf) {
         it->common_pending = true;
         return GR_OK;
     }
-    if (tr->hybrid && (rc = wait_inflight(w, it))) return rc;
+    if (tr->hybrid && !rows_first && (rc = wait_inflight(w, it))) return rc;
     double t0 = gr_now_s();
     /* In the sync modes the token orders everything: the dense parameters fetched right after
      * it are exactly the current step's, so they come with the rows (one round trip). */
-    if (token_here)
+    if (rows_first)
+        rc = be->steps->fetch(be->ctx, tr->o->emb.id, NULL, 0, NULL, tr->dense_name, it->params,
+                              tr->np);
+    else if (token_here)
         rc = be->steps->fetch(be->ctx, tr->o->emb.id, it->uniq, it->nuniq, it->rows,
                               tr->dense_name, it->params, tr->np);
     else
