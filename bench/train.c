@@ -78,13 +78,30 @@ static const gr_cli_spec train_bench_spec = {
 /* PyTorch DLRM on the same files with granary's DLRM defaults (dim 16, bottom 64,32, top
  * 128,64, Adagrad 0.05 for embeddings, Adam 1e-3 dense, batch 1024) with `threads` torch (and
  * OpenBLAS) threads: examples/s and AUC, or -1 when unavailable. */
+/* Why the last run_torch gave no figure ("" when it gave one): printed in place of the
+ * ratio, so a run that failed is not reported as a missing PyTorch. */
+static char torch_why[320];
+
 static void run_torch(const char *dir, unsigned threads, double *eps, double *auc)
 {
     *eps = *auc = -1;
-    if (access("/usr/bin/python3", X_OK) != 0) return;
-    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return;
+    torch_why[0] = 0;
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        snprintf(torch_why, sizeof torch_why, "needs /usr/bin/python3 with torch: "
+                 "GRANARY_TORCH=1 bash scripts/setup");
+        return;
+    }
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+        snprintf(torch_why, sizeof torch_why, "/usr/bin/python3 cannot import torch: "
+                 "GRANARY_TORCH=1 bash scripts/setup");
+        return;
+    }
     char script[PATH_MAX];
-    if (!gr_bench_find_script("GR_TORCH_DLRM_SCRIPT", "torch_dlrm.py", script, sizeof script)) return;
+    if (!gr_bench_find_script("GR_TORCH_DLRM_SCRIPT", "torch_dlrm.py", script, sizeof script)) {
+        snprintf(torch_why, sizeof torch_why, "bench/torch_dlrm.py not found "
+                 "(GR_TORCH_DLRM_SCRIPT names it)");
+        return;
+    }
     char cmd[2 * PATH_MAX + 512];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 '%s' --train '%s/train.tsv' --test '%s/test.tsv' --threads %u "
@@ -92,17 +109,38 @@ static void run_torch(const char *dir, unsigned threads, double *eps, double *au
              "2>&1",
              script, dir, dir, threads);
     FILE *f = popen(cmd, "r");
-    if (!f) return;
-    char line[2048];
+    if (!f) {
+        snprintf(torch_why, sizeof torch_why, "cannot start %.200s", script);
+        return;
+    }
+    char line[2048], last[200] = "";
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "\"examples_per_sec\": ");
         /* A line that names a figure but holds no number makes it unknown (-1), not 0. */
         if (p && gr_bench_parse_double(p + 20, eps)) *eps = -1;
         p = strstr(line, "\"auc\": ");
         if (p && gr_bench_parse_double(p + 7, auc)) *auc = -1;
+        size_t k = strlen(line);
+        if (k > 1) {
+            if (k >= sizeof last) k = sizeof last - 1;
+            memcpy(last, line, k);
+            last[k] = 0;
+        }
     }
+    last[strcspn(last, "\n")] = 0;
     int st = pclose(f);
-    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) *eps = *auc = -1;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        *eps = *auc = -1;
+        if (st != -1 && WIFSIGNALED(st))
+            snprintf(torch_why, sizeof torch_why, "the %u-thread run was killed by signal %d; "
+                     "its last line: %s", threads, WTERMSIG(st), last);
+        else
+            snprintf(torch_why, sizeof torch_why, "the %u-thread run failed (status %d); its "
+                     "last line: %s", threads, st == -1 ? -1 : WEXITSTATUS(st), last);
+    } else if (*eps < 0) {
+        snprintf(torch_why, sizeof torch_why, "the %u-thread run printed no figure; its last "
+                 "line: %s", threads, last);
+    }
 }
 
 /* Parse-only throughput of the reader over the training file, rows/s. */
@@ -830,11 +868,14 @@ int gr_bench_train(int argc, char **argv)
     /* The baseline is PyTorch at its best thread count on this machine: with 2 threads
      * (torch's pool plus OpenBLAS's) on 2 cores it ran 2.4x slower than with 1 (session 4). */
     double t_eps = -1, t_auc = -1, t2_eps = -1, t2_auc = -1, t1_eps = -1, t1_auc = -1;
+    char t_why[sizeof torch_why] = ""; /* why a PyTorch run gave no figure (the last such) */
     unsigned t_threads = 0;
     if (torch) {
         fprintf(stderr, "bench train: PyTorch DLRM (bench/torch_dlrm.py), 2 and 1 threads ...\n");
         run_torch(dir, 2, &t2_eps, &t2_auc);
+        if (t2_eps < 0) snprintf(t_why, sizeof t_why, "%s", torch_why);
         run_torch(dir, 1, &t1_eps, &t1_auc);
+        if (t1_eps < 0) snprintf(t_why, sizeof t_why, "%s", torch_why);
         bool one = t1_eps > t2_eps;
         t_eps = one ? t1_eps : t2_eps;
         t_auc = one ? t1_auc : t2_auc;
@@ -890,8 +931,7 @@ int gr_bench_train(int argc, char **argv)
                main_r.examples_per_sec / t_eps, main_r.examples_per_sec >= 5 * t_eps ? "met" : "NOT met",
                main_r.test_auc - t_auc, main_r.test_auc >= t_auc - 0.002 ? "met" : "NOT met");
     else if (torch)
-        printf("  PyTorch baseline skipped (needs /usr/bin/python3 with torch: GRANARY_TORCH=1 "
-               "bash scripts/setup)\n");
+        printf("  no PyTorch baseline: %s\n", t_why[0] ? t_why : "no figure");
     if (strag)
         printf("  semisync >= 1.6 x sync: %.2fx %s; >= 0.85 x async: %.2fx %s; AUC >= async: "
                "%+.4f %s\n",
