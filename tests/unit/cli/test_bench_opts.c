@@ -115,8 +115,10 @@ static void test_train(void **state)
     expect_help_lists("train", (const char *const[]){"--json", "--full", "--rows N",
                                                      "--test-rows M", "--no-torch",
                                                      "--delay-us D", "--skip-link",
-                                                     "--skip-straggler", NULL});
+                                                     "--skip-straggler", "--rounds R", NULL});
     expect_refused("bench train --rows 1.5e0", "granary bench train: --rows wants a whole number");
+    expect_refused("bench train --rounds 0", "--rounds must be in 1..20, got 0");
+    expect_refused("bench train --rounds 21", "--rounds must be in 1..20, got 21");
     expect_refused("bench train --test-rows 0", "--test-rows must be in 1..");
     expect_refused("bench train --delay-us 0", "--delay-us must be in 1..10000000, got 0");
     expect_refused("bench train --delay-us 20000000", "--delay-us must be in 1..10000000");
