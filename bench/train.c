@@ -228,6 +228,7 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
             gr_local_cluster_opts lo;
             gr_local_cluster_opts_default(&lo, 1); /* granary train's --shards default */
             lo.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+            lo.huge_rows = GR_LOCAL_CLUSTER_HUGE_ROWS;
             rc = gr_local_cluster_start_opts(&lo, &cl);
             if (rc) return rc;
             servers = gr_local_cluster_local_servers(cl);

@@ -21,6 +21,11 @@ typedef struct gr_local_cluster gr_local_cluster;
  * hand-offs); the other starts leave it off: where the callers keep both cores busy (the
  * Python module's workers) the grow thread only adds the pages past the last rows. */
 #define GR_LOCAL_CLUSTER_AHEAD (4u << 20)
+/* Row memory an embedded shard keeps on huge pages per table (gr_server_config.huge_rows), for
+ * gr_local_cluster_opts.huge_rows: the first 32 MiB (about 230 k rows of dim 16 with Adagrad),
+ * the rows a skewed workload creates first and touches most; the rest on 4 KiB pages, which a
+ * VM's host backs faster. granary train and bench train's runs ask for it. */
+#define GR_LOCAL_CLUSTER_HUGE_ROWS (32u << 20)
 /* threads: worker threads per shard (0 = 2). */
 GR_API int gr_local_cluster_start(unsigned shards, unsigned threads, gr_local_cluster **out);
 /* The same with every shard publishing its changed rows to serving replicas every
@@ -43,6 +48,7 @@ typedef struct gr_local_cluster_opts {
     uint32_t publish_interval_ms; /* 0 = never */
     gr_metrics *metrics;          /* NULL = none; must outlive the cluster */
     uint64_t populate_ahead;      /* bytes (gr_server_config.populate_ahead); 0 = off */
+    uint64_t huge_rows;           /* bytes (gr_server_config.huge_rows); 0 = all huge */
 } gr_local_cluster_opts;
 GR_API void gr_local_cluster_opts_default(gr_local_cluster_opts *o, unsigned shards);
 GR_API int gr_local_cluster_start_opts(const gr_local_cluster_opts *o, gr_local_cluster **out);

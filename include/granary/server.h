@@ -71,6 +71,11 @@ typedef struct gr_server_config {
      * faults are taken beside the requests rather than inside the one that creates them
      * (gr_table_prefault_ahead; docs/server.md, "Row memory ahead"). At most 1 GiB. */
     uint64_t populate_ahead;
+    /* Row memory of each sparse table this shard creates past this many bytes goes on 4 KiB
+     * pages (gr_table_set_huge_rows; 0 = all on huge pages, the default). For the short-lived,
+     * growing tables of a training run's embedded shards on a VM whose host backs memory
+     * lazily: docs/server.md, "Huge pages". */
+    uint64_t huge_rows;
 } gr_server_config;
 
 /* Fills cfg with defaults (shard 0 of 1 on 127.0.0.1, any port, no auth). */

@@ -266,6 +266,15 @@ GR_API uint64_t gr_table_prefault_bytes(const gr_table *t);
 GR_API int gr_table_prefault_ahead(gr_table *t, size_t ahead, uint64_t *bytes);
 /* The bytes gr_table_prefault_ahead had handed out over the table's life. */
 GR_API uint64_t gr_table_ahead_bytes(const gr_table *t);
+/* Row memory is committed on huge pages by default (fewer TLB misses on random row access). A
+ * table that lives for one short run and keeps growing (the trainer's embedded shards) may pay
+ * more for them: on a VM whose host backs memory lazily, a fresh 2 MiB page cost 2.5-3.7 ms
+ * per MiB measured against 0.5-1 ms on 4 KiB pages (docs/table.md, "Huge pages for the first
+ * rows only"). With `bytes` > 0, row memory from that offset on (rounded up to 2 MiB) is
+ * committed on 4 KiB pages from now on: the rows created first, which a skewed workload touches
+ * most, keep the huge pages. 0 puts every row on huge pages again (the default). Pages already
+ * committed keep what they have. Values and everything else the table shows are the same. */
+GR_API void gr_table_set_huge_rows(gr_table *t, uint64_t bytes);
 
 /* Reads whole rows without creating or counting anything: weights, state (may be NULL) and
  * meta (may be NULL) for each key; found[i] (may be NULL) says whether key i is present

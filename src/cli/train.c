@@ -653,6 +653,9 @@ static int make_backend(train_cmd *c, run_info *ri, gr_local_cluster **cluster, 
         lo.metrics = c->o.metrics;
         /* Its cores idle between a step's hand-offs: new rows' page faults go there. */
         lo.populate_ahead = GR_LOCAL_CLUSTER_AHEAD;
+        /* Its tables live for this run and keep growing: past their first rows, pages the
+         * host backs faster (gr_server_config.huge_rows). */
+        lo.huge_rows = GR_LOCAL_CLUSTER_HUGE_ROWS;
         int rc = gr_local_cluster_start_opts(&lo, cluster);
         if (rc) return rc;
         c->servers = gr_local_cluster_servers(*cluster);

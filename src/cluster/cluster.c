@@ -75,6 +75,7 @@ int gr_local_cluster_start_opts(const gr_local_cluster_opts *o, gr_local_cluster
         cfg.local_socket = true;
         cfg.slice_us = GR_LOCAL_CLUSTER_SLICE_US;
         cfg.populate_ahead = o->populate_ahead;
+        cfg.huge_rows = o->huge_rows;
         rc = gr_server_create(&cfg, &c->s[i]);
         if (!rc) {
             c->n++;

@@ -521,7 +521,10 @@ static int new_target(gr_server *s, bool dense, const gr_table_spec *ckspec, gr_
             srv_entry_put(byid);
         }
     }
-    if (!rc && !*out) rc = gr_table_create(spec, out);
+    if (!rc && !*out) {
+        rc = gr_table_create(spec, out);
+        if (!rc && !dense && s->reg.huge_rows) gr_table_set_huge_rows(*out, s->reg.huge_rows);
+    }
     if (rc) {
         gr_table_destroy(*out);
         *out = NULL;

@@ -103,6 +103,7 @@ int srv_registry_add(srv_registry *r, const gr_table_spec *spec, bool dense, uin
         free(e);
         return rc;
     }
+    if (!dense && r->huge_rows) gr_table_set_huge_rows(e->table, r->huge_rows);
     snprintf(e->name, sizeof e->name, "%s", spec->name);
     e->id = spec->id;
     e->dense = dense;

@@ -276,6 +276,7 @@ int gr_server_create(const gr_server_config *cfg, gr_server **out)
     for (uint32_t slot = 0; slot < GR_SLOTS; slot++)
         s->owns[slot] = gr_proto_default_shard(slot, c.shards) == c.shard;
     int rc = srv_registry_init(&s->reg, c.max_tables);
+    s->reg.huge_rows = c.huge_rows;
     bool reg_ok = rc == GR_OK;
     size_t made = 0;
     while (!rc && made < srv_nmodules && !(rc = srv_modules[made]->create(s))) made++;

@@ -28,6 +28,7 @@ typedef struct srv_registry {
     srv_entry **items;
     size_t n, cap;
     uint32_t max;
+    uint64_t huge_rows; /* gr_server_config.huge_rows: each new sparse table's (0 = all huge) */
 } srv_registry;
 
 int srv_registry_init(srv_registry *r, uint32_t max);

@@ -124,8 +124,14 @@ static int arena_commit(gr_table *t, uint32_t upto)
                          t->spec.name, (unsigned long long)want);
 #ifdef MADV_HUGEPAGE
     /* Huge pages save most TLB misses on random row access (HUGE_FROM says which rows). */
-    size_t h0 = r0 > HUGE_FROM ? r0 : HUGE_FROM, h1 = r1h;
+    const size_t until = t->huge_until;
+    size_t h0 = r0 > HUGE_FROM ? r0 : HUGE_FROM, h1 = r1h < until ? r1h : until;
     if (h1 > h0) madvise(t->rowmem + h0, h1 - h0, MADV_HUGEPAGE);
+#endif
+#ifdef MADV_NOHUGEPAGE
+    /* Past gr_table_set_huge_rows' limit: 4 KiB pages, also where THP is "always". */
+    size_t s0 = r0 > until ? r0 : until;
+    if (r1h > s0) madvise(t->rowmem + s0, r1h - s0, MADV_NOHUGEPAGE);
 #endif
     /* Published after the pages are usable: lock-free readers trust slots below it. */
     atomic_store_explicit(&t->committed, (uint32_t)want, memory_order_release);
@@ -613,6 +619,7 @@ int gr_table_create(const gr_table_spec *spec, gr_table **out)
     gr_table_geometry_of(&t->spec, &geo);
     t->wbytes = geo.wbytes;
     t->stride = geo.stride;
+    t->huge_until = SIZE_MAX;
     t->chunk_shift = (uint32_t)__builtin_ctz(geo.chunk_rows);
     t->chunk_rows = geo.chunk_rows;
     uint32_t np = geo.nparts;
@@ -704,6 +711,16 @@ uint32_t gr_table_clock(const gr_table *t)
 void gr_table_set_clock(gr_table *t, uint32_t now)
 {
     atomic_store_explicit(&t->pinned_clock, now, memory_order_relaxed);
+}
+
+void gr_table_set_huge_rows(gr_table *t, uint64_t bytes)
+{
+    if (!t) return;
+    pthread_mutex_lock(&t->alloc_lock);
+    t->huge_until = bytes && bytes < SIZE_MAX - HUGE_PAGE
+                        ? (size_t)((bytes + HUGE_PAGE - 1) & ~(uint64_t)(HUGE_PAGE - 1))
+                        : SIZE_MAX;
+    pthread_mutex_unlock(&t->alloc_lock);
 }
 
 /* ---- batches ---- */

@@ -182,6 +182,9 @@ struct gr_table {
     pthread_mutex_t alloc_lock; /* guards carved, committed's updates and ireg */
     uint32_t carved;            /* slots handed to partitions (whole chunks) */
     atomic_uint committed;      /* slots made readable and writable (read without the lock) */
+    /* Row memory past this many bytes is committed on 4 KiB pages (gr_table_set_huge_rows;
+     * SIZE_MAX: all of it on huge pages). Under alloc_lock. */
+    size_t huge_until;
     gr_iregion ireg[GR_IREGIONS]; /* index memory, see table.c */
     uint32_t nireg;
     /* TTL passes: lock holds so far and the most slots one hold visited (checked by tests). */

@@ -2,7 +2,8 @@
  * after pulls and pushes that create rows it has the kernel hand out the row memory the next
  * rows will take (STATS "grow": bytes handed out, walks), off by default (no "grow" object),
  * the rows read back are those of a shard without it, and a value over 1 GiB is refused,
- * naming the field. The embedded cluster's shards run it. */
+ * naming the field. The embedded cluster's shards run it. gr_server_config.huge_rows: each
+ * sparse table the shard creates keeps its rows past that many bytes off huge pages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,8 @@
 #include "granary/client.h"
 #include "granary/cluster.h"
 #include "granary/server.h"
+#include "tests/support/vma_flags.h"
+#include "table/table_internal.h"
 
 #define DIM 16
 #define NKEYS 40000
@@ -155,11 +158,56 @@ static void test_limits_and_cluster(void **state)
     }
 }
 
+static int find_emb(void *ctx, const char *name, gr_table *table)
+{
+    if (!strcmp(name, "emb")) *(gr_table **)ctx = table;
+    return 0;
+}
+
+/* A shard with huge_rows: its new table's first 2 MiB of rows are advised for huge pages, the
+ * rest against them; the rows read back are those of a shard without it. */
+static void test_huge_rows(void **state)
+{
+    (void)state;
+    float *with = malloc((size_t)NKEYS * DIM * sizeof(float));
+    float *without = malloc((size_t)NKEYS * DIM * sizeof(float));
+    for (int lim = 1; lim >= 0; lim--) {
+        gr_server_config cfg;
+        gr_server_config_default(&cfg);
+        cfg.threads = 1;
+        cfg.huge_rows = lim ? 2u << 20 : 0;
+        gr_server *s;
+        assert_int_equal(gr_server_create(&cfg, &s), 0);
+        assert_int_equal(gr_server_start(s), 0);
+        gr_client *c = connect_to(s);
+        train_rows(c, lim ? with : without);
+        gr_table *t = NULL;
+        assert_int_equal(gr_server_foreach_table(s, find_emb, &t), 0);
+        assert_non_null(t);
+        const size_t end = (size_t)t->committed * t->stride;
+        assert_true(end > (3u << 20));
+        bool found;
+        assert_true(vma_has_flag(t->rowmem, "hg", &found));
+        assert_true(found);
+        assert_int_equal(vma_has_flag(t->rowmem + (2u << 20) + 64, "nh", &found), lim);
+        assert_true(found);
+        assert_int_equal(vma_has_flag(t->rowmem + end - 64, "hg", &found), !lim);
+        assert_true(found);
+        gr_client_destroy(c);
+        assert_int_equal(gr_server_stop(s), 0);
+        gr_server_destroy(s);
+    }
+    assert_memory_equal(with, without, (size_t)NKEYS * DIM * sizeof(float));
+    free(with);
+    free(without);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_ahead),
         cmocka_unit_test(test_limits_and_cluster),
+        cmocka_unit_test(test_huge_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  * a fill past what was prepared carries on; only a new, empty table can be prepared.
  * gr_table_prefault_ahead: the row memory past a growing table's rows is resident after it,
  * asked again it does nothing, a table without rows is left alone, and rows created while it
- * runs on another thread give bitwise the table they give without it. */
+ * runs on another thread give bitwise the table they give without it. gr_table_set_huge_rows:
+ * which row memory is advised for huge pages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "granary/table.h"
+#include "tests/support/vma_flags.h"
 #include "table/table_internal.h"
 
 #define DIM 16
@@ -348,6 +351,56 @@ static void test_ahead_while_rows_are_created(void **state)
     gr_table_destroy(b);
 }
 
+/* Whether the mapping holding p has VmFlags `flag` (fails the test when none holds it). */
+static bool vma_flag(const void *p, const char *flag)
+{
+    bool found;
+    bool has = vma_has_flag(p, flag, &found);
+    if (!found) fail_msg("no mapping holds %p", p);
+    return has;
+}
+
+/* gr_table_set_huge_rows: row memory before the limit (rounded up to 2 MiB) is advised for huge
+ * pages, past it against them; 0 puts the pages committed from then on back on huge pages; the
+ * rows are bitwise those of a table without a limit. */
+static void test_huge_rows_limit(void **state)
+{
+    (void)state;
+    gr_table_spec s;
+    spec_of(&s, GR_DTYPE_F32);
+    gr_table *a = make(&s), *b = make(&s);
+    gr_table_set_clock(a, 5);
+    gr_table_set_clock(b, 5);
+    gr_table_set_huge_rows(b, 1); /* rounds up to one huge page */
+    grow(a, 0, 100000);
+    grow(b, 0, 100000);
+    const size_t huge = 2u << 20, end = (size_t)b->committed * b->stride;
+    assert_true(end > 4 * huge);
+    assert_true(vma_flag(b->rowmem, "hg"));
+    assert_true(vma_flag(b->rowmem + huge - 64, "hg"));
+    assert_false(vma_flag(b->rowmem + huge, "hg"));
+    assert_true(vma_flag(b->rowmem + huge, "nh"));
+    assert_true(vma_flag(b->rowmem + end - 64, "nh"));
+    /* Without a limit: huge pages all the way. */
+    assert_true(vma_flag(a->rowmem + end - 64, "hg"));
+    assert_false(vma_flag(a->rowmem + end - 64, "nh"));
+    assert_bitwise(a, b);
+    /* Back to no limit: what is committed from now on is advised for huge pages again. */
+    gr_table_set_huge_rows(b, 0);
+    const uint32_t before = b->committed;
+    grow(a, 100000, 250000);
+    grow(b, 100000, 250000);
+    assert_true(b->committed > before);
+    const size_t at = (size_t)before * b->stride;
+    const size_t next = (at + huge - 1) & ~(huge - 1); /* the first page committed after */
+    assert_true(next + 64 < (size_t)b->committed * b->stride);
+    assert_true(vma_flag(b->rowmem + next + 64, "hg"));
+    assert_true(vma_flag(b->rowmem + end - 64, "nh")); /* what was committed keeps its own */
+    assert_bitwise(a, b);
+    gr_table_destroy(a);
+    gr_table_destroy(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_preparation_stops_when_asked),
         cmocka_unit_test(test_ahead_of_growing_rows),
         cmocka_unit_test(test_ahead_while_rows_are_created),
+        cmocka_unit_test(test_huge_rows_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
