@@ -203,6 +203,9 @@ static int run_granary(const char *dir, const run_spec *rs, gr_train_result *res
     o.train_path = train;
     o.test_path = test;
     o.workers = rs->workers;
+    /* As granary train's --seed default (1): its embedding seed is the model's ^ "emb" (the
+     * library's default embedding seed is 0's). */
+    o.emb.seed = o.model.seed ^ 0x656d62;
     /* As granary train: a pipeline unless the shards are called in process and the workers
      * keep the cores busy between them. */
     bool direct = !rs->local && !rs->servers && !bench_no_direct;
