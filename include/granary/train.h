@@ -180,6 +180,15 @@ GR_API int gr_criteo_open(const char *path, const gr_criteo_opts *opts, gr_crite
  * data. In strict mode a bad line returns GR_ECORRUPT with "PATH:LINE: ..." as the message;
  * the reader is then finished. */
 GR_API int gr_criteo_next(gr_criteo_reader *r, gr_batch *b);
+/* A reader without parser threads: reads and parses now the next block (1 MiB of lines by
+ * default) that gr_criteo_next will take examples from, at most one block past the one it is
+ * taking them from, so a caller with a moment to spare (a worker about to wait for the
+ * others) does that work then instead of inside a later gr_criteo_next. What the batches hold,
+ * the bad-line handling and the stats are the same either way. Returns 1 when it parsed a
+ * block, 0 when there was nothing to do (one block is ready ahead already, the end of the
+ * range, parser threads, or an earlier error), or a negative gr_err (a read error), which
+ * gr_criteo_next then returns where that block's examples would have started. */
+GR_API int gr_criteo_read_ahead(gr_criteo_reader *r);
 GR_API void gr_criteo_get_stats(const gr_criteo_reader *r, gr_criteo_stats *st);
 /* Stops the parser threads and frees everything. NULL is a no-op. */
 GR_API void gr_criteo_close(gr_criteo_reader *r);

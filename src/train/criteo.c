@@ -606,7 +606,9 @@ int gr_criteo_open(const char *path, const gr_criteo_opts *opts, gr_criteo_reade
     r->pos = opts->start;
     r->next_line = r->o.first_line;
     posix_fadvise(r->fd, (off_t)r->pos, (off_t)(r->end - r->pos), POSIX_FADV_SEQUENTIAL);
-    r->nblocks = r->o.threads ? 2 * r->o.threads + 1 : 1;
+    /* Unthreaded: the block being taken and one parsed ahead (gr_criteo_read_ahead; its
+     * buffers are allocated only when that is used). */
+    r->nblocks = r->o.threads ? 2 * r->o.threads + 1 : 2;
     r->blocks = calloc(r->nblocks, sizeof *r->blocks);
     if (!r->blocks) {
         rc = gr_seterr(GR_ENOMEM, "cannot allocate read blocks");
@@ -642,7 +644,7 @@ fail:
 static int current_block(gr_criteo_reader *r, block **out)
 {
     if (!r->o.threads) {
-        block *b = &r->blocks[0];
+        block *b = &r->blocks[r->cur % 2];
         if (b->state == BLK_PARSED) {
             *out = b;
             return 1;
@@ -682,6 +684,7 @@ static void release_block(gr_criteo_reader *r, block *b)
     }
     if (!r->o.threads) {
         b->state = BLK_FREE;
+        r->cur++;
         return;
     }
     pthread_mutex_lock(&r->mu);
@@ -748,6 +751,30 @@ int gr_criteo_next(gr_criteo_reader *r, gr_batch *out)
     }
     r->st.examples += out->n;
     return GR_OK;
+}
+
+int gr_criteo_read_ahead(gr_criteo_reader *r)
+{
+    if (r->o.threads || r->done_err) return 0;
+    /* The block the next examples come from, else the one after it: blocks are read and
+     * parsed in file order, one at most ahead of the block being taken. */
+    block *b = &r->blocks[r->cur % 2];
+    if (b->state == BLK_PARSED) b = &r->blocks[(r->cur + 1) % 2];
+    if (b->state == BLK_PARSED) return 0;
+    int rc = read_block(r, b);
+    if (rc == 0) return 0;
+    if (rc < 0) {
+        /* Handed out where the block's examples would have been, as a parse error is. */
+        b->n = b->taken = 0;
+        b->bad = b->empty = b->nlines = 0;
+        b->err = rc;
+        snprintf(b->errmsg, sizeof b->errmsg, "%s", gr_errmsg());
+        b->state = BLK_PARSED;
+        return rc;
+    }
+    parse_block(r, b);
+    b->state = BLK_PARSED;
+    return 1;
 }
 
 void gr_criteo_get_stats(const gr_criteo_reader *r, gr_criteo_stats *st) { *st = r->st; }

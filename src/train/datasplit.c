@@ -291,6 +291,7 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
         gr_criteo_reader *r;
         int rc = gr_criteo_open(o->train_path, &ro, &r);
         if (rc) return rc;
+        if (single) w->reader = r;
         for (;;) {
             if (o->max_examples && atomic_load(&tr->read_examples) >= o->max_examples) break;
             if (o->max_steps && w->base + w->read >= o->max_steps) break;
@@ -323,6 +324,7 @@ int tr_read_epochs(tr_worker *w, tr_queue *pool, tr_queue *out, tr_item *single,
         }
         gr_criteo_stats st;
         gr_criteo_get_stats(r, &st);
+        w->reader = NULL;
         gr_criteo_close(r);
         tr_badlog_add(&tr->badlog, &st);
         pthread_mutex_lock(&tr->mu);

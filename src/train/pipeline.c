@@ -148,6 +148,31 @@ static int take_token(tr_worker *w, tr_item *it)
     return rc;
 }
 
+/* Hybrid, sequential workers: whether this worker's next step token will likely wait, by
+ * what the others have pushed. Step s may start once step s-1-L is applied, that is once
+ * every worker has pushed the dense gradients of its first s-L batches; this worker has pushed
+ * s of them, and the trainer does not know L, so the shards' default for 2+ workers (1) is
+ * assumed. A wrong guess costs nothing but where the read-ahead falls. A worker done with its
+ * batches has left the job and holds no step up. */
+static bool token_would_wait(tr_worker *w)
+{
+    trainer *tr = w->tr;
+    if (tr->o->workers < 2) return false;
+    const uint64_t mine = atomic_load_explicit(&w->dense_done, memory_order_relaxed);
+    if (mine < 1) return false;
+    for (unsigned i = 0; i < tr->o->workers; i++) {
+        tr_worker *o = &tr->workers[i];
+        if (o == w) continue;
+        bool done;
+        pthread_mutex_lock(&tr->mu);
+        done = o->finished;
+        pthread_mutex_unlock(&tr->mu);
+        if (!done && atomic_load_explicit(&o->dense_done, memory_order_acquire) + 1 < mine)
+            return true;
+    }
+    return false;
+}
+
 /* Hybrid: the rows of batch it->seq may be pulled once at most emb_bound of this worker's
  * earlier batches are still unpushed, so no row it reads misses more than emb_bound of this
  * worker's own updates (other workers' pushes land asynchronously, as in async mode). With
@@ -240,6 +265,15 @@ static int stage_fetch(tr_worker *w, tr_item *it)
             return rc;
         it->t.pull += gr_now_s() - t0;
     }
+    /* A worker about to wait for the others reads and parses its next block of lines now
+     * (session 12): the wait would otherwise be idle, and that read would come later anyway.
+     * A read error is left for the reader to return where that block's examples start, as
+     * it would without this. */
+    if (rows_first && w->reader && token_would_wait(w)) {
+        double t0 = gr_now_s();
+        (void)gr_criteo_read_ahead(w->reader);
+        it->t.read += gr_now_s() - t0;
+    }
     if (token_here && (rc = take_token(w, it))) return rc;
     if (tr->ck.on && (rc = tr_ck_gate(w, true))) return rc;
     if (pf) {
@@ -329,9 +363,11 @@ static int dense_out(tr_worker *w, tr_item *it)
     double t0 = gr_now_s();
     void *op = NULL;
     int rc = GR_OK;
-    if (tr->hybrid)
+    if (tr->hybrid) {
         rc = be->steps->push(be->ctx, w->id, it->token, tr->o->emb.id, NULL, 0, NULL,
                              tr->dense_name, it->gdense, tr->np, &it->dropped);
+        if (!rc) atomic_fetch_add_explicit(&w->dense_done, 1, memory_order_release);
+    }
     else if (!tr->stepped)
         rc = be->dense_push_start(be->ctx, tr->dense_name, it->gdense, tr->np, &op);
     if (!rc && op) rc = be->op_wait(be->ctx, op);

@@ -205,6 +205,12 @@ typedef struct tr_worker {
     uint64_t *part_keys, *rest_keys;
     float *part_grads, *rest_grads;
     uint64_t shared_pushed_seq;
+    /* Hybrid: this run's dense step pushes done (written by the worker, read by the others:
+     * token_would_wait). */
+    atomic_uint_fast64_t dense_done;
+    /* The reader of its current range (tr_read_epochs), while one is open: a sequential
+     * worker reads ahead with it when it is about to wait for the others. */
+    gr_criteo_reader *reader;
 } tr_worker;
 
 /* Where a worker's fetch stage is, for the checkpoint coordinator. */

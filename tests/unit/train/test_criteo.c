@@ -1,6 +1,6 @@
 /* Unit tests for the Criteo TSV reader: line parsing, missing fields, bad lines (skipped or
  * refused, with line numbers), CRLF, a last line without newline, empty files, byte-range
- * splits, and the same output whatever the thread count or block size. */
+ * splits, and the same output whatever the thread count or block size, or blocks read ahead. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -184,7 +184,10 @@ typedef struct collected {
     uint64_t ids[64 * 26];
 } collected;
 
-static int read_all(const char *path, const gr_criteo_opts *o, collected *c, gr_criteo_stats *st)
+/* Reads the whole file; with `ahead`, gr_criteo_read_ahead is called that many times before
+ * each batch (its errors are left for gr_criteo_next to return). */
+static int read_all_ahead(const char *path, const gr_criteo_opts *o, collected *c,
+                          gr_criteo_stats *st, int ahead)
 {
     gr_criteo_reader *r;
     int rc = gr_criteo_open(path, o, &r);
@@ -193,6 +196,7 @@ static int read_all(const char *path, const gr_criteo_opts *o, collected *c, gr_
     assert_int_equal(gr_batch_init(&b, 7), GR_OK);
     c->n = 0;
     for (;;) {
+        for (int k = 0; k < ahead; k++) gr_criteo_read_ahead(r);
         rc = gr_criteo_next(r, &b);
         if (rc || b.n == 0) break;
         assert_true(b.n <= o->batch);
@@ -206,6 +210,11 @@ static int read_all(const char *path, const gr_criteo_opts *o, collected *c, gr_
     gr_criteo_close(r);
     gr_batch_fini(&b);
     return rc;
+}
+
+static int read_all(const char *path, const gr_criteo_opts *o, collected *c, gr_criteo_stats *st)
+{
+    return read_all_ahead(path, o, c, st, 0);
 }
 
 static char *build_file(int nlines, int bad_at1, int bad_at2, bool crlf, bool final_newline)
@@ -256,6 +265,80 @@ static void test_reader_skip_and_strict(void **state)
         if (!strstr(gr_errmsg(), "bad.tsv:4: has 2 fields, expected 40"))
             fail_msg("message: %s", gr_errmsg());
     }
+    free(text);
+}
+
+/* gr_criteo_read_ahead: the same batches, stats and errors whether blocks are parsed ahead or
+ * not; at most one block ahead; nothing to do with parser threads or at the end; a read error
+ * comes back from the next gr_criteo_next too. */
+static void test_reader_read_ahead(void **state)
+{
+    (void)state;
+    char *text = build_file(60, 4, 41, false, true);
+    const char *path = write_tmp("ahead.tsv", text);
+    gr_criteo_opts o;
+    gr_criteo_opts_default(&o);
+    o.batch = 5;
+    o.log_bad = 1;
+    collected want, got;
+    gr_criteo_stats wst, gst;
+    for (int tiny = 0; tiny <= 1; tiny++) {
+        o.block_bytes = tiny ? 300 : 0; /* 300: a block holds about one line */
+        assert_int_equal(read_all(path, &o, &want, &wst), GR_OK);
+        assert_int_equal(want.n, 58);
+        for (int ahead = 1; ahead <= 2; ahead++) {
+            memset(&got, 0xa5, sizeof got);
+            assert_int_equal(read_all_ahead(path, &o, &got, &gst, ahead), GR_OK);
+            assert_int_equal(got.n, want.n);
+            assert_memory_equal(got.labels, want.labels, want.n * sizeof(float));
+            assert_memory_equal(got.dense, want.dense, want.n * 13 * sizeof(float));
+            assert_memory_equal(got.ids, want.ids, want.n * 26 * sizeof(uint64_t));
+            assert_true(gst.lines == wst.lines && gst.bad_lines == wst.bad_lines &&
+                        gst.examples == wst.examples && gst.first_bad_line == wst.first_bad_line);
+        }
+    }
+    /* Return values: a fresh reader parses the block the first batch comes from, then the
+     * next one, then nothing more until a block is used up; and 0 once all is read. */
+    o.block_bytes = 300;
+    gr_criteo_reader *r;
+    assert_int_equal(gr_criteo_open(path, &o, &r), GR_OK);
+    assert_int_equal(gr_criteo_read_ahead(r), 1);
+    assert_int_equal(gr_criteo_read_ahead(r), 1);
+    assert_int_equal(gr_criteo_read_ahead(r), 0);
+    gr_batch b;
+    assert_int_equal(gr_batch_init(&b, 5), GR_OK);
+    size_t total = 0;
+    do {
+        assert_int_equal(gr_criteo_next(r, &b), GR_OK);
+        total += b.n;
+    } while (b.n > 0);
+    assert_int_equal(total, 58);
+    assert_int_equal(gr_criteo_read_ahead(r), 0);
+    gr_criteo_close(r);
+    /* Parser threads read ahead on their own: nothing to do here. */
+    o.threads = 2;
+    assert_int_equal(gr_criteo_open(path, &o, &r), GR_OK);
+    assert_int_equal(gr_criteo_read_ahead(r), 0);
+    assert_int_equal(gr_criteo_next(r, &b), GR_OK);
+    assert_int_equal(b.n, 5);
+    gr_criteo_close(r);
+    /* Strict: the bad line stops the read at the same place, with the same message. */
+    o.threads = 0;
+    o.strict = true;
+    assert_int_equal(read_all_ahead(path, &o, &got, &gst, 1), GR_ECORRUPT);
+    if (!strstr(gr_errmsg(), "ahead.tsv:4: has 2 fields, expected 40"))
+        fail_msg("message: %s", gr_errmsg());
+    o.strict = false;
+    /* A read error (a directory reads as EISDIR): read ahead says so, and so does the next
+     * batch, which gets no examples. */
+    assert_int_equal(gr_criteo_open(tmpdir, &o, &r), GR_OK);
+    int rc = gr_criteo_read_ahead(r);
+    assert_true(rc < 0);
+    assert_int_equal(gr_criteo_next(r, &b), rc);
+    assert_int_equal(b.n, 0);
+    assert_int_equal(gr_criteo_next(r, &b), rc); /* and it stays failed */
+    gr_criteo_close(r);
+    gr_batch_fini(&b);
     free(text);
 }
 
@@ -394,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_parse_bad),
         cmocka_unit_test(test_parse_edges),
         cmocka_unit_test(test_reader_skip_and_strict),
+        cmocka_unit_test(test_reader_read_ahead),
         cmocka_unit_test(test_reader_crlf_no_final_newline),
         cmocka_unit_test(test_reader_empty),
         cmocka_unit_test(test_double_cr_is_bad),
