@@ -7,6 +7,7 @@
  * process, its defaults) right beside a PyTorch run, the two in turn going first, and the
  * figure is the median of the rounds' ratios. */
 #include "bench/train_int.h"
+#include "granary/core.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -15,33 +16,6 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-/* The whole of a small file, NUL-terminated, or NULL. */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, 4096, f);
-        len += got;
-        if (got < 4096) break;
-    }
-    fclose(f);
-    buf[len] = 0;
-    return buf;
-}
 
 int gr_bench_cli_train(const char *exe, const char *dir, const gr_bench_cli_args *a,
                        double *eps, double *auc, char *why, size_t cap)
@@ -103,8 +77,9 @@ int gr_bench_cli_train(const char *exe, const char *dir, const gr_bench_cli_args
             snprintf(why, cap, "granary train failed (exit status %d)", WEXITSTATUS(st));
         return -1;
     }
-    char *text = slurp(metrics);
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *j = gr_read_file(metrics, &text, &len) == GR_OK ? cJSON_ParseWithLength(text, len) : NULL;
     free(text);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "examples_per_sec");
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "auc");
