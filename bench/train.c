@@ -882,7 +882,7 @@ int gr_bench_train(int argc, char **argv)
         for (size_t i = 0; i < nrounds; i++)
             printf("  round %zu: granary train %9.0f examples/s (AUC %.4f), PyTorch %7.0f: %.2fx%s\n",
                    i + 1, rounds[i].eps, rounds[i].auc, rounds[i].torch_eps,
-                   rounds[i].eps / rounds[i].torch_eps,
+                   gr_bench_round_ratio(&rounds[i]),
                    rounds[i].torch_first ? "" : " (granary first)");
         if (nrounds < want_rounds) printf("  round %zu gave no figure: %s\n", nrounds + 1, rounds_why);
         if (nrounds) printf("  median: %.2fx\n", ratio);
@@ -992,7 +992,7 @@ int gr_bench_train(int argc, char **argv)
             printf("%s{\"examples_per_sec\":%.1f,\"auc\":%.6f,\"torch_examples_per_sec\":%.1f,"
                    "\"torch_auc\":%.6f,\"ratio\":%.4f,\"torch_first\":%s}",
                    i ? "," : "", rounds[i].eps, rounds[i].auc, rounds[i].torch_eps,
-                   rounds[i].torch_auc, rounds[i].eps / rounds[i].torch_eps,
+                   rounds[i].torch_auc, gr_bench_round_ratio(&rounds[i]),
                    rounds[i].torch_first ? "true" : "false");
         printf("]}\n");
     }

@@ -21,6 +21,12 @@ typedef struct gr_bench_round {
     bool torch_first;            /* which of the two ran first */
 } gr_bench_round;
 
+/* A round's speed ratio: granary train's examples/s over PyTorch's. */
+static inline double gr_bench_round_ratio(const gr_bench_round *r)
+{
+    return r->eps / r->torch_eps;
+}
+
 /* What `granary train` is given besides the files: --no-direct, and --dense-lag L when
  * dense_lag >= 0. */
 typedef struct gr_bench_cli_args {

@@ -10,6 +10,7 @@
 #include "granary/core.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +69,12 @@ int gr_bench_cli_train(const char *exe, const char *dir, const gr_bench_cli_args
         _exit(127);
     }
     int st;
-    while (waitpid(pid, &st, 0) < 0) {
+    pid_t got;
+    while ((got = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
+    }
+    if (got < 0) {
+        snprintf(why, cap, "cannot wait for granary train: %s", strerror(errno));
+        return -1;
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         if (WIFSIGNALED(st))
@@ -140,7 +146,7 @@ double gr_bench_rounds_median_ratio(const gr_bench_round *r, size_t n)
     if (n == 0) return -1;
     double *v = malloc(n * sizeof *v);
     if (!v) return -1;
-    for (size_t i = 0; i < n; i++) v[i] = r[i].eps / r[i].torch_eps;
+    for (size_t i = 0; i < n; i++) v[i] = gr_bench_round_ratio(&r[i]);
     qsort(v, n, sizeof *v, cmp_double);
     double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     free(v);

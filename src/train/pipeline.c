@@ -160,17 +160,15 @@ static bool token_would_wait(tr_worker *w)
     if (tr->o->workers < 2) return false;
     const uint64_t mine = atomic_load_explicit(&w->dense_done, memory_order_relaxed);
     if (mine < 1) return false;
-    for (unsigned i = 0; i < tr->o->workers; i++) {
-        tr_worker *o = &tr->workers[i];
-        if (o == w) continue;
-        bool done;
-        pthread_mutex_lock(&tr->mu);
-        done = o->finished;
-        pthread_mutex_unlock(&tr->mu);
-        if (!done && atomic_load_explicit(&o->dense_done, memory_order_acquire) + 1 < mine)
-            return true;
+    bool behind = false;
+    pthread_mutex_lock(&tr->mu); /* for `finished` */
+    for (unsigned i = 0; i < tr->o->workers && !behind; i++) {
+        const tr_worker *o = &tr->workers[i];
+        behind = o != w && !o->finished &&
+                 atomic_load_explicit(&o->dense_done, memory_order_acquire) + 1 < mine;
     }
-    return false;
+    pthread_mutex_unlock(&tr->mu);
+    return behind;
 }
 
 /* Hybrid: the rows of batch it->seq may be pulled once at most emb_bound of this worker's

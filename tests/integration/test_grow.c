@@ -30,12 +30,13 @@ static const char *SPEC =
     "\"init\":{\"kind\":\"uniform\",\"low\":-0.05,\"high\":0.05},"
     "\"optimizer\":{\"kind\":\"adagrad\",\"lr\":0.05,\"initial_accumulator\":1e-7}}";
 
-static gr_server *start(uint64_t ahead)
+static gr_server *start(uint64_t ahead, uint64_t huge_rows)
 {
     gr_server_config cfg;
     gr_server_config_default(&cfg);
     cfg.threads = 1;
     cfg.populate_ahead = ahead;
+    cfg.huge_rows = huge_rows;
     gr_server *s;
     assert_int_equal(gr_server_create(&cfg, &s), 0);
     assert_int_equal(gr_server_start(s), 0);
@@ -91,7 +92,7 @@ static void test_rows_ahead(void **state)
     (void)state;
     float *with = malloc((size_t)NKEYS * DIM * sizeof(float));
     float *without = malloc((size_t)NKEYS * DIM * sizeof(float));
-    gr_server *s = start(2u << 20);
+    gr_server *s = start(2u << 20, 0);
     gr_client *c = connect_to(s);
     assert_true(grow_stat(c, "ahead") == (double)(2u << 20));
     train_rows(c, with);
@@ -107,7 +108,7 @@ static void test_rows_ahead(void **state)
     assert_int_equal(gr_server_stop(s), 0);
     gr_server_destroy(s);
 
-    s = start(0);
+    s = start(0, 0);
     c = connect_to(s);
     assert_true(grow_stat(c, "bytes") == -1); /* off: no thread, no "grow" object */
     train_rows(c, without);
@@ -172,13 +173,7 @@ static void test_huge_rows(void **state)
     float *with = malloc((size_t)NKEYS * DIM * sizeof(float));
     float *without = malloc((size_t)NKEYS * DIM * sizeof(float));
     for (int lim = 1; lim >= 0; lim--) {
-        gr_server_config cfg;
-        gr_server_config_default(&cfg);
-        cfg.threads = 1;
-        cfg.huge_rows = lim ? 2u << 20 : 0;
-        gr_server *s;
-        assert_int_equal(gr_server_create(&cfg, &s), 0);
-        assert_int_equal(gr_server_start(s), 0);
+        gr_server *s = start(0, lim ? 2u << 20 : 0);
         gr_client *c = connect_to(s);
         train_rows(c, lim ? with : without);
         gr_table *t = NULL;
